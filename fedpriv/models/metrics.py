@@ -1,0 +1,273 @@
+"""Next-token LM metrics: loss, in-vocabulary accuracy, perplexity, batched evaluation.
+
+Conventions (project-wide): token ids PAD=0, UNK(OOV)=1, BOS=2, EOS=3. An example is
+``tokens: int32[L+1]`` = BOS, ids..., EOS, then PAD; the model reads ``tokens[:-1]`` and predicts
+``tokens[1:]``. A batch is ``{'tokens': int32[B, L+1], 'mask': float32[B]}`` (mask 0 marks padding
+examples inserted by the FL engine), optionally ``'weight': float32[B]`` and ``'domain': int32[B]``.
+
+Metrics, with t ranging over target positions and b over examples:
+
+* **Loss** (Wang et al. 2023, App. B.2, "standard autoregressive LM loss"): the mean next-token
+  negative log-likelihood over real targets,
+      ``loss = Σ_{b,t} m_b w_b 1[y_bt ≠ PAD] (−log p(y_bt | y_<t)) / Σ_{b,t} m_b 1[y_bt ≠ PAD]``,
+  with ``m_b`` the example mask and ``w_b`` the optional instance weight (Koga et al. 2023, Eq. 2:
+  the objective is ``E_{x∼S∪T}[w(x) L(x)]``, so the weights scale the numerator only and the
+  denominator is the plain token count — a uniform weight c multiplies the loss by c).
+* **In-vocabulary accuracy** (Wang et al. 2023, §2 "Datasets", and the TFF StackOverflow
+  ``accuracy_no_oov_or_eos`` metric): ``#{argmax p = y} / #{targets}`` where targets that are PAD,
+  BOS, EOS or UNK are excluded from numerator and denominator. A prediction of a special token is
+  never equal to a counted target, so it is wrong.
+* **Perplexity** ``= exp(Σ NLL / Σ tokens)`` over all real (non-PAD) targets, EOS and UNK targets
+  included (the usual definition, as in Koga et al. 2023, Table 1).
+
+Everything here that runs per step is a pure JAX function of fixed-shape arrays, so it composes
+with ``jax.jit``/``jax.vmap``. Metric *sums* (not means) are returned so the FL engine and
+``evaluate`` can add them across steps and clients; means are taken on host in float64.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+SPECIAL_TOKENS = (PAD, UNK, BOS, EOS)
+
+# Keys of the per-batch sums dict returned by `lm_sums` / a task's `eval_fn` / `loss_fn` aux.
+SUM_KEYS = ("loss_sum", "num_tokens", "num_correct", "num_acc_tokens", "num_examples")
+
+
+def split_tokens(tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``tokens: int[..., L+1]`` -> ``(inputs int[..., L], targets int[..., L])``."""
+    return tokens[..., :-1], tokens[..., 1:]
+
+
+def in_vocab_mask(targets: jax.Array) -> jax.Array:
+    """``bool[...]``: True where a target counts for accuracy (not PAD, UNK, BOS or EOS)."""
+    return (targets != PAD) & (targets != UNK) & (targets != BOS) & (targets != EOS)
+
+
+def token_nll(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """Per-position negative log-likelihood.
+
+    Args:
+      logits: ``float[B, L, V]``.
+      targets: ``int[B, L]``.
+    Returns:
+      ``float32[B, L]`` = ``−log softmax(logits)[targets]`` (computed in float32).
+    """
+    return optax.softmax_cross_entropy_with_integer_labels(
+        logits.astype(jnp.float32), targets.astype(jnp.int32))
+
+
+def lm_sums(logits: jax.Array, targets: jax.Array, example_mask: jax.Array | None = None,
+            weight: jax.Array | None = None) -> dict[str, jax.Array]:
+    """Metric sums of one batch (all float32 scalars).
+
+    Args:
+      logits: ``float[B, L, V]`` next-token logits for the inputs ``tokens[:, :-1]``.
+      targets: ``int[B, L]`` = ``tokens[:, 1:]``.
+      example_mask: ``float[B]``, 1 for real examples and 0 for padding examples (default all 1).
+      weight: optional ``float[B]`` instance weights; they scale ``loss_sum`` only.
+    Returns:
+      ``loss_sum``: Σ m_b w_b NLL over non-PAD targets; ``num_tokens``: # non-PAD targets of real
+      examples (the loss/perplexity denominator); ``num_correct``/``num_acc_tokens``: numerator and
+      denominator of in-vocabulary accuracy; ``num_examples``: Σ m_b.
+    """
+    batch = targets.shape[0]
+    ex = jnp.ones((batch,), jnp.float32) if example_mask is None else example_mask.astype(jnp.float32)
+    tok = (targets != PAD).astype(jnp.float32) * ex[:, None]
+    nll = token_nll(logits, targets)
+    # `where`, not a product, so a non-finite NLL at a masked position cannot leak into the sum.
+    w_tok = tok if weight is None else tok * weight.astype(jnp.float32)[:, None]
+    loss_sum = jnp.sum(jnp.where(tok > 0, nll * w_tok, 0.0))
+    acc_tok = in_vocab_mask(targets).astype(jnp.float32) * ex[:, None]
+    pred = jnp.argmax(logits, axis=-1)
+    correct = (pred == targets).astype(jnp.float32) * acc_tok
+    return {
+        "loss_sum": loss_sum,
+        "num_tokens": jnp.sum(tok),
+        "num_correct": jnp.sum(correct),
+        "num_acc_tokens": jnp.sum(acc_tok),
+        "num_examples": jnp.sum(ex),
+    }
+
+
+def sequence_sums(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Per-sequence log-probability sums over non-PAD targets.
+
+    Args:
+      logits: ``float[B, L, V]``; targets: ``int[B, L]``.
+    Returns:
+      ``(logprob_sum float32[B], num_tokens float32[B])``.
+    """
+    tok = (targets != PAD)
+    nll = token_nll(logits, targets)
+    return (jnp.sum(jnp.where(tok, -nll, 0.0), axis=-1),
+            jnp.sum(tok.astype(jnp.float32), axis=-1))
+
+
+def perplexity(loss_sum: float, num_tokens: float) -> float:
+    """``exp(loss_sum / num_tokens)``; ``nan`` when there are no tokens."""
+    if num_tokens <= 0:
+        return float("nan")
+    return float(np.exp(np.float64(loss_sum) / np.float64(num_tokens)))
+
+
+def summarize(sums: Mapping[str, Any]) -> dict[str, float]:
+    """Host-side means of metric sums (e.g. added over steps/clients by the FL engine).
+
+    Returns ``dict(loss, perplexity, accuracy, num_tokens)``: ``loss = loss_sum / num_tokens``,
+    ``perplexity = exp(loss)``, ``accuracy = num_correct / num_acc_tokens`` (in-vocabulary).
+    Empty denominators give ``nan``.
+    """
+    s = {k: float(np.asarray(sums[k], np.float64).sum()) for k in
+         ("loss_sum", "num_tokens", "num_correct", "num_acc_tokens")}
+    n, na = s["num_tokens"], s["num_acc_tokens"]
+    return {
+        "loss": s["loss_sum"] / n if n > 0 else float("nan"),
+        "perplexity": perplexity(s["loss_sum"], n),
+        "accuracy": s["num_correct"] / na if na > 0 else float("nan"),
+        "num_tokens": n,
+    }
+
+
+@functools.lru_cache(maxsize=64)
+def _jit(fn: Callable) -> Callable:
+    """One jitted wrapper per function object, so repeated evaluations reuse compilations."""
+    return jax.jit(fn)
+
+
+def _seq_logprob_fn(apply: Callable) -> Callable:
+    return _seq_logprob_cached(apply)
+
+
+@functools.lru_cache(maxsize=64)
+def _seq_logprob_cached(apply: Callable) -> Callable:
+    def fn(params, tokens, domain):
+        inputs, targets = split_tokens(tokens)
+        logits = apply(params, inputs, domain)
+        return sequence_sums(logits, targets)
+    return jax.jit(fn)
+
+
+def _padded_batches(n: int, batch_size: int):
+    """Yield ``(start, stop)`` of consecutive fixed-size batches covering ``range(n)``."""
+    for start in range(0, n, batch_size):
+        yield start, min(start + batch_size, n)
+
+
+def _check_tokens(tokens: np.ndarray, batch_size: int) -> np.ndarray:
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 2 or tokens.shape[1] < 2:
+        raise ValueError(f"tokens must be int[N, L+1] with L >= 1, got shape {tokens.shape}")
+    if not np.issubdtype(tokens.dtype, np.integer):
+        raise ValueError(f"tokens must be integer, got {tokens.dtype}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    return tokens.astype(np.int32)
+
+
+def evaluate(task, params, tokens: np.ndarray, batch_size: int,
+             domain: np.ndarray | None = None) -> dict[str, float]:
+    """Evaluate an LM task on many examples (e.g. all validation clients' sentences pooled).
+
+    Runs the task's jitted ``eval_fn`` over fixed-size batches of ``batch_size`` examples; the last
+    batch is padded with PAD examples of mask 0, so there is a single compiled shape. Per-batch sums
+    are added on host in float64.
+
+    Args:
+      task: an ``LMTask`` (``fedpriv.models.lm.make_lm_task`` or the domain builders).
+      params: the task's parameter pytree.
+      tokens: ``int[N, L+1]`` examples (BOS ... EOS PAD...).
+      batch_size: examples per compiled step.
+      domain: ``int[N]`` domain ids, required by domain-adaptive tasks, ignored otherwise.
+    Returns:
+      ``dict(loss, perplexity, accuracy, num_tokens)`` as in `summarize`, plus ``num_examples``.
+    """
+    tokens = _check_tokens(tokens, batch_size)
+    n, width = tokens.shape
+    step = _jit(task.eval_fn)
+    outs = []
+    for start, stop in _padded_batches(n, batch_size):
+        k = stop - start
+        tok = np.zeros((batch_size, width), np.int32)
+        tok[:k] = tokens[start:stop]
+        mask = np.zeros((batch_size,), np.float32)
+        mask[:k] = 1.0
+        batch = {"tokens": tok, "mask": mask}
+        if domain is not None:
+            dom = np.zeros((batch_size,), np.int32)
+            dom[:k] = np.asarray(domain)[start:stop]
+            batch["domain"] = dom
+        outs.append(step(params, batch))  # dispatched asynchronously; fetched once below
+    host = jax.device_get(outs)
+    total = {key: sum(float(o[key]) for o in host) for key in SUM_KEYS}
+    result = summarize(total)
+    result["num_examples"] = total["num_examples"]
+    return result
+
+
+def sequence_logprob(task, params, tokens: np.ndarray, batch_size: int,
+                     domain: np.ndarray | None = None) -> np.ndarray:
+    """Average per-token log-probability of each sequence (Wang et al. 2023, Algorithm 1, line 6).
+
+    ``out[n] = (1/|T_n|) Σ_{t∈T_n} log p(y_nt | y_n,<t)``, with ``T_n`` the non-PAD targets of
+    sequence n (EOS and UNK targets included). Sequences without targets get 0.
+
+    Args:
+      task: an ``LMTask``; params: its parameters.
+      tokens: ``int[N, L+1]``; batch_size: examples per compiled step (last batch padded).
+      domain: ``int[N]`` for domain-adaptive tasks.
+    Returns:
+      ``float32[N]``.
+    """
+    tokens = _check_tokens(tokens, batch_size)
+    n, width = tokens.shape
+    step = _seq_logprob_fn(task.apply)
+    outs = []
+    for start, stop in _padded_batches(n, batch_size):
+        k = stop - start
+        tok = np.zeros((batch_size, width), np.int32)
+        tok[:k] = tokens[start:stop]
+        dom = None
+        if domain is not None:
+            dom = np.zeros((batch_size,), np.int32)
+            dom[:k] = np.asarray(domain)[start:stop]
+        outs.append((k, step(params, tok, dom)))
+    res = np.zeros((n,), np.float32)
+    pos = 0
+    for k, (lp, cnt) in outs:
+        lp, cnt = np.asarray(lp, np.float64)[:k], np.asarray(cnt, np.float64)[:k]
+        res[pos:pos + k] = np.where(cnt > 0, lp / np.maximum(cnt, 1.0), 0.0)
+        pos += k
+    return res
+
+
+def most_frequent_token_accuracy(train_tokens: np.ndarray, eval_tokens: np.ndarray) -> float:
+    """In-vocabulary accuracy of always predicting the most frequent training target token.
+
+    The constant predictor is the most frequent in-vocabulary (not PAD/UNK/BOS/EOS) target among
+    ``train_tokens[:, 1:]`` (predicting a special token would always count as wrong); its accuracy
+    is measured on ``eval_tokens[:, 1:]`` with the same exclusion rules as `lm_sums`.
+
+    Args:
+      train_tokens: ``int[N, L+1]``; eval_tokens: ``int[M, L'+1]``.
+    Returns:
+      accuracy in [0, 1] (``nan`` if the evaluation set has no in-vocabulary targets).
+    """
+    tr = np.asarray(train_tokens)[:, 1:].ravel()
+    tr = tr[np.asarray(in_vocab_mask(tr))]
+    ev = np.asarray(eval_tokens)[:, 1:].ravel()
+    ev = ev[np.asarray(in_vocab_mask(ev))]
+    if ev.size == 0:
+        return float("nan")
+    if tr.size == 0:
+        return 0.0
+    most = np.bincount(tr).argmax()
+    return float(np.mean(ev == most))
