@@ -1,0 +1,187 @@
+"""A privacy ledger: one (epsilon, delta) budget for a whole pipeline.
+
+Every mechanism run on the same users — FL training (DP-FedAvg / DP-FTRL), adaptive-clipping
+counts, FreD's mean/covariance releases (Hou et al. 2023), private unigram counts (Koga et al.
+2023) — is recorded as a ``dp_accounting`` event. ``spend`` computes the epsilon the pipeline
+would have *after* the step and raises ``PrivacyBudgetExceeded`` before anything is recorded
+(callers spend before touching private data: fail closed).
+
+Populations: each entry names the user populations it touches (default ``("users",)``).
+Events on the same population compose sequentially; disjoint populations compose in
+parallel (McSherry 2009), so the pipeline's epsilon is the max over populations — e.g. Koga
+et al.'s PT spends the full budget on source users S and again on target users T.
+Post-processing steps (e.g. public mid-training on a DP checkpoint) are recorded at zero cost
+with ``record_post_processing`` so the ledger shows them.
+
+The ledger is plain data: ``to_dict``/``from_dict``/``save``/``load`` (JSON), saved with every
+checkpoint and reported with every result.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Iterable
+
+import attr
+import dp_accounting as dpa
+
+from fedpriv.dp import accounting
+
+
+class PrivacyBudgetExceeded(RuntimeError):
+    """Raised when a step would take the pipeline past its (epsilon, delta) budget."""
+
+
+def event_to_json(event: dpa.DpEvent):
+    """Serialise a ``dp_accounting`` event (nested) to JSON-able data."""
+    fields = {}
+    for k, v in attr.asdict(event, recurse=False).items():
+        if isinstance(v, dpa.DpEvent):
+            v = event_to_json(v)
+        elif isinstance(v, (list, tuple)):
+            v = [event_to_json(x) if isinstance(x, dpa.DpEvent) else x for x in v]
+        fields[k] = v
+    return {"__event__": type(event).__name__, **fields}
+
+
+def event_from_json(data) -> dpa.DpEvent:
+    data = dict(data)
+    cls = getattr(dpa.dp_event, data.pop("__event__"))
+    kwargs = {}
+    for k, v in data.items():
+        if isinstance(v, dict) and "__event__" in v:
+            v = event_from_json(v)
+        elif isinstance(v, list):
+            v = [event_from_json(x) if isinstance(x, dict) and "__event__" in x else x for x in v]
+        kwargs[k] = v
+    return cls(**kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class LedgerEntry:
+    name: str
+    event: dpa.DpEvent
+    populations: tuple[str, ...]
+    note: str = ""
+    time: float = 0.0
+
+
+class PrivacyLedger:
+    """One privacy budget for a pipeline of mechanisms on the same users.
+
+    Args:
+      epsilon: total budget epsilon (> 0).
+      delta: total budget delta in (0, 1).
+      neighboring: "add_remove" (default, user-level add/remove) or "replace_one".
+      unit: the unit of privacy, reported with every result (default "user").
+      accountant: "best" (smallest of RDP and PLD bounds), "rdp" or "pld".
+    """
+
+    def __init__(self, epsilon: float, delta: float, neighboring: str = "add_remove",
+                 unit: str = "user", accountant: str = "best"):
+        self.epsilon = accounting.check_epsilon(epsilon)
+        self.delta = accounting.check_delta(delta)
+        if neighboring not in accounting.NEIGHBORING:
+            raise ValueError(f"neighboring must be one of {accounting.NEIGHBORING}")
+        self.neighboring = neighboring
+        self.unit = unit
+        self.accountant = accountant
+        self.entries: list[LedgerEntry] = []
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def populations(self) -> list[str]:
+        return sorted({p for e in self.entries for p in e.populations})
+
+    def _epsilon_of(self, entries: Iterable[LedgerEntry]) -> tuple[float, str]:
+        events = [e.event for e in entries]
+        return accounting.compute_epsilon(events, self.delta, self.neighboring, self.accountant)
+
+    def epsilon_by_population(self, extra: LedgerEntry | None = None) -> dict[str, float]:
+        entries = self.entries + ([extra] if extra is not None else [])
+        pops = sorted({p for e in entries for p in e.populations})
+        return {p: self._epsilon_of([e for e in entries if p in e.populations])[0] for p in pops}
+
+    def spent(self) -> float:
+        """Epsilon spent so far at the ledger's delta (max over disjoint populations)."""
+        return max(self.epsilon_by_population().values(), default=0.0)
+
+    def remaining(self) -> float:
+        return max(0.0, self.epsilon - self.spent())
+
+    def epsilon_if_spent(self, event: dpa.DpEvent, populations=("users",)) -> float:
+        """The pipeline's epsilon if ``event`` were spent now (nothing is recorded)."""
+        extra = LedgerEntry("?", event, tuple(populations))
+        return max(self.epsilon_by_population(extra).values())
+
+    # ------------------------------------------------------------------ updates
+    def spend(self, name: str, event: dpa.DpEvent, populations: Iterable[str] = ("users",),
+              note: str = "") -> float:
+        """Record ``event``, or raise ``PrivacyBudgetExceeded`` and record nothing.
+
+        Call this *before* the mechanism touches private data. Returns the pipeline's epsilon
+        after the step.
+        """
+        populations = tuple(populations)
+        if not populations:
+            raise ValueError("an entry must touch at least one population")
+        try:
+            eps = self.epsilon_if_spent(event, populations)
+        except dpa.UnsupportedEventError as err:
+            raise PrivacyBudgetExceeded(
+                f"cannot account for step {name!r} under {self.neighboring} neighbouring: {err}"
+            ) from err
+        if not eps <= self.epsilon * (1 + 1e-9):
+            raise PrivacyBudgetExceeded(
+                f"step {name!r} would raise epsilon to {eps:.4g} > budget {self.epsilon:g} "
+                f"(delta={self.delta:g}; already spent {self.spent():.4g}); nothing was run")
+        self.entries.append(LedgerEntry(name, event, populations, note, time.time()))
+        return eps
+
+    def record_post_processing(self, name: str, populations: Iterable[str] = ("users",),
+                               note: str = "post-processing of DP outputs: no privacy cost") -> None:
+        self.entries.append(LedgerEntry(name, dpa.NoOpDpEvent(), tuple(populations), note, time.time()))
+
+    # ------------------------------------------------------------------ persistence
+    def report(self) -> dict:
+        """Budget, spent epsilon (per population) and every entry with its own epsilon."""
+        rows = []
+        for e in self.entries:
+            own = self._epsilon_of([e])
+            rows.append({"name": e.name, "populations": list(e.populations), "note": e.note,
+                         "epsilon_alone": own[0], "accountant": own[1]})
+        return {"budget_epsilon": self.epsilon, "delta": self.delta, "unit": self.unit,
+                "neighboring": self.neighboring, "spent_epsilon": self.spent(),
+                "by_population": self.epsilon_by_population(), "entries": rows}
+
+    def to_dict(self) -> dict:
+        return {"epsilon": self.epsilon, "delta": self.delta, "neighboring": self.neighboring,
+                "unit": self.unit, "accountant": self.accountant,
+                "entries": [{"name": e.name, "event": event_to_json(e.event),
+                             "populations": list(e.populations), "note": e.note, "time": e.time}
+                            for e in self.entries]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "PrivacyLedger":
+        led = cls(d["epsilon"], d["delta"], d.get("neighboring", "add_remove"),
+                  d.get("unit", "user"), d.get("accountant", "best"))
+        led.entries = [LedgerEntry(e["name"], event_from_json(e["event"]), tuple(e["populations"]),
+                                   e.get("note", ""), e.get("time", 0.0)) for e in d["entries"]]
+        return led
+
+    def save(self, path: str) -> None:
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.to_dict(), f, indent=1)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str) -> "PrivacyLedger":
+        with open(path) as f:
+            return cls.from_dict(json.load(f))
+
+    def __repr__(self):
+        return (f"PrivacyLedger(spent={self.spent():.4g} of epsilon={self.epsilon:g}, "
+                f"delta={self.delta:g}, unit={self.unit}, entries={len(self.entries)})")
