@@ -1,0 +1,101 @@
+"""On-disk cache of processed corpora and trained tokenizers.
+
+Parsing the real corpora (Wang et al. 2023 §2 use StackOverflow; here chitchat, Shakespeare,
+Simpsons and a public pool stand in for it, see DESIGN.md) takes seconds; the processed result
+is cached as JSON under a cache directory, keyed by a SHA-256 of the source file contents, the
+loader name, its format version and its options. A changed file or option gives a new key, so
+a cache entry is never stale.
+
+Cache directory: the ``cache_dir`` argument, else ``$FEDPRIV_CACHE``, else ``~/.cache/fedpriv``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import tempfile
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+__all__ = [
+    "resolve_cache_dir",
+    "file_digest",
+    "texts_digest",
+    "cache_key",
+    "read_json",
+    "write_json_atomic",
+]
+
+ENV_VAR = "FEDPRIV_CACHE"
+
+
+def resolve_cache_dir(cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
+    """The cache directory: ``cache_dir`` if given, else ``$FEDPRIV_CACHE``, else
+    ``~/.cache/fedpriv``. Created if missing."""
+    if cache_dir is None:
+        cache_dir = os.environ.get(ENV_VAR) or os.path.join("~", ".cache", "fedpriv")
+    path = pathlib.Path(cache_dir).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def file_digest(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
+    """SHA-256 hex digest of a file's contents."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(chunk_size):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def texts_digest(texts: Iterable[str]) -> str:
+    """SHA-256 hex digest of a sequence of strings (order and boundaries matter)."""
+    h = hashlib.sha256()
+    n = 0
+    for t in texts:
+        b = t.encode("utf-8")
+        h.update(len(b).to_bytes(8, "little"))
+        h.update(b)
+        n += 1
+    h.update(n.to_bytes(8, "little"))
+    return h.hexdigest()
+
+
+def cache_key(kind: str, version: int, digests: Iterable[str], options: Mapping[str, Any]) -> str:
+    """A short key for a cache entry: hash of (kind, format version, source digests, options).
+
+    ``options`` must be JSON-serialisable; keys are sorted so argument order does not matter.
+    """
+    payload = json.dumps(
+        {"kind": kind, "version": version, "digests": list(digests), "options": dict(options)},
+        sort_keys=True,
+        default=str,
+    )
+    return f"{kind}-{hashlib.sha256(payload.encode()).hexdigest()[:24]}"
+
+
+def read_json(path: pathlib.Path) -> Any | None:
+    """The JSON content of ``path``, or ``None`` if it is missing or unreadable (a corrupt
+    cache entry is treated as a miss and rewritten)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def write_json_atomic(path: pathlib.Path, obj: Any) -> None:
+    """Write ``obj`` as JSON to ``path`` atomically (temp file + rename), so concurrent readers
+    never see a half-written entry."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, ensure_ascii=False, separators=(",", ":"))
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

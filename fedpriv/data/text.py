@@ -1,0 +1,304 @@
+"""Text-level federated corpora: client id -> list of strings, and a labelled public pool.
+
+Wang et al. 2023 (§2 "Datasets") train on StackOverflow, "naturally keyed by users": each client
+is a user and its examples are that user's sentences. :class:`FederatedText` is that object at
+the text level (before tokenization); :class:`PublicCorpus` is the public pool of §3.2/§5 (C4 in
+the paper; here Wikipedia, news and film quotes) where every sentence keeps its ``source`` label,
+which distribution matching (§5) reports on. :class:`LoadStats` records what a loader parsed,
+dropped and counted as malformed.
+
+Splitting into train/validation/test is *by client* (whole users go to one split), with an
+explicit seed for a NumPy Generator (:func:`split_client_ids`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from fedpriv.data.errors import EmptyClientError, EmptyCorpusError
+
+__all__ = [
+    "LoadStats",
+    "FederatedText",
+    "PublicCorpus",
+    "split_client_ids",
+    "split_sentences",
+    "normalize_whitespace",
+    "cap_examples",
+]
+
+logger = logging.getLogger("fedpriv.data")
+
+_WS = re.compile(r"\s+")
+# A sentence ends at . ! ? (optionally followed by closing quotes/brackets) before whitespace and
+# an upper-case letter, digit, quote or bracket. Abbreviations like "Mr." / "e.g." are not split
+# when the next word is lower-case; a few common title abbreviations are protected explicitly.
+_SENT_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+(?=[\"'(\[]?[A-Z0-9])")
+_ABBREV = re.compile(r"\b(?:Mr|Mrs|Ms|Dr|St|Jr|Sr|Prof|Gen|Col|Lt|Sgt|No|vs|Mt|Inc|Ltd|Co|U\.S)\.$")
+
+
+def normalize_whitespace(text: str) -> str:
+    """Collapse runs of whitespace to one space and strip the ends."""
+    return _WS.sub(" ", text).strip()
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split running text into sentences with a simple rule: break after ``.``, ``!`` or ``?``
+    (plus closing quotes/brackets) followed by whitespace and a capital letter, digit, quote or
+    bracket, except after common title abbreviations (``Mr.``, ``Dr.``, ``St.``, ...).
+
+    Returns the non-empty, whitespace-normalised sentences in order.
+    """
+    text = normalize_whitespace(text)
+    if not text:
+        return []
+    out: list[str] = []
+    start = 0
+    for m in _SENT_END.finditer(text):
+        candidate = text[start:m.start()].rstrip() + text[m.start():m.end()].strip()
+        if _ABBREV.search(text[start:m.start()]):
+            continue
+        out.append(candidate.strip())
+        start = m.end()
+    tail = text[start:].strip()
+    if tail:
+        out.append(tail)
+    return [s for s in out if s]
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadStats:
+    """What a loader did. ``records`` = raw records seen; ``malformed`` = records that could not
+    be parsed (counted, never fatal unless nothing is left); ``filtered`` = parsed examples
+    removed by the loader's filters; ``capped`` = examples removed by the per-client cap;
+    ``dropped_clients`` = clients left with no examples; ``cache_hit`` = served from the disk
+    cache; ``seconds`` = wall time of this call."""
+
+    name: str
+    source: str
+    records: int
+    malformed: int
+    filtered: int
+    capped: int
+    clients: int
+    examples: int
+    dropped_clients: int = 0
+    cache_hit: bool = False
+    cache_path: str | None = None
+    seconds: float = 0.0
+    extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def log_line(self) -> str:
+        return (f"[fedpriv.data] {self.name}: {self.clients} clients, {self.examples} examples "
+                f"from {self.records} records ({self.malformed} malformed, {self.filtered} "
+                f"filtered, {self.capped} capped, {self.dropped_clients} clients dropped); "
+                f"{'cache hit' if self.cache_hit else 'parsed'} in {self.seconds:.2f}s")
+
+
+def split_client_ids(client_ids: Sequence[str], fractions: Sequence[float], seed: int
+                     ) -> tuple[list[str], ...]:
+    """Randomly partition client ids into ``len(fractions)`` disjoint groups.
+
+    The ids are sorted, permuted with ``np.random.default_rng(seed)``, and cut at
+    ``floor(cumsum(fractions) * n)`` (fractions are normalised to sum to 1); the rounding
+    remainder goes to the first group. Same ids + fractions + seed -> same split.
+
+    Raises:
+      ValueError: negative fractions, or a group with a positive fraction ends up empty.
+    """
+    fr = np.asarray(fractions, dtype=np.float64)
+    if fr.ndim != 1 or fr.size == 0 or np.any(fr < 0) or fr.sum() <= 0:
+        raise ValueError(f"fractions must be non-negative with a positive sum, got {fractions}")
+    fr = fr / fr.sum()
+    ids = sorted(client_ids)
+    n = len(ids)
+    perm = np.random.default_rng(seed).permutation(n)
+    sizes = np.floor(fr * n).astype(np.int64)
+    sizes[0] += n - sizes.sum()
+    groups: list[list[str]] = []
+    start = 0
+    for i, size in enumerate(sizes):
+        if fr[i] > 0 and size == 0:
+            raise ValueError(f"split {i} (fraction {fr[i]:.3g}) gets no client out of {n}; "
+                             "use fewer splits or more clients")
+        groups.append([ids[j] for j in perm[start:start + size]])
+        start += size
+    return tuple(groups)
+
+
+def cap_examples(examples: Sequence[str], max_examples: int | None, rng: np.random.Generator | None
+                 ) -> list[str]:
+    """At most ``max_examples`` of ``examples``: the first ones if ``rng`` is None, else a
+    uniformly random subset drawn with ``rng`` (kept in original order)."""
+    if max_examples is None or len(examples) <= max_examples:
+        return list(examples)
+    if rng is None:
+        return list(examples[:max_examples])
+    keep = np.sort(rng.choice(len(examples), size=max_examples, replace=False))
+    return [examples[i] for i in keep]
+
+
+class FederatedText(Mapping[str, list[str]]):
+    """A read-only mapping client id -> list of example strings (text-level federated data).
+
+    Client ids are kept in sorted order (``client_ids``), so iteration is stable. Clients with no
+    examples are not stored; asking for one that a filter emptied raises
+    :class:`EmptyClientError` naming it (it is recorded in ``dropped``).
+    """
+
+    def __init__(self, clients: Mapping[str, Sequence[str]], *, stats: LoadStats | None = None,
+                 dropped: Mapping[str, str] | None = None, name: str = "federated_text"):
+        dropped = dict(dropped or {})
+        kept: dict[str, tuple[str, ...]] = {}
+        for cid in sorted(clients):
+            ex = tuple(clients[cid])
+            if ex:
+                kept[str(cid)] = ex
+            else:
+                dropped.setdefault(str(cid), "no examples after filtering")
+        if not kept:
+            raise EmptyCorpusError(f"{name}: no client has any example"
+                                   + (f" ({len(dropped)} clients dropped)" if dropped else ""))
+        self._clients = kept
+        self._dropped = dropped
+        self.stats = stats
+        self.name = name
+
+    # Mapping interface -------------------------------------------------------------------
+    def __getitem__(self, client_id: str) -> list[str]:
+        try:
+            return list(self._clients[client_id])
+        except KeyError:
+            if client_id in self._dropped:
+                raise EmptyClientError(client_id, self._dropped[client_id]) from None
+            raise
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._clients)
+
+    def __len__(self) -> int:
+        return len(self._clients)
+
+    def __repr__(self) -> str:
+        return (f"FederatedText({self.name!r}, clients={len(self)}, "
+                f"examples={self.total_examples})")
+
+    # Properties ---------------------------------------------------------------------------
+    @property
+    def client_ids(self) -> tuple[str, ...]:
+        """Client ids in stable (sorted) order."""
+        return tuple(self._clients)
+
+    @property
+    def dropped(self) -> dict[str, str]:
+        """Clients removed because they had no examples, with the reason."""
+        return dict(self._dropped)
+
+    def num_examples(self, client_id: str) -> int:
+        return len(self[client_id])
+
+    @property
+    def total_examples(self) -> int:
+        return sum(len(v) for v in self._clients.values())
+
+    def texts(self, client_ids: Iterable[str] | None = None) -> list[str]:
+        """All example strings of ``client_ids`` (default: every client), client by client."""
+        ids = self.client_ids if client_ids is None else client_ids
+        out: list[str] = []
+        for cid in ids:
+            out.extend(self[cid])
+        return out
+
+    def examples_per_client(self) -> np.ndarray:
+        """int64[num_clients]: examples of each client, in ``client_ids`` order."""
+        return np.array([len(v) for v in self._clients.values()], dtype=np.int64)
+
+    # Transformations ----------------------------------------------------------------------
+    def subset(self, client_ids: Iterable[str], name: str | None = None) -> FederatedText:
+        """The corpus restricted to ``client_ids`` (each must exist)."""
+        return FederatedText({cid: self[cid] for cid in client_ids}, name=name or self.name)
+
+    def filter(self, keep: Callable[[str], bool], name: str | None = None) -> FederatedText:
+        """Keep only examples with ``keep(text)``; clients left empty are dropped (recorded)."""
+        return FederatedText({cid: [t for t in ex if keep(t)] for cid, ex in self._clients.items()},
+                             dropped=self._dropped, name=name or self.name)
+
+    def cap(self, max_examples_per_client: int, seed: int | None = None) -> FederatedText:
+        """At most ``max_examples_per_client`` examples per client: the first ones, or a random
+        subset drawn with ``np.random.default_rng(seed)`` when ``seed`` is given."""
+        rng = None if seed is None else np.random.default_rng(seed)
+        return FederatedText(
+            {cid: cap_examples(ex, max_examples_per_client, rng) for cid, ex in self._clients.items()},
+            dropped=self._dropped, name=self.name)
+
+    def split_by_client(self, fractions: Sequence[float] = (0.8, 0.1, 0.1), *, seed: int
+                        ) -> tuple[FederatedText, ...]:
+        """Disjoint corpora, one per fraction, partitioning the *clients* (see
+        :func:`split_client_ids`)."""
+        groups = split_client_ids(self.client_ids, fractions, seed)
+        return tuple(self.subset(g, name=f"{self.name}[{i}]") for i, g in enumerate(groups) if g)
+
+    def to_dataset(self, tokenizer, *, seq_len: int = 20, max_examples_per_client: int | None = 256,
+                   batch_size: int = 16, seed: int | None = None):
+        """Tokenize into a :class:`~fedpriv.data.federated.FederatedDataset` of
+        ``{'tokens': int32[n, seq_len + 1]}`` per client (BOS + ids + EOS, truncated/padded).
+        See :meth:`FederatedDataset.from_text`."""
+        from fedpriv.data.federated import FederatedDataset
+        return FederatedDataset.from_text(self, tokenizer, seq_len=seq_len,
+                                          max_examples_per_client=max_examples_per_client,
+                                          batch_size=batch_size, seed=seed)
+
+
+class PublicCorpus(Sequence[str]):
+    """The public pool: a sequence of sentences, each with a ``source`` label
+    (e.g. ``'wikipedia'``, ``'lee_news'``, ``'film_quotes'``)."""
+
+    def __init__(self, texts: Sequence[str], sources: Sequence[str], *,
+                 stats: LoadStats | None = None, name: str = "public"):
+        if len(texts) != len(sources):
+            raise ValueError(f"{len(texts)} texts but {len(sources)} source labels")
+        if not texts:
+            raise EmptyCorpusError(f"{name}: the public corpus is empty")
+        self._texts = tuple(texts)
+        self._sources = tuple(sources)
+        self.stats = stats
+        self.name = name
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return self._texts[i]
+
+    def __len__(self) -> int:
+        return len(self._texts)
+
+    def __repr__(self) -> str:
+        return f"PublicCorpus({self.name!r}, sentences={len(self)}, sources={self.source_counts()})"
+
+    @property
+    def texts(self) -> tuple[str, ...]:
+        return self._texts
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """The source label of each sentence (same length as ``texts``)."""
+        return self._sources
+
+    def source_counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for s in self._sources:
+            out[s] = out.get(s, 0) + 1
+        return out
+
+    def by_source(self, source: str) -> list[str]:
+        """All sentences with the given source label."""
+        if source not in self.source_counts():
+            raise KeyError(f"no source {source!r}; have {sorted(self.source_counts())}")
+        return [t for t, s in zip(self._texts, self._sources) if s == source]
