@@ -1,0 +1,419 @@
+"""Tests for fedpriv/domain.py (Koga et al. 2023: unigrams, Eq. 3 weights, datasets, Table 1,
+Prop. 3.1 latency)."""
+
+import math
+from collections.abc import Mapping
+
+import mpmath
+import numpy as np
+import pytest
+from dp_accounting import dp_event
+
+from fedpriv import domain as dm
+from fedpriv.dp import geometric
+
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+class FakeLedger:
+    """Same `spend` signature as fedpriv.dp.ledger's ledger; records calls, optionally refuses."""
+
+    def __init__(self, refuse: Exception | None = None):
+        self.calls = []
+        self.refuse = refuse
+
+    def spend(self, name, event, populations):
+        self.calls.append((name, event, populations))
+        if self.refuse is not None:
+            raise self.refuse
+
+
+class Untouchable(Mapping):
+    """A client mapping that fails the test if anything reads it."""
+
+    def __getitem__(self, key):
+        raise AssertionError("private data was read")
+
+    def __iter__(self):
+        raise AssertionError("private data was read")
+
+    def __len__(self):
+        raise AssertionError("private data was read")
+
+
+def rows(*seqs, length=11):
+    """int32[n, length] LM rows: BOS + ids, padded with PAD."""
+    out = np.zeros((len(seqs), length), np.int32)
+    for i, s in enumerate(seqs):
+        r = [BOS, *s][:length]
+        out[i, : len(r)] = r
+    return out
+
+
+def random_user(rng, n, vocab, length=11):
+    x = rng.integers(4, vocab, size=(n, length)).astype(np.int32)
+    x[:, 0] = BOS
+    return x
+
+
+# ------------------------------------------------------------------------------ unigrams
+
+
+def test_user_contribution_bounded_by_50():
+    rng = np.random.default_rng(0)
+    assert dm.unigram_sensitivity() == 50
+    heavy = random_user(rng, 100, 40)  # 100 sequences of 10 non-PAD targets
+    c = dm.bounded_user_counts(heavy, 40, np.random.default_rng(1))
+    assert c.dtype == np.int64 and c.shape == (40,)
+    assert c.sum() == 50 and c[PAD] == 0 and c[BOS] == 0
+    # Longer rows: still at most 10 tokens per sequence.
+    long = random_user(rng, 100, 40, length=31)
+    assert dm.bounded_user_counts(long, 40, rng).sum() == 50
+    # Rows with PAD: only non-PAD targets count; an all-PAD row is never chosen.
+    r = rows([5, 6, EOS], [], [7, UNK, 8, EOS])
+    c = dm.bounded_user_counts(r, 10, rng)
+    np.testing.assert_array_equal(c, np.bincount([5, 6, EOS, 7, UNK, 8, EOS], minlength=10))
+    # Removing a user moves the summed count vector by at most 50 in L1. (Same seed on both
+    # sides, and only one user has > 5 rows, so no other user's row choice is re-randomised.)
+    users = {f"u{i:02d}": random_user(rng, int(rng.integers(1, 6)), 40) for i in range(20)}
+    users["heavy"] = heavy
+    full = dm.unigram_counts(users, 40, np.random.default_rng(5))
+    for drop in ("heavy", "u03", "u19"):
+        rest = {k: v for k, v in users.items() if k != drop}
+        part = dm.unigram_counts(rest, 40, np.random.default_rng(5))
+        diff = full - part
+        assert np.all(diff >= 0) and 0 < diff.sum() <= 50
+    with pytest.raises(ValueError):
+        dm.bounded_user_counts(rows([45]), 40, rng)
+
+
+def test_unigram_counts_example_domain_filter():
+    rng = np.random.default_rng(0)
+    client = {"tokens": rows([4, 4], [5]), "domain": np.array([dm.SOURCE, dm.TARGET], np.int8)}
+    c = dm.unigram_counts({"c": client}, 8, rng, example_domain=dm.TARGET)
+    np.testing.assert_array_equal(c, np.bincount([5], minlength=8))
+    c = dm.unigram_counts({"c": client}, 8, rng)
+    np.testing.assert_array_equal(c, np.bincount([4, 4, 5], minlength=8))
+
+
+def test_normalise_counts():
+    u = dm.normalise_counts(np.array([-3, 0, 5, 10]), smoothing=1.0)
+    np.testing.assert_allclose(u, np.array([1, 1, 6, 11]) / 19)
+    u = dm.normalise_counts(np.array([7, 0, 5, 10]), smoothing=0.5, zero_ids=(0,))
+    np.testing.assert_allclose(u, np.array([0.5, 0.5, 5.5, 10.5]) / 17)
+    assert np.all(dm.normalise_counts(np.full(5, -100)) == 0.2)
+    with pytest.raises(ValueError):
+        dm.normalise_counts(np.array([1, 2]), smoothing=0.0)
+
+
+def test_private_unigrams_noise_free_limit_and_ledger_event():
+    rng = np.random.default_rng(3)
+    users = {i: random_user(rng, 8, 12) for i in range(30)}
+    ledger = FakeLedger()
+    # eps = 1e6: a = exp(-2e4) = 0, so the Geometric noise is exactly 0.
+    u = dm.private_unigram_frequencies(users, 12, 1e6, np.random.default_rng(9),
+                                       population="T", ledger=ledger)
+    counts = dm.unigram_counts(users, 12, np.random.default_rng(9))
+    counts[[PAD, BOS]] = 0
+    np.testing.assert_allclose(u, (counts + 1.0) / (counts.sum() + 12.0), rtol=1e-12)
+    assert u.dtype == np.float64 and math.isclose(u.sum(), 1.0) and np.all(u > 0)
+    (name, event, pops), = ledger.calls
+    assert pops == ("T",) and "T" in name
+    assert isinstance(event, dp_event.DiscreteLaplaceDpEvent)
+    assert event.sensitivity == 50 and math.isclose(geometric.geometric_epsilon(event), 1e6)
+
+
+def test_private_unigrams_paper_budget_is_noisy_but_valid():
+    rng = np.random.default_rng(4)
+    users = {i: random_user(rng, 10, 50) for i in range(200)}
+    ledger = FakeLedger()
+    u = dm.private_unigram_frequencies(users, 50, 0.8, rng, population="S", ledger=ledger)
+    assert np.all(u > 0) and math.isclose(u.sum(), 1.0)
+    assert u[PAD] == u[BOS] == u.min()  # floor only
+    event = ledger.calls[0][1]
+    assert math.isclose(event.noise_parameter, 0.8 / 50)
+
+
+def test_ledger_is_charged_before_data_is_read():
+    class Refused(Exception):
+        pass
+
+    ledger = FakeLedger(refuse=Refused("budget exceeded"))
+    with pytest.raises(Refused):
+        dm.private_unigram_frequencies(Untouchable(), 20, 0.8, np.random.default_rng(0),
+                                       population="T", ledger=ledger)
+    assert len(ledger.calls) == 1
+    # Also with the project's ledger when it is there.
+    ledger_mod = pytest.importorskip("fedpriv.dp.ledger")
+    assert issubclass(ledger_mod.PrivacyBudgetExceeded, Exception)
+    ledger = FakeLedger(refuse=ledger_mod.PrivacyBudgetExceeded("no budget"))
+    with pytest.raises(ledger_mod.PrivacyBudgetExceeded):
+        dm.private_unigram_frequencies(Untouchable(), 20, 0.8, np.random.default_rng(0),
+                                       population="T", ledger=ledger)
+
+
+# ------------------------------------------------------------------------------ weights
+
+
+# Tiny vocabulary: PAD UNK BOS EOS a=4 b=5.
+U_T = np.array([0.1, 0.1, 0.1, 0.2, 0.4, 0.1])
+U_S = np.array([0.1, 0.1, 0.1, 0.1, 0.1, 0.5])
+
+
+def test_weights_hand_computed():
+    a, b = 4, 5
+    x = rows([a, b, EOS], [b, b], [a], [], length=5)
+    # x0: p_T = .4*.1*.2 = .008, p_S = .1*.5*.1 = .005 -> w = .008/(.1*.008 + .9*.005) = 80/53
+    # x1: p_T = .01, p_S = .25 -> w = .01/(.001 + .225) = 5/113
+    # x2: p_T = .4, p_S = .1 -> w = .4/(.04 + .09) = 40/13
+    # x3: no counted token -> p = 1 in both -> w = 1
+    np.testing.assert_allclose(dm.sequence_log_density(x, U_T),
+                               np.log([0.008, 0.01, 0.4, 1.0]), rtol=1e-12)
+    dom = np.full(4, dm.SOURCE)
+    w = dm.importance_weights(x, dom, U_S, U_T, 0.1)
+    assert w.dtype == np.float32 and w.shape == (4,)
+    np.testing.assert_allclose(w, [80 / 53, 5 / 113, 40 / 13, 1.0], rtol=1e-6)
+    assert np.all(w <= 1 / 0.1)
+    # Target-domain examples: exactly 1 (Eq. 3 with pi = T), whatever the densities.
+    wt = dm.importance_weights(x, np.full(4, dm.TARGET), U_S, U_T, 0.1)
+    assert np.all(wt == 1.0)
+    log_w = dm.relative_log_weights(np.log([0.008, 0.3]), np.log([0.008, 0.3]), 0.1)
+    np.testing.assert_allclose(np.exp(log_w), 1.0, rtol=1e-15)
+    # alpha = 1: everything weighs 1.
+    assert np.all(dm.importance_weights(x, dom, U_S, U_T, 1.0) == 1.0)
+    # Bounding.
+    np.testing.assert_allclose(dm.bound_weights(w, 0.1, mode="scale"),
+                               0.1 * np.array([80 / 53, 5 / 113, 40 / 13, 1.0]), rtol=1e-6)
+    np.testing.assert_allclose(dm.bound_weights(w, 0.1, mode="clip", w_max=2.0),
+                               [80 / 53, 5 / 113, 2.0, 1.0], rtol=1e-6)
+    with pytest.raises(ValueError):
+        dm.bound_weights(w, 0.1, mode="clip")
+    with pytest.raises(ValueError):
+        dm.importance_weights(x, dom, U_S, U_T, 0.0)
+
+
+def test_weights_log_space_stable_for_long_sequences():
+    # log-densities around -1000 (p underflows to 0 in float64): naive Eq. 3 gives 0/0.
+    lt = np.array([-1000.0, -1000.0, -5000.0, -1000.0])
+    lo = np.array([-1005.0, -995.0, -5000.0, -3000.0])
+    w = np.exp(dm.relative_log_weights(lt, lo, 0.1))
+    expect = 1 / (0.1 + 0.9 * np.exp(lo - lt))
+    np.testing.assert_allclose(w, expect, rtol=1e-12)
+    assert np.all(np.isfinite(w)) and np.all(w <= 10.0 + 1e-12) and np.all(w >= 0)
+    assert math.isclose(w[3], 10.0, rel_tol=1e-12)  # p_S << p_T: w -> 1/alpha
+    # The same through tokens: 2000-token rows.
+    # Mostly UNK (same probability under both), a few a/b tokens: log p ~ -4600, moderate ratio.
+    toks = np.full((3, 2001), UNK, np.int32)
+    toks[:, 0] = BOS
+    toks[0, 1:4] = [4, 4, 5]
+    toks[1, 1:3] = [5, 4]
+    toks[2, -1] = 4
+    lt = dm.sequence_log_density(toks, U_T)
+    ls = dm.sequence_log_density(toks, U_S)
+    assert np.all(lt < -1000) and np.all(np.exp(lt) == 0)
+    w = dm.importance_weights(toks, np.zeros(3, int), U_S, U_T, 0.1)
+    np.testing.assert_allclose(w, 1 / (0.1 + 0.9 * np.exp(ls - lt)), rtol=1e-5)
+    assert np.all(np.isfinite(w)) and np.all(w > 0.01)
+
+
+def test_add_importance_weights_does_not_mutate():
+    client = {"tokens": rows([4, 5], [5, 5], length=5),
+              "domain": np.array([dm.SOURCE, dm.TARGET], np.int8)}
+    out = dm.add_importance_weights({"c": client}, U_S, U_T, 0.1)
+    assert "weight" not in client
+    w = out["c"]["weight"]
+    assert w.dtype == np.float32 and w.shape == (2,) and w[1] == 1.0
+    # x0: p_T = .04, p_S = .05 -> w = .04/(.004 + .045) = 40/49
+    assert math.isclose(float(w[0]), 40 / 49, rel_tol=1e-6)
+
+
+# ------------------------------------------------------------------------------ datasets
+
+
+def test_assemble_domain_dataset_strings_and_split():
+    src = {f"s{i:03d}": [f"source text {i}", "more"] for i in range(50)}
+    tgt = {f"t{i:03d}": [f"target text {i}"] for i in range(10)}
+    src["both"] = ["typed by both"]
+    tgt["both"] = ["spoken by both", "again"]
+    src["empty"] = []
+    ds = dm.assemble_domain_dataset(src, tgt, seed=0)
+    assert ds.population["both"] == dm.TARGET and ds.population["s000"] == dm.SOURCE
+    assert "empty" not in ds.population
+    # Stratified 6:2:2: 50 S -> 30/10/10, 11 T -> 7/2/2 (largest remainder).
+    assert [ds.num_clients(s, dm.SOURCE) for s in ("train", "val", "test")] == [30, 10, 10]
+    assert [ds.num_clients(s, dm.TARGET) for s in ("train", "val", "test")] == [7, 2, 2]
+    assert math.isclose(ds.alpha, 7 / 37)
+    ids = [set(ds.split(s)) for s in ("train", "val", "test")]
+    assert not (ids[0] & ids[1]) and not (ids[0] & ids[2]) and not (ids[1] & ids[2])
+    assert set.union(*ids) == set(ds.population)
+    for split in ("train", "val", "test"):
+        if "both" in ds.split(split):
+            ex = ds.split(split)["both"]
+            assert ex["texts"] == ["typed by both", "spoken by both", "again"]
+            np.testing.assert_array_equal(ex["domain"], [0, 1, 1])
+    # Same seed -> same split; another seed -> another split.
+    ds2 = dm.assemble_domain_dataset(src, tgt, seed=0)
+    assert list(ds2.train) == list(ds.train)
+    assert set(dm.assemble_domain_dataset(src, tgt, seed=1).train) != set(ds.train)
+    # Overlap modes.
+    ds_t = dm.assemble_domain_dataset(src, tgt, seed=0, overlap="target_examples")
+    ex = next(ds_t.split(s)["both"] for s in ("train", "val", "test") if "both" in ds_t.split(s))
+    assert ex["texts"] == ["spoken by both", "again"] and np.all(ex["domain"] == 1)
+    ds_d = dm.assemble_domain_dataset(src, tgt, seed=0, overlap="drop")
+    assert "both" not in ds_d.population and len(ds_d.population) == 60
+    with pytest.raises(ValueError):
+        dm.assemble_domain_dataset(src, tgt, seed=0, overlap="split")
+    with pytest.raises(ValueError):
+        dm.assemble_domain_dataset(src, {}, seed=0)
+
+
+def test_assemble_domain_dataset_tokens_and_select():
+    rng = np.random.default_rng(0)
+    src = {f"s{i}": random_user(rng, 3, 20) for i in range(20)}
+    tgt = {f"t{i}": random_user(rng, 2, 20) for i in range(5)}
+    tgt["s0"] = random_user(rng, 1, 20)  # s0 also has target data
+    ds = dm.assemble_domain_dataset(src, tgt, seed=3)
+    allc = {**ds.train, **ds.val, **ds.test}
+    assert allc["s0"]["tokens"].shape == (4, 11) and allc["s0"]["tokens"].dtype == np.int32
+    np.testing.assert_array_equal(allc["s0"]["domain"], [0, 0, 0, 1])
+    assert ds.population["s0"] == dm.TARGET
+    t_only = dm.select_clients(allc, ds.population, (dm.TARGET,), (dm.TARGET,))
+    assert set(t_only) == {"s0"} | {f"t{i}" for i in range(5)}
+    assert t_only["s0"]["tokens"].shape == (1, 11) and np.all(t_only["s0"]["domain"] == 1)
+    s_only = dm.select_clients(allc, ds.population, (dm.SOURCE,), (dm.SOURCE,))
+    assert "s0" not in s_only and len(s_only) == 19  # disjoint populations
+    weighted = dm.add_importance_weights(allc, np.full(20, 0.05), np.full(20, 0.05), ds.alpha)
+    assert all(np.all(v["weight"] == 1.0) for v in weighted.values())  # equal densities -> w = 1
+
+
+# ------------------------------------------------------------------------------ Table 1
+
+
+def test_training_schemes_table():
+    names = [s.name for s in dm.TRAINING_SCHEMES]
+    assert names == ["T w. alpha*C", "T w. C", "S u T", "DSDSR", "DEMix", "IW", "PT", "IWPT"]
+    by = dm.SCHEMES_BY_NAME
+    assert by["T w. alpha*C"].stages[0].cohort_size(5000, 0.1) == 500
+    assert by["T w. alpha*C"].stages[0].cohort_size(400, 0.1) == 40
+    assert by["T w. C"].stages[0].cohort_size(5000, 0.1) == 5000
+    assert by["DSDSR"].model == "dsdsr" and by["DEMix"].model == "demix"
+    assert by["IW"].weighted and by["IWPT"].weighted and not by["PT"].weighted
+    assert by["PT"].stage_rounds(2000) == (1000, 1000) and by["IW"].stage_rounds(2000) == (2000,)
+    pt = by["PT"]
+    assert pt.stages[0].population_labels == ("S",) and pt.stages[1].population_labels == ("T",)
+    assert pt.stages[1].cohort_size(5000, 0.1) == 500
+    # Every scheme spends at most (2, 1e-6) per user of each population; PT and IWPT reach it on
+    # S and on T separately (parallel composition over disjoint populations).
+    for s in dm.TRAINING_SCHEMES:
+        for pop, (eps, delta) in s.per_population_budget().items():
+            assert eps <= 2.0 + 1e-12 and delta <= 1e-6 * (1 + 1e-12), (s.name, pop)
+    assert by["PT"].per_population_budget() == {"S": (2.0, 1e-6), "T": (2.0, 1e-6)}
+    iw = by["IW"].privacy_plan({dm.SOURCE: "chitchat", dm.TARGET: "simpsons"})
+    assert [(p.epsilon, p.delta, p.populations) for p in iw] == [
+        (0.8, 0.0, ("chitchat",)), (0.8, 0.0, ("simpsons",)), (1.2, 1e-6, ("chitchat", "simpsons"))]
+    eps, delta = by["IWPT"].per_population_budget()["T"]
+    assert math.isclose(eps, 2.0) and delta == 1e-6
+    with pytest.raises(ValueError):
+        dm.Stage((0,), (0,), "2C", False, 1.0, (1.0, 0.0))
+
+
+# ------------------------------------------------------------------------------ latency
+
+
+def _grid():
+    for N in (100, 1000, 10_000, 100_000):
+        for C in sorted({1, 10, N // 10, N // 2, N}):
+            for p in (0.0, 0.1, 0.5, 0.9, 1.0):
+                for q in sorted({C / N, min(1.0, 2 * C / N), 1.0}):
+                    npq = N * p * q
+                    if abs(npq - round(npq)) < 1e-9 and abs(N * p - round(N * p)) < 1e-9:
+                        yield N, C, p, q
+
+
+def test_latency_exact_within_bounds_over_grid():
+    n = 0
+    for N, C, p, q in _grid():
+        for lam in (0.5, 2.0):
+            lo = dm.latency_lower_bound(N, C, p, q, lam)
+            ex = dm.expected_latency(N, C, p, q, lam)
+            up = dm.latency_upper_bound(N, C, lam)
+            tight = dm.latency_upper_bound_tight(N, C, p, q, lam)
+            assert q >= C / N - 1e-15
+            assert lo <= ex * (1 + 1e-12) and ex <= tight * (1 + 1e-12), (N, C, p, q)
+            assert tight <= up * (1 + 1e-12), (N, C, p, q)
+            # The paper's closed forms, where Np and Npq are integers.
+            assert math.isclose(lo, max(0.0, (C - N * p * q) / (N * (1 - p) + 1)) / lam,
+                                rel_tol=1e-9, abs_tol=1e-15)
+            n += 1
+    assert n > 100
+
+
+def test_latency_exact_matches_high_precision_harmonic_sums():
+    mpmath.mp.dps = 40
+    for m, k in [(1, 1), (10, 3), (5000, 4097), (5000, 4096), (10**6, 10**6), (10**9, 10**6),
+                 (10**9, 10**9 - 3), (10**7, 5), (10**5, 50_000)]:
+        exact = float(mpmath.harmonic(m) - mpmath.harmonic(m - k))
+        assert math.isclose(dm.expected_kth_arrival(m, k, 1.0), exact, rel_tol=1e-14)
+        assert math.isclose(dm.expected_kth_arrival(m, k, 4.0), exact / 4, rel_tol=1e-14)
+    # Small case by hand: m = 3, k = 2: 1/3 + 1/2.
+    assert math.isclose(dm.expected_kth_arrival(3, 2, 1.0), 1 / 3 + 1 / 2)
+
+
+@pytest.mark.parametrize("N,C,p,q,lam,method", [
+    (1000, 100, 0.5, 0.11, 1.0, "clocks"),
+    (10_000, 1000, 0.5, 0.11, 2.0, "clocks"),
+    (2000, 1000, 0.2, 0.5, 0.5, "clocks"),  # k close to m
+    (1_000_000, 5000, 0.5, 0.0055, 1.0, "order_statistic"),
+    (10_000, 1000, 0.5, 0.11, 2.0, "order_statistic"),
+])
+def test_latency_monte_carlo_matches_exact(N, C, p, q, lam, method):
+    rng = np.random.default_rng(2023)
+    est = dm.simulate_latency(N, C, p, q, lam, rng, trials=2000, method=method)
+    exact = dm.expected_latency(N, C, p, q, lam)
+    assert est.trials == 2000 and est.stderr > 0
+    assert abs(est.mean - exact) < 4 * est.stderr, (est, exact)
+
+
+def test_latency_no_wait_and_never():
+    # k <= 0: enough devices available already.
+    assert dm.latency_counts(1000, 100, 0.5, 0.5) == (500, -150)
+    assert dm.expected_latency(1000, 100, 0.5, 0.5, 1.0) == 0.0
+    assert dm.latency_lower_bound(1000, 100, 0.5, 0.5, 1.0) == 0.0
+    assert dm.simulate_latency(1000, 100, 0.5, 0.5, 1.0, np.random.default_rng(0), 10).mean == 0.0
+    # k > m (q < C/N and few unavailable devices): the cohort never fills.
+    assert dm.latency_counts(100, 90, 0.5, 0.1) == (50, 85)
+    assert dm.expected_latency(100, 90, 0.5, 0.1, 1.0) == math.inf
+    assert dm.simulate_latency(100, 90, 0.5, 0.1, 1.0, np.random.default_rng(0), 10).mean == math.inf
+    assert dm.latency_upper_bound(100, 100, 1.0) == math.inf
+
+
+@pytest.mark.parametrize("args,exc", [
+    ((100, 101, 0.5, 0.5, 1.0), ValueError),  # C > N
+    ((100, 0, 0.5, 0.5, 1.0), ValueError),  # C <= 0
+    ((100, -5, 0.5, 0.5, 1.0), ValueError),
+    ((0, 0, 0.5, 0.5, 1.0), ValueError),
+    ((100, 10, -0.1, 0.5, 1.0), ValueError),  # p not in [0, 1]
+    ((100, 10, 1.1, 0.5, 1.0), ValueError),
+    ((100, 10, 0.5, 0.0, 1.0), ValueError),  # q not in (0, 1]
+    ((100, 10, 0.5, 1.5, 1.0), ValueError),
+    ((100, 10, 0.5, 0.5, 0.0), ValueError),  # lambda <= 0
+    ((100, 10, 0.5, 0.5, -1.0), ValueError),
+    ((100, 10, 0.5, 0.5, math.inf), ValueError),
+    ((100.0, 10, 0.5, 0.5, 1.0), TypeError),  # non-integer counts
+    ((100, 10.5, 0.5, 0.5, 1.0), TypeError),
+    ((100, True, 0.5, 0.5, 1.0), TypeError),
+])
+def test_latency_errors(args, exc):
+    with pytest.raises(exc):
+        dm.expected_latency(*args)
+    with pytest.raises(exc):
+        dm.latency_lower_bound(*args)
+    with pytest.raises(exc):
+        dm.simulate_latency(*args, np.random.default_rng(0), 10)
+
+
+def test_latency_accepts_numpy_integers():
+    assert dm.expected_latency(np.int64(1000), np.int32(100), 0.5, 0.11, 1.0) > 0
