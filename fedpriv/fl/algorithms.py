@@ -1,0 +1,254 @@
+"""Private federated algorithms as ``(init, apply)`` builders over a ``ServerState`` pytree.
+
+One round (McMahan et al. 2018 DP-FedAvg; Kairouz et al. 2021 DP-FTRL):
+
+1. every sampled client runs local SGD from the server model (``client.make_client_update``);
+2. its delta is clipped to C_t (``dp.clipping``), weighted by w_i in [0, 1] and masked;
+3. the cohort sum (L2 sensitivity C_t) is divided by C_t, so its sensitivity is 1, and
+   noised by the mechanism: fresh Gaussian noise (DP-FedAvg) or the tree increment
+   (DP-FTRL), std ``z * s`` per coordinate, ``s = expected_cohort / noise_cohort_size`` (1
+   unless simulating a larger noise cohort, McMahan et al. 2018 §4);
+4. the result is multiplied back by C_t and divided by the *public* expected cohort size
+   (the fixed-denominator estimator): the noisy average ``Delta_t``;
+5. the server optimizer (optax) takes ``-Delta_t`` as its gradient: FedAvg = SGD (lr 1),
+   FedAvgM = SGD with momentum, FedAdam = Adam (Reddi et al. 2021). With SGD, DP-FTRL's
+   prefix-sum release gives exactly FTRL ``theta_t = theta_0 + eta * S_t``;
+6. with adaptive clipping (Andrew et al. 2021) C_{t+1} is updated from a noised count.
+
+Normalising by C_t before noising makes the noise valid even when C_t changes (adaptive
+clipping with tree aggregation): every tree node sees unit-sensitivity leaves, and rescaling
+by the (DP-released) C_t is post-processing. With fixed C it equals adding ``N(0, (z C)^2)``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Callable
+
+import dp_accounting as dpa
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+from fedpriv.dp import accounting
+from fedpriv.dp.adaptive import AdaptiveClipping, ClipState
+from fedpriv.dp.noise import NoiseMechanism, NoiseState
+from fedpriv.fl import samplers as samplers_lib
+from fedpriv.fl.aggregate import WEIGHTINGS, cohort_sum
+from fedpriv.fl.client import make_client_update
+
+MECHANISMS = ("gaussian", "tree")
+
+
+@dataclasses.dataclass(frozen=True)
+class DPConfig:
+    """Privacy configuration of an FL algorithm.
+
+    Attributes:
+      clip_norm: C (initial C if ``adaptive``); ``inf`` = no clipping (only with z = 0).
+      noise_multiplier: z = noise std on the sum / C (per tree node for "tree").
+      mechanism: "gaussian" (DP-FedAvg) or "tree" (DP-FTRL).
+      restart_every: leaves per tree for "tree" (the sampler's rounds per epoch).
+      noise_cohort_size: if set, the noise is that of a cohort of this size (z s C with
+        s = expected_cohort / noise_cohort_size) — a simulation of a larger cohort; results
+        must say so.
+      weighting: "uniform" or "num_examples" (w_i = min(n_i, weight_cap) / weight_cap).
+      adaptive: quantile-based adaptive clipping, or None for a fixed C.
+    """
+    clip_norm: float = math.inf
+    noise_multiplier: float = 0.0
+    mechanism: str = "gaussian"
+    restart_every: int = 1
+    noise_cohort_size: int | None = None
+    weighting: str = "uniform"
+    weight_cap: float = 256.0
+    adaptive: AdaptiveClipping | None = None
+
+    def __post_init__(self):
+        if self.mechanism not in MECHANISMS:
+            raise ValueError(f"mechanism must be one of {MECHANISMS}, got {self.mechanism!r}")
+        if self.weighting not in WEIGHTINGS:
+            raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {self.weighting!r}")
+        accounting.check_noise_multiplier(self.noise_multiplier)
+        if not self.clip_norm > 0:
+            raise ValueError(f"clip_norm must be > 0, got {self.clip_norm}")
+        if self.noise_multiplier > 0 and not math.isfinite(self.clip_norm) and self.adaptive is None:
+            raise ValueError("noise needs a finite clip norm: the sensitivity is unbounded")
+        if self.noise_cohort_size is not None and self.noise_cohort_size < 1:
+            raise ValueError(f"noise_cohort_size must be >= 1, got {self.noise_cohort_size}")
+        if self.weight_cap <= 0:
+            raise ValueError("weight_cap must be > 0")
+
+    @property
+    def is_private(self) -> bool:
+        return self.noise_multiplier > 0 and (math.isfinite(self.clip_norm) or self.adaptive is not None)
+
+
+@struct.dataclass
+class ServerState:
+    params: object
+    opt_state: object
+    noise_state: NoiseState
+    clip_state: ClipState
+    round: jax.Array  # int32
+
+
+@dataclasses.dataclass(frozen=True)
+class FederatedAlgorithm:
+    """``init(params, key) -> ServerState``; ``apply(state, batches, client_mask, key) ->
+    (state, metrics)`` (jit-compiled). ``batches``: dict of ``[K, S, B, ...]`` arrays."""
+    init: Callable
+    apply: Callable
+    dp: DPConfig
+    expected_cohort_size: float
+
+
+def build_algorithm(loss_fn: Callable, client_optimizer: optax.GradientTransformation,
+                    server_optimizer: optax.GradientTransformation, dp: DPConfig,
+                    expected_cohort_size: float, local_epochs: int = 1,
+                    chunk_size: int | None = None, jit: bool = True) -> FederatedAlgorithm:
+    """Build a (DP-)federated algorithm. See the module docstring for the round."""
+    if expected_cohort_size <= 0:
+        raise ValueError("expected_cohort_size must be > 0")
+    client_update = make_client_update(loss_fn, client_optimizer, local_epochs)
+    scale = 1.0 if dp.noise_cohort_size is None else expected_cohort_size / dp.noise_cohort_size
+    restart = dp.restart_every if dp.mechanism == "tree" else 1
+    mechanism = NoiseMechanism(std=dp.noise_multiplier * scale, restart_every=restart)
+    adaptive = dp.adaptive
+    normalise = math.isfinite(dp.clip_norm) or adaptive is not None
+
+    def init(params, key) -> ServerState:
+        k_noise, k_clip = jax.random.split(key)
+        clip0 = adaptive.initial_clip if adaptive is not None else dp.clip_norm
+        clip_state = ClipState(jnp.asarray(clip0, jnp.float32), k_clip)
+        return ServerState(params, server_optimizer.init(params), mechanism.init(k_noise),
+                           clip_state, jnp.zeros((), jnp.int32))
+
+    def apply(state: ServerState, batches, client_mask, key):
+        clip = state.clip_state.clip_norm
+        total, stats = cohort_sum(client_update, state.params, batches, client_mask, key, clip,
+                                  dp.weighting, dp.weight_cap, chunk_size)
+        if normalise:
+            unit = jax.tree_util.tree_map(lambda x: x / clip, total)
+            noised, noise_state = mechanism.add_noise(unit, state.noise_state)
+            noised = jax.tree_util.tree_map(lambda x: x * clip, noised)
+        else:
+            noised, noise_state = total, state.noise_state
+        avg = jax.tree_util.tree_map(lambda x: x / expected_cohort_size, noised)
+        grad = jax.tree_util.tree_map(jnp.negative, avg)
+        updates, opt_state = server_optimizer.update(grad, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        clip_state, frac = state.clip_state, jnp.nan
+        if adaptive is not None:
+            clip_state, frac = adaptive.update(state.clip_state, stats["norms"], client_mask,
+                                               expected_cohort_size, state.round)
+        n = jnp.maximum(stats["num_clients"], 1.0)
+        metrics = dict(stats["aux"])
+        metrics.update(num_clients=stats["num_clients"], clip_norm=clip,
+                       mean_update_norm=stats["norm_sum"] / n,
+                       frac_clipped=stats["num_clipped"] / n, num_nonfinite=stats["num_nonfinite"],
+                       unclipped_estimate=frac)
+        return ServerState(params, opt_state, noise_state, clip_state, state.round + 1), metrics
+
+    if jit:
+        apply = jax.jit(apply, donate_argnums=())
+    return FederatedAlgorithm(init, apply, dp, float(expected_cohort_size))
+
+
+# ----------------------------------------------------------------------------- builders
+def server_optimizer(name: str, learning_rate: float, momentum: float = 0.9,
+                     b1: float = 0.9, b2: float = 0.99, eps: float = 1e-3) -> optax.GradientTransformation:
+    """FedAvg ("sgd"), FedAvgM ("sgdm"), FedAdam ("adam", Reddi et al. 2021 defaults: eps=1e-3)."""
+    if name == "sgd":
+        return optax.sgd(learning_rate)
+    if name == "sgdm":
+        return optax.sgd(learning_rate, momentum=momentum)
+    if name == "adam":
+        return optax.adam(learning_rate, b1=b1, b2=b2, eps=eps)
+    raise ValueError(f"server optimizer must be sgd, sgdm or adam, got {name!r}")
+
+
+def dp_fedavg(loss_fn, client_optimizer, server_opt, *, clip_norm, noise_multiplier,
+              expected_cohort_size, **kw) -> FederatedAlgorithm:
+    """DP-FedAvg (McMahan et al. 2018): Gaussian noise, fresh every round."""
+    dp_kw = {k: kw.pop(k) for k in ("noise_cohort_size", "weighting", "weight_cap", "adaptive") if k in kw}
+    dp = DPConfig(clip_norm, noise_multiplier, "gaussian", **dp_kw)
+    return build_algorithm(loss_fn, client_optimizer, server_opt, dp, expected_cohort_size, **kw)
+
+
+def dp_ftrl(loss_fn, client_optimizer, server_opt, *, clip_norm, noise_multiplier,
+            expected_cohort_size, rounds_per_epoch, **kw) -> FederatedAlgorithm:
+    """DP-FTRL (Kairouz et al. 2021): tree-aggregation noise restarted every epoch."""
+    dp_kw = {k: kw.pop(k) for k in ("noise_cohort_size", "weighting", "weight_cap", "adaptive") if k in kw}
+    dp = DPConfig(clip_norm, noise_multiplier, "tree", rounds_per_epoch, **dp_kw)
+    return build_algorithm(loss_fn, client_optimizer, server_opt, dp, expected_cohort_size, **kw)
+
+
+# ----------------------------------------------------------------------------- privacy
+def privacy_event(dp: DPConfig, sampler, rounds: int, simulated: bool = True) -> dpa.DpEvent:
+    """The ``dp_accounting`` event of ``rounds`` rounds of an algorithm with ``dp``.
+
+    Args:
+      dp: the algorithm's DP configuration.
+      sampler: the client sampler used (its kind decides the amplification).
+      rounds: rounds to account for.
+      simulated: with ``noise_cohort_size`` set, True accounts for the simulated run (noise
+        cohort of ``noise_cohort_size`` drawn from a population scaled up by the same factor
+        as the cohort — the McMahan et al. 2018 convention; say so in results); False
+        accounts for the run actually executed (multiplier ``z * s``).
+
+    Returns a ``NonPrivateDpEvent`` for a non-private configuration (the ledger refuses it).
+    """
+    rounds = accounting.check_rounds(rounds)
+    if not dp.is_private:
+        return dpa.NonPrivateDpEvent()
+    z = dp.noise_multiplier
+    expected = sampler.expected_cohort_size
+    if dp.noise_cohort_size is not None and not simulated:
+        z = z * expected / dp.noise_cohort_size
+    events = []
+    if dp.mechanism == "tree":
+        if not isinstance(sampler, samplers_lib.ShuffledPassSampler):
+            raise ValueError("DP-FTRL's tree accounting needs each client at most once per tree: "
+                             "use ShuffledPassSampler")
+        if dp.restart_every != sampler.rounds_per_epoch:
+            raise ValueError(f"tree restarts every {dp.restart_every} rounds but an epoch has "
+                             f"{sampler.rounds_per_epoch}: a client could appear twice in one tree")
+        steps = sampler.steps_per_epoch(rounds)
+        events.append(accounting.dp_ftrl_event(z, rounds, steps_per_tree=steps))
+        if dp.adaptive is not None and dp.adaptive.count_stddev > 0:
+            # each client is in one round per epoch: one count release per client per epoch
+            events.append(dpa.SelfComposedDpEvent(
+                dpa.GaussianDpEvent(dp.adaptive.count_noise_multiplier), len(steps)))
+        elif dp.adaptive is not None:
+            events.append(dpa.NonPrivateDpEvent())
+    elif isinstance(sampler, samplers_lib.PoissonSampler):
+        q = sampler.sampling_rate
+        events.append(accounting.dp_fedavg_poisson_event(z, q, rounds))
+        if dp.adaptive is not None:
+            events.append(accounting.dp_fedavg_poisson_event(dp.adaptive.count_noise_multiplier, q, rounds)
+                          if dp.adaptive.count_stddev > 0 else dpa.NonPrivateDpEvent())
+    elif isinstance(sampler, samplers_lib.UniformSampler):
+        n = sampler.num_clients
+        events.append(accounting.dp_fedavg_wor_event(z, n, sampler.cohort_size, rounds))
+        if dp.adaptive is not None:
+            # replace-one: a count changes by at most 1 (= 2 x 1/2), like the updates' 2C
+            events.append(accounting.dp_fedavg_wor_event(dp.adaptive.count_noise_multiplier, n,
+                                                          sampler.cohort_size, rounds)
+                          if dp.adaptive.count_stddev > 0 else dpa.NonPrivateDpEvent())
+    elif isinstance(sampler, samplers_lib.ShuffledPassSampler):
+        # each client in one round per epoch; rounds of one epoch touch disjoint clients
+        epochs = len(sampler.steps_per_epoch(rounds))
+        events.append(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(z), epochs))
+        if dp.adaptive is not None:
+            events.append(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(dp.adaptive.count_noise_multiplier), epochs)
+                          if dp.adaptive.count_stddev > 0 else dpa.NonPrivateDpEvent())
+    else:
+        raise ValueError(f"no privacy accounting for sampler {type(sampler).__name__}")
+    return events[0] if len(events) == 1 else dpa.ComposedDpEvent(events)
+
+
+def neighboring_for(sampler) -> str:
+    """The neighbouring relation the sampler's accounting uses."""
+    return "replace_one" if isinstance(sampler, samplers_lib.UniformSampler) else "add_remove"
