@@ -70,7 +70,7 @@ __all__ = [
 ]
 
 # Bump when a parser's output changes, so old cache entries are ignored.
-_FORMAT_VERSION = 1
+_FORMAT_VERSION = 2
 
 PUBLIC_SOURCES = ("wikipedia", "lee_news", "film_quotes")
 
@@ -479,19 +479,22 @@ def load_public_pool(*, sources: Sequence[str] = PUBLIC_SOURCES, min_words: int 
             stats = LoadStats(**dict(hit["stats"], cache_hit=True, cache_path=str(cpath),
                                      seconds=time.perf_counter() - t0))
             logger.info(stats.log_line())
-            return PublicCorpus(hit["texts"], hit["sources"], stats=stats, name=name)
+            return PublicCorpus(hit["texts"], hit["sources"], hit["doc_ids"], stats=stats,
+                                name=name)
 
     texts: list[str] = []
     labels: list[str] = []
+    docs: list[str] = []
     records = malformed = filtered = 0
     per_source: dict[str, int] = {}
 
-    def add(sentences: Iterable[str], label: str) -> None:
+    def add(sentences: Iterable[str], label: str, doc: str) -> None:
         nonlocal filtered
         for s in sentences:
             if _sentence_ok(s, min_words, max_words):
                 texts.append(s)
                 labels.append(label)
+                docs.append(f"{label}/{doc}")
                 per_source[label] = per_source.get(label, 0) + 1
             else:
                 filtered += 1
@@ -501,7 +504,7 @@ def load_public_pool(*, sources: Sequence[str] = PUBLIC_SOURCES, min_words: int 
             from gensim.corpora.wikicorpus import extract_pages
 
             with bz2.BZ2File(path) as f:
-                for _title, wikitext, _pid in tqdm(extract_pages(f), desc="wikipedia pages",
+                for title, wikitext, _pid in tqdm(extract_pages(f), desc="wikipedia pages",
                                                    disable=not progress, leave=False):
                     records += 1
                     if not isinstance(wikitext, str):
@@ -510,26 +513,26 @@ def load_public_pool(*, sources: Sequence[str] = PUBLIC_SOURCES, min_words: int 
                     if wikitext.lstrip()[:9].upper() == "#REDIRECT":
                         filtered += 1
                         continue
-                    add(_wiki_sentences(wikitext), label)
+                    add(_wiki_sentences(wikitext), label, str(title))
         elif label == "lee_news":
             raw = path.read_bytes()
             try:
                 doc = raw.decode("utf-8")
             except UnicodeDecodeError:
                 doc = raw.decode("latin-1")
-            for line in doc.splitlines():
+            for i, line in enumerate(doc.splitlines()):
                 if not line.strip():
                     continue
                 records += 1
-                add(split_sentences(line), label)
+                add(split_sentences(line), label, f"article{i:04d}")
         else:  # film_quotes
             try:
                 with _connect_ro(path) as con:
-                    rows = con.execute("SELECT quote FROM quotes WHERE library != 'simpsons' "
-                                       "ORDER BY quoteid").fetchall()
+                    rows = con.execute("SELECT library, quote FROM quotes "
+                                       "WHERE library != 'simpsons' ORDER BY quoteid").fetchall()
             except sqlite3.Error as e:
                 raise MalformedDataError(f"public_pool: cannot read popquotes {path}: {e}") from e
-            for (quote,) in rows:
+            for library, quote in rows:
                 records += 1
                 if not isinstance(quote, str):
                     malformed += 1
@@ -537,18 +540,19 @@ def load_public_pool(*, sources: Sequence[str] = PUBLIC_SOURCES, min_words: int 
                 for part in quote.split("<x>"):
                     m = _QUOTE_LINE.match(part)
                     body = m.group(2) if m else part
-                    add(split_sentences(_strip_directions(body)), label)
+                    add(split_sentences(_strip_directions(body)), label, str(library))
     if not texts:
         raise EmptyCorpusError(f"{name}: no sentences left from {srcs} after filtering")
     stats_d = dict(name=name, source=", ".join(map(str, src_paths)), records=records,
                    malformed=malformed, filtered=filtered, capped=0, clients=0,
                    examples=len(texts), dropped_clients=0, extra={"per_source": per_source})
     if cpath is not None:
-        cache_lib.write_json_atomic(cpath, {"texts": texts, "sources": labels, "stats": stats_d})
+        cache_lib.write_json_atomic(cpath, {"texts": texts, "sources": labels, "doc_ids": docs,
+                                            "stats": stats_d})
     stats = LoadStats(**stats_d, cache_hit=False, cache_path=None if cpath is None else str(cpath),
                       seconds=time.perf_counter() - t0)
     logger.info(stats.log_line())
-    return PublicCorpus(texts, labels, stats=stats, name=name)
+    return PublicCorpus(texts, labels, docs, stats=stats, name=name)
 
 
 # --------------------------------------------------------------------------------------------

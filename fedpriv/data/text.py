@@ -260,16 +260,21 @@ class FederatedText(Mapping[str, list[str]]):
 
 class PublicCorpus(Sequence[str]):
     """The public pool: a sequence of sentences, each with a ``source`` label
-    (e.g. ``'wikipedia'``, ``'lee_news'``, ``'film_quotes'``)."""
+    (e.g. ``'wikipedia'``, ``'lee_news'``, ``'film_quotes'``) and the id of the document it
+    came from (``doc_ids``; e.g. ``'wikipedia/Autism'``; defaults to the source label)."""
 
-    def __init__(self, texts: Sequence[str], sources: Sequence[str], *,
+    def __init__(self, texts: Sequence[str], sources: Sequence[str],
+                 doc_ids: Sequence[str] | None = None, *,
                  stats: LoadStats | None = None, name: str = "public"):
         if len(texts) != len(sources):
             raise ValueError(f"{len(texts)} texts but {len(sources)} source labels")
+        if doc_ids is not None and len(doc_ids) != len(texts):
+            raise ValueError(f"{len(texts)} texts but {len(doc_ids)} document ids")
         if not texts:
             raise EmptyCorpusError(f"{name}: the public corpus is empty")
         self._texts = tuple(texts)
         self._sources = tuple(sources)
+        self._docs = tuple(sources if doc_ids is None else doc_ids)
         self.stats = stats
         self.name = name
 
@@ -290,6 +295,22 @@ class PublicCorpus(Sequence[str]):
     def sources(self) -> tuple[str, ...]:
         """The source label of each sentence (same length as ``texts``)."""
         return self._sources
+
+    @property
+    def doc_ids(self) -> tuple[str, ...]:
+        """The document id of each sentence (same length as ``texts``)."""
+        return self._docs
+
+    def as_federated(self, by: str = "doc") -> FederatedText:
+        """The pool as federated text with clients = documents (``by='doc'``) or sources
+        (``by='source'``), e.g. to treat public data like a federated dataset (FreD, §5)."""
+        if by not in ("doc", "source"):
+            raise ValueError(f"by must be 'doc' or 'source', got {by!r}")
+        keys = self._docs if by == "doc" else self._sources
+        out: dict[str, list[str]] = {}
+        for k, t in zip(keys, self._texts):
+            out.setdefault(k, []).append(t)
+        return FederatedText(out, name=f"{self.name}_by_{by}")
 
     def source_counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
