@@ -146,13 +146,22 @@ def test_ledger_is_charged_before_data_is_read():
         dm.private_unigram_frequencies(Untouchable(), 20, 0.8, np.random.default_rng(0),
                                        population="T", ledger=ledger)
     assert len(ledger.calls) == 1
-    # Also with the project's ledger when it is there.
-    ledger_mod = pytest.importorskip("fedpriv.dp.ledger")
-    assert issubclass(ledger_mod.PrivacyBudgetExceeded, Exception)
-    ledger = FakeLedger(refuse=ledger_mod.PrivacyBudgetExceeded("no budget"))
-    with pytest.raises(ledger_mod.PrivacyBudgetExceeded):
+    # The project's ledger: a budget below eps0 refuses before the data is read ...
+    from fedpriv.dp.ledger import PrivacyBudgetExceeded, PrivacyLedger
+
+    small = PrivacyLedger(0.5, 1e-6)
+    with pytest.raises(PrivacyBudgetExceeded):
         dm.private_unigram_frequencies(Untouchable(), 20, 0.8, np.random.default_rng(0),
-                                       population="T", ledger=ledger)
+                                       population="T", ledger=small)
+    assert small.entries == []
+    # ... and u_hat_S, u_hat_T on disjoint populations compose in parallel: 0.8, not 1.6.
+    led = PrivacyLedger(2.0, 1e-6)
+    rng = np.random.default_rng(1)
+    users = {i: random_user(rng, 3, 20) for i in range(10)}
+    for pop in ("S", "T"):
+        dm.private_unigram_frequencies(users, 20, 0.8, rng, population=pop, ledger=led)
+    assert [e.populations for e in led.entries] == [("S",), ("T",)]
+    assert abs(led.spent() - 0.8) < 1e-3
 
 
 # ------------------------------------------------------------------------------ weights
@@ -417,3 +426,15 @@ def test_latency_errors(args, exc):
 
 def test_latency_accepts_numpy_integers():
     assert dm.expected_latency(np.int64(1000), np.int32(100), 0.5, 0.11, 1.0) > 0
+
+
+def test_latency_figure_smoke(tmp_path):
+    from experiments import latency_figure
+
+    out = latency_figure.main(["--workdir", str(tmp_path), "--seed", "1", "--trials", "40"])
+    for name in ("latency.csv", "latency.md", "latency.png", "latency_curve.csv"):
+        assert (tmp_path / name).stat().st_size > 0
+    for r in out["table"]:
+        assert r["lower"] <= r["exact"] <= r["upper_tight"] <= r["upper"] * (1 + 1e-12)
+        assert abs(r["z"]) < 6
+    assert all(r["lower"] <= r["exact"] <= r["upper"] for r in out["curves"])
