@@ -1,0 +1,5 @@
+import sys
+
+from fedpriv.cli import main
+
+sys.exit(main())
