@@ -47,15 +47,19 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 from dp_accounting import dp_event
 
+from fedpriv.data.federated import FederatedDataset, encode_examples
 from fedpriv.dp import geometric
 
 __all__ = [
     "PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID", "SOURCE", "TARGET", "DEFAULT_IGNORE_IDS",
     "UNIGRAM_MAX_SEQUENCES", "UNIGRAM_MAX_TOKENS_PER_SEQUENCE", "unigram_sensitivity",
     "bounded_user_counts", "unigram_counts", "private_unigram_frequencies", "normalise_counts",
+    "domain_unigram_frequencies",
     "sequence_log_density", "relative_log_weights", "importance_weights", "bound_weights",
     "add_importance_weights",
-    "DomainDataset", "assemble_domain_dataset", "split_clients", "select_clients",
+    "DomainDataset", "assemble_domain_dataset", "encode_domain_dataset", "chunk_sentence",
+    "KOGA_SEQ_LEN", "KOGA_MAX_TOKENS_PER_CLIENT", "split_clients",
+    "select_clients",
     "Stage", "TrainingScheme", "PlannedSpend", "TOTAL_BUDGET", "UNIGRAM_BUDGET",
     "IW_TRAINING_BUDGET", "TRAINING_SCHEMES", "SCHEMES_BY_NAME",
     "latency_counts", "expected_kth_arrival", "expected_latency", "latency_lower_bound",
@@ -268,6 +272,57 @@ def private_unigram_frequencies(
     return normalise_counts(noisy, smoothing=smoothing, zero_ids=ignored)
 
 
+def domain_unigram_frequencies(
+    ds: "DomainDataset",
+    vocab_size: int,
+    epsilon: float,
+    rng: np.random.Generator,
+    *,
+    ledger: Ledger | None = None,
+    labels: Mapping[int, str] | None = None,
+    split: str = "train",
+    **kwargs,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(u_hat_S, u_hat_T), float64[V] each, at (epsilon, 0) per population (Sec. 3.2 step (1)).
+
+    u_hat_S counts the S-population clients' source examples and u_hat_T the T-population
+    clients' target examples; each release is charged to its own population (``labels``, default
+    "S"/"T"), so every user pays epsilon once (parallel composition). The source examples of
+    T-clients (``overlap="target"``) are deliberately not counted in u_hat_S: that would charge T
+    users for both releases. ``kwargs`` go to `private_unigram_frequencies`.
+    """
+    labels = {SOURCE: "S", TARGET: "T"} if labels is None else dict(labels)
+    out = []
+    for pop in (SOURCE, TARGET):
+        out.append(private_unigram_frequencies(
+            _LazyClients(ds, split, pop), vocab_size, epsilon, rng, population=labels[pop],
+            ledger=ledger, name=f"unigram_frequencies[{labels[pop]}]", **kwargs))
+    return out[0], out[1]
+
+
+class _LazyClients(Mapping):
+    """``ds.clients(split, (pop,), (pop,))``, built only when first read (after the ledger)."""
+
+    def __init__(self, ds, split, pop):
+        self._args = (ds, split, pop)
+        self._value = None
+
+    def _get(self):
+        if self._value is None:
+            ds, split, pop = self._args
+            self._value = ds.clients(split, (pop,), (pop,))
+        return self._value
+
+    def __getitem__(self, key):
+        return self._get()[key]
+
+    def __iter__(self):
+        return iter(self._get())
+
+    def __len__(self):
+        return len(self._get())
+
+
 # ---------------------------------------------------------------------------------------------
 # 2. Unigram densities and relative importance weights (Eq. 2, Eq. 3)
 # ---------------------------------------------------------------------------------------------
@@ -392,10 +447,12 @@ def add_importance_weights(
     u_target: np.ndarray,
     alpha: float,
     **kwargs,
-) -> dict[Hashable, dict[str, Any]]:
-    """New client dicts with 'weight': float32[n] next to 'tokens' and 'domain' (inputs unchanged).
+) -> Mapping[Hashable, dict[str, Any]]:
+    """Clients with 'weight': float32[n] added next to 'tokens' and 'domain' (inputs unchanged).
 
-    ``kwargs`` go to `importance_weights` (mode, w_max, ...).
+    ``clients``: client id -> {'tokens': int[n, L+1], 'domain': int[n], ...}; a
+    `fedpriv.data.federated.FederatedDataset` gives a FederatedDataset back. ``kwargs`` go to
+    `importance_weights` (mode, w_max, ...).
     """
     out = {}
     for cid, ex in clients.items():
@@ -403,7 +460,7 @@ def add_importance_weights(
         new["weight"] = importance_weights(ex["tokens"], ex["domain"], u_source, u_target, alpha,
                                            **kwargs)
         out[cid] = new
-    return out
+    return _like(clients, out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -411,27 +468,39 @@ def add_importance_weights(
 # ---------------------------------------------------------------------------------------------
 
 
+def _like(template: Any, clients: dict) -> Any:
+    """``clients`` as a FederatedDataset if ``template`` is one (same vocab/batch size/name)."""
+    if isinstance(template, FederatedDataset):
+        if not clients:
+            raise ValueError("no client left")
+        return FederatedDataset.from_clients(
+            clients, vocab_size=template.vocab_size, batch_size=template.batch_size,
+            info=template.info, name=template.name)
+    return clients
+
+
 @dataclasses.dataclass(frozen=True)
 class DomainDataset:
     """Union of a source and a target federated dataset, split by client.
 
-    ``train``/``val``/``test``: client id -> example dict with either 'tokens' int32[n, L+1]
-    (token inputs) or 'texts' list[str] (string inputs), and 'domain' int8[n] (SOURCE/TARGET of
-    each example). ``population``: client id -> SOURCE or TARGET (the client's population, over all
-    splits). ``alpha``: fraction of *training* clients in the target population (Sec. 3.2: "the
-    proportion of the devices with data from T"); the split is stratified, so val/test match it up
-    to rounding. Population sizes are treated as public (the server knows which app a device
-    runs), so alpha costs no privacy budget.
+    ``train``/``val``/``test``: client id -> example dict with 'domain': int32[n] (SOURCE/TARGET of
+    each example, the ``batch['domain']`` the DSDSR/DEMix models read) and either 'tokens'
+    int32[n, L+1] (a `FederatedDataset`, ready for the FL engine) or 'texts' list[str] (a dict;
+    tokenize with `encode_domain_dataset`). ``population``: client id -> SOURCE or TARGET.
+    ``alpha``: fraction of *training* clients in the target population (Sec. 3.2: "the proportion
+    of the devices with data from T"); the split is stratified, so val/test match it up to
+    rounding. Population sizes are treated as public (the server knows which application a
+    device runs), so alpha costs no privacy budget.
     """
 
-    train: dict
-    val: dict
-    test: dict
+    train: Mapping
+    val: Mapping
+    test: Mapping
     population: dict
     alpha: float
     overlap: str
 
-    def split(self, name: str) -> dict:
+    def split(self, name: str) -> Mapping:
         if name not in ("train", "val", "test"):
             raise ValueError(f"split must be train, val or test, got {name!r}")
         return getattr(self, name)
@@ -441,13 +510,36 @@ class DomainDataset:
         return len(d) if population is None else sum(
             self.population[c] == population for c in d)
 
+    def clients(self, split: str, populations: Sequence[int] = (SOURCE, TARGET),
+                example_domains: Sequence[int] = (SOURCE, TARGET)) -> Mapping:
+        """`select_clients` on one split: e.g. a T-only stage's training clients are
+        ``clients("train", (TARGET,), (TARGET,))``."""
+        return select_clients(self.split(split), self.population, populations, example_domains)
+
+    def texts(self, split: str = "train", domain: int = TARGET) -> list[str]:
+        """All ``domain`` texts of a string dataset's split, e.g. to build the vocabulary from
+        the target domain's training data (App. A; the paper treats that vocabulary as known in
+        advance, i.e. public: it is not charged to the privacy budget here either)."""
+        out = []
+        for ex in self.split(split).values():
+            if "texts" not in ex:
+                raise ValueError("texts() needs a dataset assembled from strings")
+            out += [t for t, d in zip(ex["texts"], ex["domain"]) if d == domain]
+        return out
+
 
 def _as_examples(values: Any) -> tuple[str, Any]:
     """('texts', list[str]) or ('tokens', int32[n, L+1]) for one client's examples."""
+    if isinstance(values, Mapping):
+        if "tokens" not in values:
+            raise ValueError("a client dict must have 'tokens'")
+        values = np.asarray(values["tokens"])
     if isinstance(values, np.ndarray):
         if values.ndim != 2 or not np.issubdtype(values.dtype, np.integer):
             raise ValueError(f"token examples must be int[n, L+1], got {values.dtype}{values.shape}")
         return "tokens", values.astype(np.int32)
+    if isinstance(values, str):
+        raise ValueError("a client's examples must be a list of strings, not one string")
     values = list(values)
     if all(isinstance(v, str) for v in values):
         return "texts", values
@@ -455,12 +547,6 @@ def _as_examples(values: Any) -> tuple[str, Any]:
     if arr.ndim == 2 and np.issubdtype(arr.dtype, np.integer):
         return "tokens", arr.astype(np.int32)
     raise ValueError("a client's examples must be a list of strings or an int array [n, L+1]")
-
-
-def _concat(kind: str, parts: list) -> Any:
-    if kind == "texts":
-        return [t for p in parts for t in p]
-    return np.concatenate(parts, axis=0)
 
 
 def _split_counts(n: int, fractions: Sequence[float]) -> list[int]:
@@ -493,6 +579,21 @@ def split_clients(client_ids: Iterable[Hashable], seed: int,
 _OVERLAP_MODES = ("target", "target_examples", "drop")
 
 
+def _make_split(kind: str, clients: dict, name: str) -> Mapping:
+    if kind == "texts" or not clients:
+        return clients
+    return FederatedDataset.from_clients(clients, name=name)
+
+
+def _alpha(train: Mapping, population: Mapping) -> float:
+    n_train = len(train)
+    n_t = sum(population[c] == TARGET for c in train)
+    if n_train == 0 or n_t == 0:
+        raise ValueError(f"the training split needs target clients (train: {n_train} clients, "
+                         f"{n_t} target)")
+    return n_t / n_train
+
+
 def assemble_domain_dataset(
     source: Mapping[Hashable, Any],
     target: Mapping[Hashable, Any],
@@ -504,9 +605,10 @@ def assemble_domain_dataset(
     """Build the S u T federated dataset of Koga et al. from two client-keyed datasets.
 
     Args:
-      source, target: client id -> that user's examples in the domain (list[str] or
-        int[n, L+1]; both datasets must use the same kind). A key present in both mappings is ONE
-        user with data in both domains (the SubReddits case); callers whose id spaces are
+      source, target: client id -> that user's examples in the domain: list[str] (e.g. a
+        `fedpriv.data.text.FederatedText`), int[n, L+1], or a dict with 'tokens' (e.g. a
+        `FederatedDataset`); both must be strings or both tokens. A key present in both mappings is
+        ONE user with data in both domains (the SubReddits case); callers whose id spaces are
         unrelated (e.g. Simpsons speakers vs chitchat senders) must make them disjoint, e.g. by
         prefixing.
       seed: seed of the client split.
@@ -520,10 +622,10 @@ def assemble_domain_dataset(
           population holds T data only.
         "drop": such users are removed.
       In every mode each user is in exactly one population, so the S and T populations are
-      disjoint and a mechanism run on each separately composes in parallel (PT, unigrams). A user
-      is never split into two clients: that would make one user two DP units (doubling epsilon).
+      disjoint and mechanisms run on each separately compose in parallel (PT, the unigrams). A
+      user is never split into two clients: that would make one user two DP units (doubling eps).
     Empty clients are dropped. The split is stratified: S- and T-clients are split 6:2:2
-    separately (seeds derived from ``seed``), so alpha is preserved across splits.
+    separately (with seeds derived from ``seed``), so alpha is preserved across splits.
     """
     if overlap not in _OVERLAP_MODES:
         raise ValueError(f"overlap must be one of {_OVERLAP_MODES}, got {overlap!r}")
@@ -545,19 +647,24 @@ def assemble_domain_dataset(
                 continue
             kinds.add(kind)
             parts.append(ex)
-            doms.append(np.full(len(ex), dom, np.int8))
+            doms.append(np.full(len(ex), dom, np.int32))
         if not parts:
             continue
         if len(kinds) > 1:
             raise ValueError("source and target must both be strings or both token arrays")
         kind = next(iter(kinds))
-        if kind == "tokens" and len({p.shape[1] for p in parts}) > 1:
-            raise ValueError(f"client {cid!r}: token rows of different lengths")
+        if kind == "tokens":
+            if len({p.shape[1] for p in parts}) > 1:
+                raise ValueError(f"client {cid!r}: token rows of different lengths")
+            examples = np.concatenate(parts, axis=0)
+        else:
+            examples = [t for p in parts for t in p]
         dom = np.concatenate(doms)
-        clients[cid] = {kind: _concat(kind, parts), "domain": dom}
+        clients[cid] = {kind: examples, "domain": dom}
         population[cid] = TARGET if np.any(dom == TARGET) else SOURCE
     if not clients:
         raise ValueError("no client has any example")
+    kind = next(iter(kinds))
     splits: dict[str, dict] = {"train": {}, "val": {}, "test": {}}
     for pop in (SOURCE, TARGET):
         ids = [c for c in clients if population[c] == pop]
@@ -565,33 +672,118 @@ def assemble_domain_dataset(
         for name, part in zip(("train", "val", "test"), parts):
             for c in part:
                 splits[name][c] = clients[c]
-    n_train = len(splits["train"])
-    n_train_t = sum(population[c] == TARGET for c in splits["train"])
-    if n_train == 0 or n_train_t == 0:
-        raise ValueError(f"the training split needs target clients (train: {n_train} clients, "
-                         f"{n_train_t} target)")
-    return DomainDataset(train=splits["train"], val=splits["val"], test=splits["test"],
-                         population=population, alpha=n_train_t / n_train, overlap=overlap)
+    alpha = _alpha(splits["train"], population)
+    made = {name: _make_split(kind, d, name) for name, d in splits.items()}
+    if kind == "tokens":  # FederatedDataset keys are strings
+        population = {str(c): p for c, p in population.items()}
+    return DomainDataset(train=made["train"], val=made["val"], test=made["test"],
+                         population=population, alpha=alpha, overlap=overlap)
+
+
+KOGA_SEQ_LEN = 10  # App. A: sentences are cut into sequences of length 10
+KOGA_MAX_TOKENS_PER_CLIENT = 1600  # App. A: at most 1,600 tokens (words) per user
+
+
+def chunk_sentence(ids: Sequence[int], seq_len: int = KOGA_SEQ_LEN) -> np.ndarray:
+    """App. A: ``[BOS] + ids + [EOS]`` cut into sequences of ``seq_len`` targets: int32[r, L+1].
+
+    Row j is ``s[j L : j L + L + 1]`` of s = [BOS] + ids + [EOS], right-padded with PAD, so rows
+    overlap by one token: each row's inputs are ``row[:-1]`` and its targets ``row[1:]``, and
+    every token after BOS is a target in exactly one row (a continuation row starts with the
+    previous row's last target as context). r = ceil((len(ids) + 1) / L).
+    """
+    if seq_len < 1:
+        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    seq = np.asarray([BOS_ID, *ids, EOS_ID], np.int32)
+    n_rows = -(-(len(seq) - 1) // seq_len)
+    out = np.full((n_rows, seq_len + 1), PAD_ID, np.int32)
+    for j in range(n_rows):
+        piece = seq[j * seq_len: j * seq_len + seq_len + 1]
+        out[j, : len(piece)] = piece
+    return out
+
+
+def encode_domain_dataset(
+    ds: DomainDataset,
+    tokenizer,
+    *,
+    seq_len: int = KOGA_SEQ_LEN,
+    max_tokens_per_client: int | None = KOGA_MAX_TOKENS_PER_CLIENT,
+    chunk: bool = True,
+) -> DomainDataset:
+    """Tokenize a string `DomainDataset` as in App. A; per-example domain ids follow the rows.
+
+    ``tokenizer.encode(list[str]) -> list[list[int]]`` (the `fedpriv.data.tokenizers` API, e.g.
+    ``WordTokenizer.fit(ds.texts("train", TARGET), k=10_000)``: the top-10K words of the target
+    domain's training data, App. A). Per client: at most ``max_tokens_per_client`` word ids are
+    kept (target-domain texts first, so the scarce domain survives the cap; the text crossing the
+    limit is truncated), then each text becomes rows of `chunk_sentence` (``chunk=True``, App. A),
+    or one ``[BOS] + ids + [EOS]`` row truncated to ``seq_len + 1`` (``chunk=False``, TFF style,
+    `fedpriv.data.federated.encode_examples`). Texts that encode to no id are dropped, then
+    clients left with none; alpha is recomputed.
+    """
+    if max_tokens_per_client is not None and max_tokens_per_client < 1:
+        raise ValueError("max_tokens_per_client must be >= 1 or None")
+    out = {}
+    population = {}
+    for name in ("train", "val", "test"):
+        clients = {}
+        for cid, ex in ds.split(name).items():
+            if "texts" not in ex:
+                raise ValueError("encode_domain_dataset needs a dataset assembled from strings")
+            ids = tokenizer.encode(list(ex["texts"]))
+            dom = np.asarray(ex["domain"], np.int32)
+            kept: dict[int, list[int]] = {}
+            budget = math.inf if max_tokens_per_client is None else max_tokens_per_client
+            for i in sorted(range(len(ids)), key=lambda i: (dom[i] != TARGET, i)):
+                if budget <= 0:
+                    break
+                if len(ids[i]) == 0:
+                    continue
+                kept[i] = list(ids[i])[: int(min(budget, len(ids[i])))]
+                budget -= len(kept[i])
+            if not kept:
+                continue
+            order = sorted(kept)
+            if chunk:
+                rows = [chunk_sentence(kept[i], seq_len) for i in order]
+                tokens = np.concatenate(rows)
+                domain = np.concatenate([np.full(len(r), dom[i], np.int32)
+                                         for r, i in zip(rows, order)])
+            else:
+                tokens = encode_examples([kept[i] for i in order], seq_len)
+                domain = dom[order]
+            clients[cid] = {"tokens": tokens, "domain": domain}
+            population[str(cid)] = ds.population[cid]
+        out[name] = FederatedDataset.from_clients(
+            clients, vocab_size=getattr(tokenizer, "vocab_size", None), name=name,
+            info={"seq_len": seq_len, "max_tokens_per_client": max_tokens_per_client,
+                  "chunked": chunk}) if clients else {}
+    return DomainDataset(train=out["train"], val=out["val"], test=out["test"],
+                         population=population, alpha=_alpha(out["train"], population),
+                         overlap=ds.overlap)
 
 
 def select_clients(clients: Mapping[Hashable, Mapping[str, Any]],
                    population: Mapping[Hashable, int],
                    populations: Sequence[int],
-                   example_domains: Sequence[int]) -> dict[Hashable, dict[str, Any]]:
+                   example_domains: Sequence[int]) -> Mapping[Hashable, dict[str, Any]]:
     """Clients of the given populations, each keeping only examples of ``example_domains``.
 
-    Every per-example array field (same leading length as 'domain') is filtered; clients left
-    with no example are dropped. E.g. a T-only stage: ``populations=(TARGET,),
-    example_domains=(TARGET,)``; S u T: ``(SOURCE, TARGET), (SOURCE, TARGET)``.
+    Every per-example field (array or list with the leading length of 'domain') is filtered;
+    clients left with no example are dropped. E.g. a T-only stage: ``populations=(TARGET,),
+    example_domains=(TARGET,)``; S u T: ``(SOURCE, TARGET), (SOURCE, TARGET)``. A
+    FederatedDataset gives a FederatedDataset back.
     """
     out = {}
     for cid, ex in clients.items():
         if population[cid] not in populations:
             continue
-        keep = np.isin(ex["domain"], np.asarray(example_domains))
+        dom = np.asarray(ex["domain"])
+        keep = np.isin(dom, np.asarray(example_domains))
         if not keep.any():
             continue
-        n = len(ex["domain"])
+        n = len(dom)
         new = {}
         for key, val in ex.items():
             if isinstance(val, np.ndarray) and val.shape[:1] == (n,):
@@ -601,7 +793,7 @@ def select_clients(clients: Mapping[Hashable, Mapping[str, Any]],
             else:
                 new[key] = val
         out[cid] = new
-    return out
+    return _like(clients, out)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import pytest
 from dp_accounting import dp_event
 
 from fedpriv import domain as dm
+from fedpriv.data.federated import FederatedDataset
 from fedpriv.dp import geometric
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
@@ -263,6 +264,7 @@ def test_assemble_domain_dataset_strings_and_split():
             ex = ds.split(split)["both"]
             assert ex["texts"] == ["typed by both", "spoken by both", "again"]
             np.testing.assert_array_equal(ex["domain"], [0, 1, 1])
+            assert ex["domain"].dtype == np.int32
     # Same seed -> same split; another seed -> another split.
     ds2 = dm.assemble_domain_dataset(src, tgt, seed=0)
     assert list(ds2.train) == list(ds.train)
@@ -285,6 +287,8 @@ def test_assemble_domain_dataset_tokens_and_select():
     tgt = {f"t{i}": random_user(rng, 2, 20) for i in range(5)}
     tgt["s0"] = random_user(rng, 1, 20)  # s0 also has target data
     ds = dm.assemble_domain_dataset(src, tgt, seed=3)
+    assert isinstance(ds.train, FederatedDataset) and ds.train["s0" if "s0" in ds.train else
+                                                             next(iter(ds.train))]["domain"].dtype == np.int32
     allc = {**ds.train, **ds.val, **ds.test}
     assert allc["s0"]["tokens"].shape == (4, 11) and allc["s0"]["tokens"].dtype == np.int32
     np.testing.assert_array_equal(allc["s0"]["domain"], [0, 0, 0, 1])
@@ -296,6 +300,58 @@ def test_assemble_domain_dataset_tokens_and_select():
     assert "s0" not in s_only and len(s_only) == 19  # disjoint populations
     weighted = dm.add_importance_weights(allc, np.full(20, 0.05), np.full(20, 0.05), ds.alpha)
     assert all(np.all(v["weight"] == 1.0) for v in weighted.values())  # equal densities -> w = 1
+    # FederatedDataset in -> FederatedDataset out.
+    sel = ds.clients("train", (dm.SOURCE, dm.TARGET), (dm.TARGET,))
+    assert isinstance(sel, FederatedDataset) and all(np.all(sel[c]["domain"] == 1) for c in sel)
+    w = dm.add_importance_weights(ds.train, np.full(20, 0.05), np.full(20, 0.05), ds.alpha)
+    assert isinstance(w, FederatedDataset) and set(w.array_keys) == {"tokens", "domain", "weight"}
+
+
+def test_chunk_sentence_app_a():
+    r = dm.chunk_sentence([10, 11, 12], seq_len=2)
+    np.testing.assert_array_equal(r, [[BOS, 10, 11], [11, 12, EOS]])
+    r = dm.chunk_sentence(list(range(4, 24)), seq_len=10)  # 20 words + EOS = 21 targets
+    assert r.shape == (3, 11)
+    targets = r[:, 1:][r[:, 1:] != PAD]
+    np.testing.assert_array_equal(targets, [*range(4, 24), EOS])  # each token a target once
+    np.testing.assert_array_equal(r[2], [23, EOS] + [PAD] * 9)
+
+
+def test_end_to_end_strings_to_weighted_clients():
+    """Strings -> split -> vocabulary from T-train (App. A) -> App. A rows -> private unigrams
+    on S and T (real ledger, parallel composition) -> Eq. 3 weights on the IW clients."""
+    from fedpriv.data.tokenizers import WordTokenizer
+    from fedpriv.dp.ledger import PrivacyLedger
+
+    rng = np.random.default_rng(0)
+    s_words = ["buy", "stock", "moon", "hold", "the", "a"]
+    t_words = ["president", "vote", "news", "the", "a", "today"]
+    sent = lambda ws, n: " ".join(rng.choice(ws, size=n))  # noqa: E731
+    src = {f"s{i}": [sent(s_words, int(rng.integers(3, 25))) for _ in range(4)] for i in range(40)}
+    tgt = {f"t{i}": [sent(t_words, int(rng.integers(3, 25))) for _ in range(4)] for i in range(10)}
+    tgt["s1"] = ["vote today"]  # s1 also has target data -> T-client
+    ds = dm.assemble_domain_dataset(src, tgt, seed=0)
+    tok = WordTokenizer.fit(ds.texts("train", dm.TARGET), k=10_000)
+    assert "stock" not in tok.words and "vote" in tok.words  # S-only words -> UNK
+    enc = dm.encode_domain_dataset(ds, tok, max_tokens_per_client=30)
+    assert enc.train.seq_len == 10 and math.isclose(enc.alpha, ds.alpha)
+    for c in enc.train:
+        ex = enc.train[c]
+        assert len(ex["domain"]) == len(ex["tokens"])
+        n_targets = np.sum(ex["tokens"][:, 1:] != PAD) - np.sum(ex["tokens"][:, 1:] == EOS)
+        assert n_targets <= 30
+    s1 = next(enc.split(n)["s1"] for n in ("train", "val", "test") if "s1" in enc.split(n))
+    assert s1["domain"][0] == dm.TARGET or dm.TARGET in s1["domain"]  # T text kept under the cap
+    ledger = PrivacyLedger(2.0, 1e-6)
+    V = tok.vocab_size
+    u_s, u_t = dm.domain_unigram_frequencies(enc, V, 0.8, rng, ledger=ledger)
+    assert [e.populations for e in ledger.entries] == [("S",), ("T",)]
+    assert abs(ledger.spent() - 0.8) < 1e-3
+    iw = dm.add_importance_weights(enc.clients("train"), u_s, u_t, enc.alpha)
+    for c in iw:
+        w, dom = iw[c]["weight"], iw[c]["domain"]
+        assert w.dtype == np.float32 and np.all(w[dom == dm.TARGET] == 1.0)
+        assert np.all((w > 0) & (w <= 1 / enc.alpha + 1e-5))
 
 
 # ------------------------------------------------------------------------------ Table 1
@@ -438,3 +494,23 @@ def test_latency_figure_smoke(tmp_path):
         assert r["lower"] <= r["exact"] <= r["upper_tight"] <= r["upper"] * (1 + 1e-12)
         assert abs(r["z"]) < 6
     assert all(r["lower"] <= r["exact"] <= r["upper"] for r in out["curves"])
+
+
+def test_domain_unigrams_count_own_population_only_and_charge_first(monkeypatch):
+    rng = np.random.default_rng(0)
+    src = {"s0": rows([4, 4]), "s1": rows([5]), "both": rows([6, 6, 6])}
+    tgt = {"t0": rows([7]), "both": rows([8])}
+    ds = dm.assemble_domain_dataset(src, tgt, seed=0, fractions=(1.0, 0.0, 0.0))
+    u_s, u_t = dm.domain_unigram_frequencies(ds, 10, 1e6, rng, smoothing=1.0)
+    # No noise at eps = 1e6: u_S has the S-clients' tokens 4, 4, 5 (not the T-client's 6s).
+    cs = np.bincount([4, 4, 5], minlength=10).astype(float)
+    ct = np.bincount([7, 8], minlength=10).astype(float)
+    np.testing.assert_allclose(u_s, (cs + 1) / (cs.sum() + 10))
+    np.testing.assert_allclose(u_t, (ct + 1) / (ct.sum() + 10))
+
+    def boom(*a, **k):
+        raise AssertionError("private data was read")
+
+    monkeypatch.setattr(dm.DomainDataset, "clients", boom)
+    with pytest.raises(RuntimeError):
+        dm.domain_unigram_frequencies(ds, 10, 0.8, rng, ledger=FakeLedger(RuntimeError("no")))
