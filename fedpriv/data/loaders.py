@@ -70,7 +70,7 @@ __all__ = [
 ]
 
 # Bump when a parser's output changes, so old cache entries are ignored.
-_FORMAT_VERSION = 2
+_FORMAT_VERSION = 5
 
 PUBLIC_SOURCES = ("wikipedia", "lee_news", "film_quotes")
 
@@ -165,11 +165,19 @@ def _require_file(path: str | os.PathLike, what: str) -> pathlib.Path:
 
 
 _BRACKETED = re.compile(r"\[[^\]]*(?:\]|$)")
+_BRACKETED_CURLY = re.compile(r"[\[{][^\]}]*(?:[\]}]|$)")
+_UNOPENED = re.compile(r"^[^\[\]]*\]")   # tail of a direction opened in an earlier paragraph
+_UNOPENED_CURLY = re.compile(r"^[^\[{\]}]*[\]}]")
 
 
-def _strip_directions(text: str) -> str:
-    """Remove bracketed stage directions (``[Exit.]``, ``[_sigh_]``) and normalise spaces."""
-    return normalize_whitespace(_BRACKETED.sub(" ", text))
+def _strip_directions(text: str, curly: bool = False) -> str:
+    """Remove bracketed stage directions (``[Exit.]``, ``[_sigh_]``) and the tail of one opened
+    earlier (``...by themselves.]``), then normalise spaces. ``curly=True`` also treats ``{``/``}``
+    as brackets (the Shakespeare texts have typos like ``{Aside.]``; in popquotes ``{...}`` is
+    speech and must be kept)."""
+    if curly:
+        return normalize_whitespace(_BRACKETED_CURLY.sub(" ", _UNOPENED_CURLY.sub(" ", text)))
+    return normalize_whitespace(_BRACKETED.sub(" ", _UNOPENED.sub(" ", text)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -251,7 +259,7 @@ _HEADING = re.compile(r"^(?:ACT|Act|SCENE|Scene|THE END|EPILOGUE|Epilogue|PROLOG
 
 
 def _shakespeare_speaker(first_line: str) -> str | None:
-    line = first_line.strip()
+    line = _strip_directions(first_line, curly=True)  # "FIRST LORD. [Aside.]" -> "FIRST LORD."
     if not line or _HEADING.match(line):
         return None
     m = _SPEAKER.match(line)
@@ -286,7 +294,7 @@ def _parse_play(play: str, text: str, unit: str, out: _Parsed) -> None:
         else:
             body = " ".join(lines)  # speech continued after a stage direction
         out.records += 1
-        speech = _strip_directions(body)
+        speech = _strip_directions(body, curly=True)
         if not speech:
             if name is not None:
                 out.malformed += 1  # a speaker line with no speech at all

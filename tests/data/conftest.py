@@ -1,0 +1,53 @@
+"""Session fixtures for tests/data: a private cache dir (via $FEDPRIV_CACHE) and the real corpora,
+each loaded once (cold) per session."""
+
+import time
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def fedpriv_cache(tmp_path_factory):
+    """Every test in tests/data uses a fresh cache directory through the env var."""
+    d = tmp_path_factory.mktemp("fedpriv_cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("FEDPRIV_CACHE", str(d))
+        yield d
+
+
+def _timed(fn, **kw):
+    t = time.perf_counter()
+    out = fn(progress=False, **kw)
+    return out, time.perf_counter() - t
+
+
+@pytest.fixture(scope="session")
+def chitchat(fedpriv_cache):
+    from fedpriv.data import load_chitchat
+    return _timed(load_chitchat)
+
+
+@pytest.fixture(scope="session")
+def shakespeare(fedpriv_cache):
+    from fedpriv.data import load_shakespeare
+    return _timed(load_shakespeare)
+
+
+@pytest.fixture(scope="session")
+def simpsons(fedpriv_cache):
+    from fedpriv.data import load_simpsons
+    return _timed(load_simpsons)
+
+
+@pytest.fixture(scope="session")
+def public_pool(fedpriv_cache):
+    from fedpriv.data import load_public_pool
+    return _timed(load_public_pool)
+
+
+@pytest.fixture(scope="session")
+def small_sp(public_pool):
+    """A small SentencePiece model (vocab 500) trained on 3,000 public sentences (~1 s)."""
+    from fedpriv.data import train_sentencepiece
+    pool, _ = public_pool
+    return train_sentencepiece(pool.texts[::8][:3000], vocab_size=500)
