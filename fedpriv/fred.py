@@ -82,6 +82,7 @@ into several fixed-size chunks that share one noise share.  NumPy float64 does t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -138,7 +139,9 @@ def frechet_distance(mu1, cov1, mu2, cov2) -> float:
 
     Returns:
       The (squared-metric) Fréchet distance, a float >= 0 (a result below 0 can only come from
-      rounding and is returned as 0).
+      rounding and is returned as 0).  Exact on closed forms up to the inputs' own rounding:
+      at a zero eigenvalue ``x -> sqrt(x)`` is not Lipschitz, so a float64 rounding of 1e-16 in
+      a singular covariance shows as ~1e-8 in the trace term.
     """
     mu1, cov1 = _as_mean_cov(mu1, cov1, "first Gaussian")
     mu2, cov2 = _as_mean_cov(mu2, cov2, "second Gaussian")
@@ -258,22 +261,31 @@ def sensitivities(clip: float, cov_clip: float, unit: str, relation: str) -> tup
 
 
 def composed_epsilons(events: Sequence[dpa.DpEvent], delta: float) -> dict[str, float]:
-    """Epsilon at ``delta`` of the composition of normalised Gaussian events: RDP and PLD.
+    """Epsilon at ``delta`` of the composition of ``GaussianDpEvent``s: RDP and PLD.
 
-    PLD is skipped (NaN) for noise multipliers below 0.3 (its discretisation would need tens
-    of GiB).  The events' noise multipliers are relative to the sensitivity under the release's own
+    The events' noise multipliers are relative to the sensitivity under the release's own
     neighbouring relation, so the add/remove accountants (a Gaussian of sensitivity 1) apply.
+    PLD is skipped (NaN) for noise multipliers below 0.3 (its discretisation would need tens
+    of GiB).  Results are cached on ``(noise multipliers, delta)``.
     """
-    acc = rdp.RdpAccountant()
     for e in events:
-        acc.compose(e)
+        if not isinstance(e, dpa.GaussianDpEvent):
+            raise TypeError(f"expected GaussianDpEvent, got {type(e).__name__}")
+    return dict(_composed_epsilons(tuple(float(e.noise_multiplier) for e in events), float(delta)))
+
+
+@functools.lru_cache(maxsize=256)
+def _composed_epsilons(sigmas: tuple[float, ...], delta: float) -> tuple[tuple[str, float], ...]:
+    acc = rdp.RdpAccountant()
+    for z in sigmas:
+        acc.compose(dpa.GaussianDpEvent(z))
     out = {"rdp": float(acc.get_epsilon(delta)), "pld": float("nan")}
-    if min(e.noise_multiplier for e in events) >= _PLD_MIN_NOISE_MULTIPLIER:
+    if min(sigmas) >= _PLD_MIN_NOISE_MULTIPLIER:
         pacc = pld.PLDAccountant(dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
-        for e in events:
-            pacc.compose(e)
+        for z in sigmas:
+            pacc.compose(dpa.GaussianDpEvent(z))
         out["pld"] = float(pacc.get_epsilon(delta))
-    return out
+    return tuple(out.items())
 
 
 # Below this the PLD discretisation needs ~1e10 buckets (tens of GiB); RDP is reported alone.
