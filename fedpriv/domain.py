@@ -16,8 +16,10 @@ This module holds the paper's primitives that are independent of the FL engine:
    the weight of the instance-weighted objective E_{x ~ S u T}[w(x) L(x)] (Eq. 2), computed in log
    space, with optional bounding.
 3. **Domain-adaptation dataset assembly**: the union of a source and a target federated dataset,
-   per-example domain ids, per-client population labels, alpha, a seeded 6:2:2 client split
-   (Sec. 4.1-4.2, App. A).
+   per-example domain ids, per-client population labels (users with T data are T-clients),
+   alpha, a seeded stratified 6:2:2 client split (Sec. 4.1-4.2), and the App. A preprocessing
+   (vocabulary from the target domain's training texts; [BOS] + words + [EOS] cut into
+   sequences of 10 targets; at most 1,600 words per user).
 4. **The training schemes of Table 1** as data (populations, cohort C or alpha*C, weighting,
    pretrain/finetune rounds, model variant, privacy budget split).
 5. **The latency model of Prop. 3.1 (Eq. 1, App. B)**: the exact expectation of the time to wait
@@ -33,7 +35,8 @@ Which tokens are "x". The unigram model is a model of what the LM predicts: the 
 ``tokens[:, 1:]``, excluding PAD (padding, no loss) and BOS (an input marker that is never a
 target, and whose frequency only encodes how sequences were cut). EOS and UNK are predicted by the
 LM and are counted and scored like words. The same positions are counted for u_hat and scored for
-p_hat, so u_hat is a distribution over exactly the tokens that enter the density.
+p_hat, so u_hat is a distribution over exactly the tokens that enter the density; with the App. A
+rows of `chunk_sentence` every word of a sentence is a target in exactly one row.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import numpy as np
@@ -200,8 +203,8 @@ def normalise_counts(counts: np.ndarray, *, smoothing: float = 1.0,
 
     u_hat[v] = (max(c[v], 0) + beta) / (sum_v' max(c[v'], 0) + V beta),  beta = ``smoothing`` > 0,
     so every token has probability >= beta / (sum + V beta) > 0 and log u_hat is finite for every
-    sequence (an unseen word must not give p_hat = 0, which would make Eq. 3 0/0 for T-examples or
-    w = 1/alpha for any S-example containing it). ``zero_ids`` (e.g. PAD, BOS: never counted, so
+    sequence (a word with u_hat_T = 0 would give w = 0 to every S-example containing it, one with
+    u_hat_S = 0 would give w = 1/alpha, and both 0/0). ``zero_ids`` (e.g. PAD, BOS: never counted, so
     their count is 0 by construction) get only the floor. Pure post-processing of the release.
     """
     smoothing = float(smoothing)
@@ -335,7 +338,7 @@ def sequence_log_density(
     ignore_ids: Sequence[int] = DEFAULT_IGNORE_IDS,
     targets_only: bool = True,
 ) -> np.ndarray:
-    """log p_hat(x) = sum_i log u_hat(x_i) over counted tokens: float64[...] for tokens int[..., L+1].
+    """log p_hat(x) = sum_i log u_hat(x_i) over counted tokens: float64[...] for int[..., L+1].
 
     x = the target positions ``tokens[..., 1:]`` minus PAD and BOS (``targets_only=False`` scores
     every position). ``u_hat`` must be strictly positive (e.g. from `normalise_counts`). A sequence
@@ -367,7 +370,8 @@ def relative_log_weights(log_p_target: np.ndarray, log_p_own: np.ndarray,
     Evaluated as  log w = -logaddexp(log alpha, log(1 - alpha) + (log p_pi - log p_T)),
     which only involves the log-density *difference* d: exact for log-densities of -1000 or less
     (where p itself underflows), and monotone: w -> 1/alpha as d -> -inf, w -> 0 as d -> +inf,
-    w = 1 at d = 0. So w in (0, 1/alpha].
+    w = 1 at d = 0. So w in (0, 1/alpha] (exp of a log weight below about -745 in float64, or
+    -103 in float32, rounds to 0: such an example is effectively dropped from the objective).
     """
     alpha = _check_alpha(alpha)
     d = np.asarray(log_p_own, np.float64) - np.asarray(log_p_target, np.float64)
@@ -380,8 +384,9 @@ def bound_weights(w: np.ndarray, alpha: float, *, mode: str = "none",
                   w_max: float | None = None) -> np.ndarray:
     """Optional bounding of Eq. 3 weights w in (0, 1/alpha]; same shape and dtype as ``w``.
 
-    modes: "none" (w as is), "scale" (alpha * w in (0, 1]: same optimum, per-example losses never
-    up-weighted, the client learning rate keeps its meaning), "clip" (min(w, w_max), w_max > 0).
+    modes: "none" (w as is), "scale" (alpha * w in (0, 1]: a constant factor, so the same
+    minimiser of Eq. 2, and no per-example gradient is ever larger than unweighted),
+    "clip" (min(w, w_max), w_max > 0: biased, but bounds the largest up-weighting).
 
     Why the privacy analysis does not change: the weights only rescale per-example losses inside
     a client's local training, and DP-FedAvg/DP-FTRL clip each client's *model delta* to norm S
@@ -536,7 +541,8 @@ def _as_examples(values: Any) -> tuple[str, Any]:
         values = np.asarray(values["tokens"])
     if isinstance(values, np.ndarray):
         if values.ndim != 2 or not np.issubdtype(values.dtype, np.integer):
-            raise ValueError(f"token examples must be int[n, L+1], got {values.dtype}{values.shape}")
+            raise ValueError(
+                f"token examples must be int[n, L+1], got {values.dtype}{values.shape}")
         return "tokens", values.astype(np.int32)
     if isinstance(values, str):
         raise ValueError("a client's examples must be a list of strings, not one string")
@@ -839,6 +845,10 @@ class Stage:
     @property
     def population_labels(self) -> tuple[str, ...]:
         return tuple(_POP_LABEL[p] for p in self.populations)
+
+    def clients(self, ds: DomainDataset, split: str = "train") -> Mapping:
+        """The stage's clients of ``ds`` with only its example domains (`select_clients`)."""
+        return ds.clients(split, self.populations, self.example_domains)
 
 
 @dataclasses.dataclass(frozen=True)

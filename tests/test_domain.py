@@ -287,8 +287,8 @@ def test_assemble_domain_dataset_tokens_and_select():
     tgt = {f"t{i}": random_user(rng, 2, 20) for i in range(5)}
     tgt["s0"] = random_user(rng, 1, 20)  # s0 also has target data
     ds = dm.assemble_domain_dataset(src, tgt, seed=3)
-    assert isinstance(ds.train, FederatedDataset) and ds.train["s0" if "s0" in ds.train else
-                                                             next(iter(ds.train))]["domain"].dtype == np.int32
+    assert isinstance(ds.train, FederatedDataset)
+    assert all(ds.train[c]["domain"].dtype == np.int32 for c in ds.train)
     allc = {**ds.train, **ds.val, **ds.test}
     assert allc["s0"]["tokens"].shape == (4, 11) and allc["s0"]["tokens"].dtype == np.int32
     np.testing.assert_array_equal(allc["s0"]["domain"], [0, 0, 0, 1])
@@ -347,7 +347,12 @@ def test_end_to_end_strings_to_weighted_clients():
     u_s, u_t = dm.domain_unigram_frequencies(enc, V, 0.8, rng, ledger=ledger)
     assert [e.populations for e in ledger.entries] == [("S",), ("T",)]
     assert abs(ledger.spent() - 0.8) < 1e-3
-    iw = dm.add_importance_weights(enc.clients("train"), u_s, u_t, enc.alpha)
+    stage = dm.SCHEMES_BY_NAME["IW"].stages[0]
+    assert stage.weighted
+    iw = dm.add_importance_weights(stage.clients(enc, "train"), u_s, u_t, enc.alpha)
+    assert set(iw) == set(enc.train)
+    ft = dm.SCHEMES_BY_NAME["PT"].stages[1].clients(enc)
+    assert all(enc.population[c] == dm.TARGET and np.all(ft[c]["domain"] == 1) for c in ft)
     for c in iw:
         w, dom = iw[c]["weight"], iw[c]["domain"]
         assert w.dtype == np.float32 and np.all(w[dom == dm.TARGET] == 1.0)
@@ -451,7 +456,8 @@ def test_latency_no_wait_and_never():
     # k > m (q < C/N and few unavailable devices): the cohort never fills.
     assert dm.latency_counts(100, 90, 0.5, 0.1) == (50, 85)
     assert dm.expected_latency(100, 90, 0.5, 0.1, 1.0) == math.inf
-    assert dm.simulate_latency(100, 90, 0.5, 0.1, 1.0, np.random.default_rng(0), 10).mean == math.inf
+    est = dm.simulate_latency(100, 90, 0.5, 0.1, 1.0, np.random.default_rng(0), 10)
+    assert est.mean == math.inf
     assert dm.latency_upper_bound(100, 100, 1.0) == math.inf
 
 

@@ -109,7 +109,7 @@ def geometric_variance(epsilon: float, sensitivity: int = 1) -> float:
 
 
 def geometric_dp_event(epsilon: float, sensitivity: int = 1) -> dp_event.DiscreteLaplaceDpEvent:
-    """The ``dp_accounting`` event of one release: DiscreteLaplace(noise_parameter=eps/Delta, Delta).
+    """The ``dp_accounting`` event of one release: DiscreteLaplace(eps/Delta, sensitivity=Delta).
 
     ``PLDAccountant`` (ADD_OR_REMOVE_ONE or REPLACE_SPECIAL) composes it; its pure epsilon is
     ``geometric_epsilon(event)``.
