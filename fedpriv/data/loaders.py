@@ -70,7 +70,7 @@ __all__ = [
 ]
 
 # Bump when a parser's output changes, so old cache entries are ignored.
-_FORMAT_VERSION = 5
+_FORMAT_VERSION = 6
 
 PUBLIC_SOURCES = ("wikipedia", "lee_news", "film_quotes")
 
@@ -234,6 +234,7 @@ def load_chitchat(*, path: str | os.PathLike | None = None,
                     text = normalize_whitespace(u["text"])
                     if len(text) < min_chars:
                         out.filtered += 1
+                        out.clients.setdefault(u["sender"], [])  # dropped if it stays empty
                         continue
                     out.clients[u["sender"]].append(text)
         out.extra["conversations"] = len(data)
@@ -296,6 +297,7 @@ def _parse_play(play: str, text: str, unit: str, out: _Parsed) -> None:
         out.records += 1
         speech = _strip_directions(body, curly=True)
         if not speech:
+            out.clients.setdefault(f"{play}/{speaker}", [])  # dropped if it stays empty
             if name is not None:
                 out.malformed += 1  # a speaker line with no speech at all
             else:
@@ -413,6 +415,7 @@ def load_simpsons(*, path: str | os.PathLike | None = None,
                 continue
             if not text:
                 out.filtered += 1
+                out.clients.setdefault(speaker, [])  # dropped if it stays empty
                 continue
             out.clients[speaker].append(text)
         return out
@@ -654,7 +657,11 @@ def load_stackoverflow_sqlite(path: str | os.PathLike, split: str = "train", *,
                     out.records += 1
                     text = (_example_feature_text(bytes(blob), field)
                             if isinstance(blob, (bytes, memoryview)) else None)
-                    if text is None or cid is None:
+                    if cid is None:
+                        out.malformed += 1
+                        continue
+                    out.clients.setdefault(str(cid), [])  # dropped if it stays empty
+                    if text is None:
                         out.malformed += 1
                         continue
                     text = normalize_whitespace(text)
@@ -704,6 +711,7 @@ def load_jsonl(path: str | os.PathLike, *, user_key: str = "user", text_key: str
                 text = normalize_whitespace(rec[text_key])
                 if not text:
                     out.filtered += 1
+                    out.clients.setdefault(str(rec[user_key]), [])  # dropped if it stays empty
                     continue
                 out.clients[str(rec[user_key])].append(text)
         return out
