@@ -1,0 +1,168 @@
+"""Engine properties (DESIGN.md §8): FedAvg equivalence, sensitivity, padding, non-finite."""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from fedpriv.fl.aggregate import cohort_sum
+from fedpriv.fl.algorithms import DPConfig, build_algorithm, dp_fedavg, server_optimizer
+from fedpriv.fl.client import make_client_update
+from fedpriv.fl.cohort import build_cohort
+from fedpriv.dp.clipping import global_norm
+from tests.fl.helpers import init_params, loss_fn, make_dataset
+
+B = 4
+
+
+def _reference_fedavg_round(params, dataset, ids, lr_client, lr_server, batch_size, steps):
+    """Plain Python FedAvg: each client runs SGD over its batches; average the deltas."""
+    grad = jax.grad(lambda p, b: loss_fn(p, b, None)[0])
+    deltas = []
+    for cid in ids:
+        x, y = dataset[cid]["x"], dataset[cid]["y"]
+        p = params
+        for s in range(steps):
+            sl = slice(s * batch_size, (s + 1) * batch_size)
+            if len(x[sl]) == 0:
+                break
+            b = {"x": jnp.asarray(x[sl]), "y": jnp.asarray(y[sl]), "mask": jnp.ones(len(x[sl]))}
+            g = grad(p, b)
+            p = jax.tree_util.tree_map(lambda a, d: a - lr_client * d, p, g)
+        deltas.append(jax.tree_util.tree_map(jnp.subtract, p, params))
+    avg = jax.tree_util.tree_map(lambda *d: sum(d) / len(d), *deltas)
+    return jax.tree_util.tree_map(lambda a, d: a + lr_server * d, params, avg)
+
+
+def test_no_clip_no_noise_equals_plain_fedavg():
+    data = make_dataset()
+    ids = list(data)[:6]
+    cohort = build_cohort(data, ids, B, capacity=8)  # 2 padded clients
+    steps = cohort.batches["mask"].shape[1]
+    alg = build_algorithm(loss_fn, optax.sgd(0.05), optax.sgd(0.7), DPConfig(), expected_cohort_size=6)
+    state = alg.init(init_params(), jax.random.key(0))
+    state, metrics = alg.apply(state, cohort.batches, cohort.client_mask, jax.random.key(1))
+    ref = _reference_fedavg_round(init_params(), data, ids, 0.05, 0.7, B, steps)
+    for k in ref:
+        np.testing.assert_allclose(np.asarray(state.params[k]), np.asarray(ref[k]), rtol=2e-5, atol=1e-6)
+    assert float(metrics["num_clients"]) == 6
+    assert float(metrics["num_tokens"]) == sum(len(data[c]["y"]) for c in ids)
+
+
+@pytest.mark.parametrize("weighting", ["uniform", "num_examples"])
+def test_replacing_one_client_moves_sum_by_at_most_clip(weighting):
+    data = make_dataset(seed=1)
+    adversary = {"x": np.full((40, 5), 50.0, np.float32), "y": np.full((40,), -1e3, np.float32)}
+    ids = list(data)[:7]
+    upd = make_client_update(loss_fn, optax.sgd(0.01))
+    clip = 0.3
+    f = jax.jit(lambda b, m: cohort_sum(upd, init_params(), b, m, jax.random.key(0), clip,
+                                        weighting, 16.0)[0])
+    base = build_cohort(data, ids, B, 8, max_steps=16)
+    swapped = build_cohort({**data, "adv": adversary}, ids[:-1] + ["adv"], B, 8, max_steps=16)
+    removed = build_cohort(data, ids[:-1], B, 8, max_steps=16)
+    s0 = f(base.batches, base.client_mask)
+    for other in (swapped, removed):
+        if other.batches["mask"].shape != base.batches["mask"].shape:
+            other = build_cohort({**data, "adv": adversary}, other.client_ids, B, 8,
+                                 max_steps=base.batches["mask"].shape[1])
+        s1 = f(other.batches, other.client_mask)
+        diff = float(global_norm(jax.tree_util.tree_map(jnp.subtract, s0, s1)))
+        bound = 2 * clip if other is swapped else clip   # replace-one vs add/remove
+        assert diff <= bound * (1 + 1e-5), (diff, bound)
+        assert diff > 0.5 * clip  # the test is not vacuous
+
+
+def test_padded_steps_examples_and_clients_change_nothing():
+    data = make_dataset(seed=2)
+    ids = list(data)[:3]
+    alg = build_algorithm(loss_fn, optax.sgd(0.05), optax.sgd(1.0), DPConfig(clip_norm=0.5),
+                          expected_cohort_size=3)
+    st = alg.init(init_params(), jax.random.key(0))
+    small = build_cohort(data, ids, B, capacity=3)
+    big = build_cohort(data, ids, B, capacity=8, max_steps=32)
+    # more steps by padding a client's own steps dimension
+    s1, m1 = alg.apply(st, small.batches, small.client_mask, jax.random.key(1))
+    s2, m2 = alg.apply(st, big.batches, big.client_mask, jax.random.key(1))
+    for k in s1.params:
+        np.testing.assert_allclose(np.asarray(s1.params[k]), np.asarray(s2.params[k]), rtol=1e-5, atol=1e-7)
+    assert float(m1["loss_sum"]) == pytest.approx(float(m2["loss_sum"]), rel=1e-5)
+
+
+def test_nonfinite_client_is_dropped_and_counted():
+    data = make_dataset(seed=3)
+    bad = {"x": np.full((8, 5), np.nan, np.float32), "y": np.zeros((8,), np.float32)}
+    ids = list(data)[:4]
+    alg = build_algorithm(loss_fn, optax.sgd(0.05), optax.sgd(1.0), DPConfig(clip_norm=1.0),
+                          expected_cohort_size=5)
+    st = alg.init(init_params(), jax.random.key(0))
+    with_bad = build_cohort({**data, "bad": bad}, ids + ["bad"], B, 5, max_steps=8)
+    without = build_cohort(data, ids, B, 5, max_steps=8)
+    s1, m1 = alg.apply(st, with_bad.batches, with_bad.client_mask, jax.random.key(1))
+    s2, _ = alg.apply(st, without.batches, without.client_mask, jax.random.key(1))
+    assert float(m1["num_nonfinite"]) == 1
+    assert all(np.all(np.isfinite(np.asarray(v))) for v in jax.tree_util.tree_leaves(s1.params))
+    for k in s1.params:
+        np.testing.assert_allclose(np.asarray(s1.params[k]), np.asarray(s2.params[k]), rtol=1e-5, atol=1e-7)
+
+
+def test_chunked_aggregation_equals_vmapped():
+    data = make_dataset(seed=4)
+    ids = list(data)[:8]
+    cohort = build_cohort(data, ids, B, 8, max_steps=8)
+    kw = dict(clip_norm=0.2, noise_multiplier=0.5, expected_cohort_size=8)
+    a = dp_fedavg(loss_fn, optax.sgd(0.05), optax.sgd(1.0), **kw)
+    c = dp_fedavg(loss_fn, optax.sgd(0.05), optax.sgd(1.0), chunk_size=2, **kw)
+    sa, _ = a.apply(a.init(init_params(), jax.random.key(0)), cohort.batches, cohort.client_mask, jax.random.key(1))
+    sc, _ = c.apply(c.init(init_params(), jax.random.key(0)), cohort.batches, cohort.client_mask, jax.random.key(1))
+    for k in sa.params:
+        np.testing.assert_allclose(np.asarray(sa.params[k]), np.asarray(sc.params[k]), rtol=1e-5, atol=1e-6)
+
+
+def test_server_noise_std_and_noise_cohort_scaling():
+    """With zero-update clients the server step is pure noise: std = z*C*scale/expected."""
+    zero_loss = lambda p, b, r: (0.0 * jnp.sum(p["w"]), {"n": jnp.sum(b["mask"])})
+    data = make_dataset(seed=5)
+    ids = list(data)[:4]
+    cohort = build_cohort(data, ids, B, 4, max_steps=8)
+    params = {"w": jnp.zeros((20000,))}
+    for noise_cohort, scale in [(None, 1.0), (40, 0.1)]:
+        alg = dp_fedavg(zero_loss, optax.sgd(0.1), optax.sgd(1.0), clip_norm=0.5, noise_multiplier=2.0,
+                        expected_cohort_size=4, noise_cohort_size=noise_cohort)
+        st, _ = alg.apply(alg.init(params, jax.random.key(0)), cohort.batches, cohort.client_mask, jax.random.key(1))
+        std = float(np.std(np.asarray(st.params["w"])))
+        assert std == pytest.approx(2.0 * 0.5 * scale / 4, rel=0.03)
+
+
+def test_fedadam_and_momentum_servers_build_and_learn():
+    data = make_dataset(seed=6)
+    ids = list(data)[:8]
+    cohort = build_cohort(data, ids, B, 8, max_steps=8)
+    for name, lr in [("sgdm", 0.5), ("adam", 0.1)]:
+        alg = build_algorithm(loss_fn, optax.sgd(0.05), server_optimizer(name, lr), DPConfig(), 8)
+        st = alg.init(init_params(), jax.random.key(0))
+        losses = []
+        for r in range(15):
+            st, m = alg.apply(st, cohort.batches, cohort.client_mask, jax.random.key(r))
+            losses.append(float(m["loss_sum"] / m["num_tokens"]))
+        assert losses[-1] < 0.3 * losses[0], (name, losses)
+    with pytest.raises(ValueError):
+        server_optimizer("rmsprop", 1.0)
+
+
+def test_dpconfig_validation():
+    with pytest.raises(ValueError, match="finite clip"):
+        DPConfig(clip_norm=math.inf, noise_multiplier=1.0)
+    with pytest.raises(ValueError, match="mechanism"):
+        DPConfig(mechanism="laplace")
+    with pytest.raises(ValueError, match="weighting"):
+        DPConfig(weighting="sqrt")
+
+
+def test_empty_client_is_a_clear_error():
+    data = make_dataset(seed=7)
+    data["empty"] = {"x": np.zeros((0, 5), np.float32), "y": np.zeros((0,), np.float32)}
+    with pytest.raises(ValueError, match="'empty' has no examples"):
+        build_cohort(data, ["empty"], B, 2)
