@@ -36,6 +36,7 @@ pads them to a few bucket lengths, so `jit` compiles one program per bucket.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib.util
 import math
@@ -130,6 +131,7 @@ class Teacher:
 # ----------------------------------------------------------------------------------------------
 
 
+@functools.partial(jax.jit, static_argnums=(1, 2))
 def init_params(key: jax.Array, config: LlamaConfig, scale: float = 0.02) -> dict:
     """Random params in the layout `forward` expects (for tests and small experiments).
 
@@ -141,18 +143,23 @@ def init_params(key: jax.Array, config: LlamaConfig, scale: float = 0.02) -> dic
     """
     c = config
     hq, hkv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
-    shapes = {"wq": (c.dim, hq), "wk": (c.dim, hkv), "wv": (c.dim, hkv), "wo": (hq, c.dim),
-              "w_gate": (c.dim, c.ffn_dim), "w_up": (c.dim, c.ffn_dim),
-              "w_down": (c.ffn_dim, c.dim)}
-    keys = jax.random.split(key, len(shapes) + 2)
-    layers = {name: scale * jax.random.normal(k, (c.n_layers, *shape), jnp.float32)
-              for k, (name, shape) in zip(keys[2:], shapes.items())}
-    layers["attn_norm"] = jnp.ones((c.n_layers, c.dim), jnp.float32)
-    layers["ffn_norm"] = jnp.ones((c.n_layers, c.dim), jnp.float32)
-    params = {"embed": scale * jax.random.normal(keys[0], (c.vocab_size, c.dim), jnp.float32),
-              "final_norm": jnp.ones((c.dim,), jnp.float32), "layers": layers}
+    shapes = {"embed": (c.vocab_size, c.dim), "wq": (c.n_layers, c.dim, hq),
+              "wk": (c.n_layers, c.dim, hkv), "wv": (c.n_layers, c.dim, hkv),
+              "wo": (c.n_layers, hq, c.dim), "w_gate": (c.n_layers, c.dim, c.ffn_dim),
+              "w_up": (c.n_layers, c.dim, c.ffn_dim), "w_down": (c.n_layers, c.ffn_dim, c.dim)}
     if not c.tie_embeddings:
-        params["lm_head"] = scale * jax.random.normal(keys[1], (c.vocab_size, c.dim), jnp.float32)
+        shapes["lm_head"] = (c.vocab_size, c.dim)
+    # One normal draw sliced into the weights (a single RNG kernel to compile).
+    sizes = [math.prod(shape) for shape in shapes.values()]
+    flat = scale * jax.random.normal(key, (sum(sizes),), jnp.float32)
+    offsets = np.cumsum([0] + sizes)
+    w = {name: flat[offsets[i]:offsets[i + 1]].reshape(shape)
+         for i, (name, shape) in enumerate(shapes.items())}
+    params = {"embed": w.pop("embed"), "final_norm": jnp.ones((c.dim,), jnp.float32)}
+    if "lm_head" in w:
+        params["lm_head"] = w.pop("lm_head")
+    params["layers"] = dict(w, attn_norm=jnp.ones((c.n_layers, c.dim), jnp.float32),
+                            ffn_norm=jnp.ones((c.n_layers, c.dim), jnp.float32))
     return params
 
 
