@@ -520,3 +520,32 @@ def test_domain_unigrams_count_own_population_only_and_charge_first(monkeypatch)
     monkeypatch.setattr(dm.DomainDataset, "clients", boom)
     with pytest.raises(RuntimeError):
         dm.domain_unigram_frequencies(ds, 10, 0.8, rng, ledger=FakeLedger(RuntimeError("no")))
+
+
+def test_table1_budget_split_through_the_real_ledger():
+    """Each scheme's plan, with training events calibrated by the project's accountant, fits the
+    (2, 1e-6) budget per user; PT/IWPT spend on S and T in parallel, and nothing more fits."""
+    from functools import lru_cache
+
+    from fedpriv.dp import accounting
+    from fedpriv.dp.ledger import PrivacyBudgetExceeded, PrivacyLedger
+
+    q, rounds = 0.05, 20
+
+    @lru_cache(maxsize=None)
+    def training_event(eps, delta):
+        make = lambda z: accounting.dp_fedavg_poisson_event(z, q, rounds)  # noqa: E731
+        return make(accounting.calibrate_noise_multiplier(make, eps, delta))
+
+    for name in ("T w. C", "IW", "PT", "IWPT"):
+        scheme = dm.SCHEMES_BY_NAME[name]
+        led = PrivacyLedger(*dm.TOTAL_BUDGET, accountant="rdp")
+        for sp in scheme.privacy_plan():
+            event = (geometric.geometric_dp_event(sp.epsilon, dm.unigram_sensitivity())
+                     if sp.delta == 0 else training_event(sp.epsilon, sp.delta))
+            led.spend(sp.name, event, sp.populations)
+        by_pop = led.epsilon_by_population()
+        assert all(1.99 < e <= 2.0 * (1 + 1e-9) for e in by_pop.values()), (name, by_pop)
+        assert set(by_pop) == ({"T"} if name == "T w. C" else {"S", "T"})
+        with pytest.raises(PrivacyBudgetExceeded):
+            led.spend("one more", geometric.geometric_dp_event(0.1, 50), ("T",))
