@@ -64,7 +64,7 @@ __all__ = [
     "KOGA_SEQ_LEN", "KOGA_MAX_TOKENS_PER_CLIENT", "split_clients",
     "select_clients",
     "Stage", "TrainingScheme", "PlannedSpend", "TOTAL_BUDGET", "UNIGRAM_BUDGET",
-    "IW_TRAINING_BUDGET", "TRAINING_SCHEMES", "SCHEMES_BY_NAME",
+    "IW_TRAINING_BUDGET", "TRAINING_SCHEMES", "SCHEMES_BY_NAME", "schemes_markdown",
     "latency_counts", "expected_kth_arrival", "expected_latency", "latency_lower_bound",
     "latency_upper_bound", "latency_upper_bound_tight", "LatencyEstimate", "simulate_kth_arrival",
     "simulate_latency",
@@ -940,6 +940,31 @@ def _schemes() -> tuple[TrainingScheme, ...]:
 
 TRAINING_SCHEMES: tuple[TrainingScheme, ...] = _schemes()
 SCHEMES_BY_NAME: dict[str, TrainingScheme] = {s.name: s for s in TRAINING_SCHEMES}
+
+
+def schemes_markdown(schemes: Sequence[TrainingScheme] = TRAINING_SCHEMES, *,
+                     noise_cohort: int = 5000, train_cohort: int = 400, alpha: float = 0.1,
+                     rounds: int = 2000) -> str:
+    """Table 1's schemes as a Markdown table: per stage the population/examples, cohort sizes
+    (noise-calibration / actual training, Sec. 4.2: 5000 / 400), rounds, weighting, and each
+    scheme's (eps, delta) per population."""
+    dom = {SOURCE: "S", TARGET: "T"}
+    lines = ["| scheme | model | stages: clients[examples] cohort (noise/train) x rounds | "
+             "unigrams (eps0, delta0) | (eps, delta) per population |",
+             "|---|---|---|---|---|"]
+    for s in schemes:
+        stages = []
+        for st, r in zip(s.stages, s.stage_rounds(rounds)):
+            pops = "+".join(dom[p] for p in st.populations)
+            exs = "+".join(dom[d] for d in st.example_domains)
+            stages.append(f"{pops}[{exs}] {st.cohort_size(noise_cohort, alpha)}/"
+                          f"{st.cohort_size(train_cohort, alpha)} x {r}"
+                          f"{' weighted' if st.weighted else ''} @ {st.budget}")
+        budget = ", ".join(f"{k}: ({e:g}, {d:g})" for k, (e, d) in
+                           sorted(s.per_population_budget().items()))
+        lines.append(f"| {s.name} | {s.model} | {'; then '.join(stages)} | "
+                     f"{s.unigram_budget or '-'} | {budget} |")
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -388,6 +388,9 @@ def test_training_schemes_table():
     assert math.isclose(eps, 2.0) and delta == 1e-6
     with pytest.raises(ValueError):
         dm.Stage((0,), (0,), "2C", False, 1.0, (1.0, 0.0))
+    md = dm.schemes_markdown()
+    assert len(md.splitlines()) == 2 + 8
+    assert "S[S] 5000/400 x 1000 weighted @ (1.2, 1e-06); then T[T] 500/40 x 1000" in md
 
 
 # ------------------------------------------------------------------------------ latency
