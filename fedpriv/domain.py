@@ -1010,8 +1010,9 @@ def _check_lam(lam) -> float:
 def latency_counts(N: int, C: int, p: float, q: float) -> tuple[int, int]:
     """(m, k) of Prop. 3.1: m = N - Np unavailable devices, k = C - Npq devices still needed.
 
-    Device counts are integers: m = N - round(N p) and k = C - round(N p q) (identical to the
-    paper when Np and Npq are integers). k <= 0 means a full cohort is already available.
+    Device counts are integers: m = N - round(N p) and k = C - round(N p q) (round half to even;
+    identical to the paper when Np and Npq are integers). k <= 0 means a full cohort is already
+    available.
     """
     N, C, p, q = _check_latency_args(N, C, p, q)
     return N - round(N * p), C - round(N * p * q)
@@ -1125,6 +1126,9 @@ def simulate_kth_arrival(m: int, k: int, lam: float, rng: np.random.Generator, t
     if k > m:
         return LatencyEstimate(math.inf, 0.0, trials)
     if method == "clocks":
+        if m > 20_000_000:
+            raise ValueError(f"m = {m:,} clocks per trial is too large for method='clocks'; "
+                             "use method='order_statistic'")
         chunk = max(1, min(trials, max_chunk_elements // m))
         samples = []
         done = 0

@@ -489,6 +489,20 @@ def test_latency_errors(args, exc):
         dm.simulate_latency(*args, np.random.default_rng(0), 10)
 
 
+def test_latency_simulator_arguments():
+    rng = np.random.default_rng(0)
+    with pytest.raises(ValueError):
+        dm.simulate_kth_arrival(10, 3, 1.0, rng, 10, method="exact")
+    with pytest.raises(ValueError):
+        dm.simulate_kth_arrival(50_000_000, 3, 1.0, rng, 10)  # too many clocks
+    est = dm.simulate_kth_arrival(50_000_000, 3, 1.0, rng, 4000, method="order_statistic")
+    assert abs(est.mean - dm.expected_kth_arrival(50_000_000, 3, 1.0)) < 4 * est.stderr
+    with pytest.raises(ValueError):
+        dm.simulate_kth_arrival(-1, 3, 1.0, rng, 10)
+    with pytest.raises(ValueError):
+        dm.simulate_kth_arrival(10, 3, 1.0, rng, 0)  # trials must be positive
+
+
 def test_latency_accepts_numpy_integers():
     assert dm.expected_latency(np.int64(1000), np.int32(100), 0.5, 0.11, 1.0) > 0
 
