@@ -47,7 +47,8 @@ def public_pool(fedpriv_cache):
 
 @pytest.fixture(scope="session")
 def small_sp(public_pool):
-    """A small SentencePiece model (vocab 500) trained on 3,000 public sentences (~1 s)."""
+    """A small SentencePiece model (vocab 2000) trained on 3,000 public sentences (~3 s;
+    unigram training is slower for smaller vocabularies: more pruning rounds)."""
     from fedpriv.data import train_sentencepiece
     pool, _ = public_pool
-    return train_sentencepiece(pool.texts[::8][:3000], vocab_size=500)
+    return train_sentencepiece(pool.texts[::8][:3000], vocab_size=2000)

@@ -15,7 +15,7 @@ def test_sentencepiece_specials_roundtrip_and_save(small_sp, tmp_path):
     assert isinstance(sp, Tokenizer)
     assert (sp.pad_id, sp.unk_id, sp.bos_id, sp.eos_id) == (0, 1, 2, 3)
     assert sp.id_to_piece(PAD_ID) == "<pad>" and sp.id_to_piece(EOS_ID) == "</s>"
-    assert 300 <= sp.vocab_size <= 500
+    assert sp.vocab_size == 2000
     texts = ["The history of the city began in 1850.", "It was a quiet day."]
     ids = sp.encode(texts)
     assert all(ids) and all(0 < i < sp.vocab_size for seq in ids for i in seq)
@@ -34,7 +34,7 @@ def test_sentencepiece_specials_roundtrip_and_save(small_sp, tmp_path):
 
 def test_sentencepiece_training_is_cached(public_pool, small_sp, fedpriv_cache):
     pool, _ = public_pool
-    again = train_sentencepiece(pool.texts[::8][:3000], vocab_size=500)   # same inputs: cache
+    again = train_sentencepiece(pool.texts[::8][:3000], vocab_size=2000)  # same inputs: cache
     assert again.model_proto == small_sp.model_proto
     assert list((fedpriv_cache / "tokenizers").glob("spm-*.model"))
     with pytest.raises(EmptyCorpusError):
