@@ -1,4 +1,4 @@
-"""Population expansion for private FL of LMs (Koga et al. 2023, `population_expansion_koga2023.md`).
+"""Population expansion for private FL of LMs (Koga et al. 2023, population_expansion_koga2023.md).
 
 A target domain T with a small population is trained together with a larger source domain S.
 This module holds the paper's primitives that are independent of the FL engine:
@@ -203,9 +203,11 @@ def normalise_counts(counts: np.ndarray, *, smoothing: float = 1.0,
 
     u_hat[v] = (max(c[v], 0) + beta) / (sum_v' max(c[v'], 0) + V beta),  beta = ``smoothing`` > 0,
     so every token has probability >= beta / (sum + V beta) > 0 and log u_hat is finite for every
-    sequence (a word with u_hat_T = 0 would give w = 0 to every S-example containing it, one with
-    u_hat_S = 0 would give w = 1/alpha, and both 0/0). ``zero_ids`` (e.g. PAD, BOS: never counted, so
-    their count is 0 by construction) get only the floor. Pure post-processing of the release.
+    sequence (a word with u_hat_T = 0 would give w = 0 to every S-example containing it, one
+    with u_hat_S = 0 would give w = 1/alpha, and both 0/0). ``zero_ids`` (e.g. PAD, BOS: never
+    counted, so their count is 0 by construction) get only the floor. Pure post-processing of the
+    release. With eps0 = 0.8 and Delta = 50 the noise std is ~88 per token, so the clipped noise
+    mass (~31 per token) dominates beta = 1; beta only matters for an almost noiseless release.
     """
     smoothing = float(smoothing)
     if not (smoothing > 0 and math.isfinite(smoothing)):
