@@ -143,12 +143,9 @@ def _jit(fn: Callable) -> Callable:
     return jax.jit(fn)
 
 
-def _seq_logprob_fn(apply: Callable) -> Callable:
-    return _seq_logprob_cached(apply)
-
-
 @functools.lru_cache(maxsize=64)
-def _seq_logprob_cached(apply: Callable) -> Callable:
+def _seq_logprob_fn(apply: Callable) -> Callable:
+    """Jitted ``(params, tokens[B, L+1], domain) -> (logprob_sum[B], num_tokens[B])``, one per apply."""
     def fn(params, tokens, domain):
         inputs, targets = split_tokens(tokens)
         logits = apply(params, inputs, domain)

@@ -1,0 +1,116 @@
+"""Tests of fedpriv.models.metrics: accuracy rules, perplexity, batched evaluation."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from fedpriv.models import lm, metrics
+from fedpriv.models.metrics import BOS, EOS, PAD, UNK
+
+
+def logits_for(pred, vocab):
+    """float32[..., V] logits whose argmax is ``pred``."""
+    return jax.nn.one_hot(np.asarray(pred), vocab) * 5.0
+
+
+def test_accuracy_exclusion_rules():
+    """PAD/UNK/BOS/EOS targets are not counted; predicting a special token is wrong; mask-0
+    examples count nowhere."""
+    targets = np.array([[5, UNK, 6, BOS, 7, EOS, PAD],
+                        [5, 6, 7, 5, 6, 7, 5]], np.int32)
+    pred = np.array([[5, UNK, 4, BOS, UNK, EOS, PAD],   # 5 right; 6 wrong; 7 wrong (UNK predicted)
+                     [5, 6, 7, 5, 6, 7, 5]], np.int32)  # all right, but a padding example
+    sums = jax.jit(metrics.lm_sums)(logits_for(pred, 8), targets, np.array([1.0, 0.0], np.float32))
+    assert sums["num_acc_tokens"] == 3
+    assert sums["num_correct"] == 1
+    assert sums["num_tokens"] == 6  # the loss still counts UNK, BOS and EOS targets, not PAD
+    assert sums["num_examples"] == 1
+    assert metrics.summarize(sums)["accuracy"] == pytest.approx(1 / 3)
+    np.testing.assert_array_equal(metrics.in_vocab_mask(targets[0]),
+                                  [True, False, True, False, True, False, False])
+
+
+def test_perplexity_hand_case():
+    """Target probabilities 1/2 and 1/4: mean NLL = 1.5 ln 2, perplexity = 2^1.5."""
+    p1 = np.array([0.1, 0.1, 0.1, 0.1, 0.5, 0.1])
+    p2 = np.array([0.15, 0.15, 0.15, 0.15, 0.15, 0.25])
+    logits = np.log(np.stack([p1, p2, p1]))[None].astype(np.float32)  # [1, 3, 6]
+    targets = np.array([[4, 5, PAD]], np.int32)
+    sums = metrics.lm_sums(logits, targets)
+    np.testing.assert_allclose(sums["loss_sum"], np.log(2) + np.log(4), rtol=1e-6)
+    out = metrics.summarize(sums)
+    assert out["num_tokens"] == 2
+    np.testing.assert_allclose(out["loss"], 1.5 * np.log(2), rtol=1e-6)
+    np.testing.assert_allclose(out["perplexity"], 2 ** 1.5, rtol=1e-6)
+    assert metrics.perplexity(3 * np.log(5.0), 3) == pytest.approx(5.0)
+    assert np.isnan(metrics.perplexity(1.0, 0))
+    # Instance weights scale the loss sum only; weight 1 equals no weight.
+    w = metrics.lm_sums(logits, targets, weight=np.array([2.0], np.float32))
+    np.testing.assert_allclose(w["loss_sum"], 2 * sums["loss_sum"], rtol=1e-6)
+    ones = metrics.lm_sums(logits, targets, weight=np.ones(1, np.float32))
+    assert all(ones[k] == sums[k] for k in metrics.SUM_KEYS)
+
+
+def test_summarize_empty_is_nan():
+    out = metrics.summarize({k: 0.0 for k in metrics.SUM_KEYS})
+    assert np.isnan(out["loss"]) and np.isnan(out["accuracy"]) and np.isnan(out["perplexity"])
+
+
+@pytest.fixture(scope="module")
+def lstm():
+    cfg = lm.LMConfig(vocab_size=20, embed_dim=8, hidden_dim=16)
+    task = lm.make_lm_task(lm.make_lm(cfg))
+    params = jax.jit(task.init)(jax.random.key(0))
+    rng = np.random.default_rng(0)
+    n, width = 7, 9
+    tokens = np.zeros((n, width), np.int32)
+    for i in range(n):
+        k = rng.integers(1, width - 1)
+        tokens[i, 0], tokens[i, 1:k + 1], tokens[i, k + 1] = BOS, rng.integers(1, 20, k), EOS
+    return task, params, tokens
+
+
+def test_evaluate_matches_unbatched_reference(lstm):
+    """N=7 with batch_size=3: one compiled shape, padded last batch, same sums as one big batch."""
+    task, params, tokens = lstm
+    out = metrics.evaluate(task, params, tokens, batch_size=3)
+    assert metrics._jit(task.eval_fn)._cache_size() == 1
+    ref = jax.jit(task.eval_fn)(params, {"tokens": tokens, "mask": np.ones(7, np.float32)})
+    ref = metrics.summarize(ref)
+    for key in ("loss", "perplexity", "accuracy", "num_tokens"):
+        np.testing.assert_allclose(out[key], ref[key], rtol=1e-5)
+    assert out["num_tokens"] == np.sum(tokens[:, 1:] != PAD)
+    assert out["num_examples"] == 7
+    with pytest.raises(ValueError):
+        metrics.evaluate(task, params, tokens[:, :1], batch_size=3)
+    with pytest.raises(ValueError):
+        metrics.evaluate(task, params, tokens, batch_size=0)
+
+
+def test_sequence_logprob(lstm):
+    task, params, tokens = lstm
+    out = metrics.sequence_logprob(task, params, tokens, batch_size=3)
+    assert out.shape == (7,) and out.dtype == np.float32
+    logp = np.asarray(jax.nn.log_softmax(jax.jit(task.apply)(params, tokens[:, :-1])))
+    tgt = tokens[:, 1:]
+    tok_lp = np.take_along_axis(logp, tgt[..., None], -1)[..., 0]
+    ref = [tok_lp[i][tgt[i] != PAD].mean() for i in range(7)]
+    np.testing.assert_allclose(out, ref, rtol=1e-5)
+
+
+def test_most_frequent_token_accuracy():
+    train = np.array([[BOS, UNK, UNK, UNK, UNK, EOS],   # UNK is most frequent but never predicted
+                      [BOS, 5, 5, 6, EOS, PAD]])
+    evals = np.array([[BOS, 5, 7, 5, UNK, EOS, PAD]])   # in-vocabulary targets: 5, 7, 5
+    assert metrics.most_frequent_token_accuracy(train, evals) == pytest.approx(2 / 3)
+    assert np.isnan(metrics.most_frequent_token_accuracy(train, np.array([[BOS, EOS, PAD]])))
+
+
+def test_split_and_nll_shapes():
+    tokens = jnp.array([[BOS, 5, EOS, PAD]])
+    x, y = metrics.split_tokens(tokens)
+    np.testing.assert_array_equal(x, [[BOS, 5, EOS]])
+    np.testing.assert_array_equal(y, [[5, EOS, PAD]])
+    nll = metrics.token_nll(jnp.zeros((1, 3, 10)), y)
+    np.testing.assert_allclose(nll, np.full((1, 3), np.log(10)), rtol=1e-6)
