@@ -161,17 +161,20 @@ def corpus_key(teacher: llama.Teacher, token_ids: np.ndarray, lengths: np.ndarra
     return h.hexdigest()
 
 
+def _topk_impl(params, config: llama.LlamaConfig, k: int, ids, mask):
+    logits = llama.forward(params, config, ids, mask)[:, :-1]  # [B, L, V]
+    vals, idx = jax.lax.top_k(logits, k)
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    return {"topk_ids": idx.astype(jnp.int32), "topk_logits": vals, "logsumexp": lse}
+
+
+_topk_jit = jax.jit(_topk_impl, static_argnums=(1, 2))
+
+
 def _topk_fn(teacher: llama.Teacher, k: int):
-    config = teacher.config
-
-    @jax.jit
-    def fn(params, ids, mask):
-        logits = llama.forward(params, config, ids, mask)[:, :-1]  # [B, L, V]
-        vals, idx = jax.lax.top_k(logits, k)
-        lse = jax.nn.logsumexp(logits, axis=-1)
-        return {"topk_ids": idx.astype(jnp.int32), "topk_logits": vals, "logsumexp": lse}
-
-    return lambda ids, mask: fn(teacher.params, jnp.asarray(ids), jnp.asarray(mask))
+    """(ids int32[B, L+1], mask) -> top-k ids/logits [B, L, k] and logsumexp [B, L]."""
+    return lambda ids, mask: _topk_jit(teacher.params, teacher.config, k, jnp.asarray(ids),
+                                       jnp.asarray(mask))
 
 
 def build_topk_corpus(teacher: llama.Teacher, sequences: Sequence[Sequence[int]], *,
