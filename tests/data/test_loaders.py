@@ -1,6 +1,5 @@
 """Loaders on the real installed corpora (DESIGN.md "Real data and models available offline")."""
 
-import numpy as np
 import pytest
 
 from fedpriv.data import (FederatedText, PublicCorpus, load_chitchat, load_public_pool,

@@ -4,8 +4,6 @@ import sys
 
 import pytest
 
-from fedpriv.data import load_public_pool, load_simpsons
-
 
 @pytest.fixture(scope="module")
 def tb():
