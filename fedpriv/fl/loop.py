@@ -84,8 +84,9 @@ def _scalarize(metrics) -> dict:
         out[k] = float(v) if v.size == 1 else v.tolist()
     if "loss_sum" in out and out.get("num_tokens"):
         out["train_loss"] = out["loss_sum"] / out["num_tokens"]
-    if "num_correct" in out and out.get("num_tokens"):
-        out["train_accuracy"] = out["num_correct"] / out["num_tokens"]
+    denom = out.get("num_acc_tokens", out.get("num_tokens"))
+    if "num_correct" in out and denom:
+        out["train_accuracy"] = out["num_correct"] / denom
     return out
 
 

@@ -1,0 +1,10 @@
+"""The main job (``make demo``): an on-device LSTM trained with DP-FTRL on chitchat.
+
+Same config type as ``configs/lm_fl.py``; the demo is its ``small`` scale (a few minutes on
+2 CPU cores) with DP-FTRL at epsilon ~ 18.7 (delta = 1e-6), the looser budget of Wang et al.
+"""
+from configs.lm_fl import LMFLConfig, get_config as _get
+
+
+def get_config(arg: str = "small") -> LMFLConfig:
+    return _get(arg or "small")

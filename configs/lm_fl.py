@@ -1,0 +1,95 @@
+"""Config of private FL training of an on-device LM (Wang et al. 2023 §2, App. C).
+
+``get_config(scale)`` with ``scale`` in {"smoke", "small", "paper"}; variants are
+``dataclasses.replace`` overrides of one base, never copied files. Extra overrides:
+``"small,algorithm=fedavg,target_epsilon=1.8"``.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class LMFLConfig:
+    # data
+    corpus: str = "chitchat"              # chitchat | shakespeare | simpsons
+    max_clients: int | None = None        # subsample the population (None = all)
+    split: tuple = (0.8, 0.1, 0.1)        # train / validation / test, by client
+    seq_len: int = 20
+    max_examples_per_client: int = 256
+    batch_size: int = 16
+    max_local_steps: int | None = 16
+    # tokenizer (Wang et al. §3.1): public SentencePiece or private top-k words
+    tokenizer: str = "sentencepiece"      # sentencepiece | word
+    vocab_size: int = 8000
+    # model (App. B.2)
+    arch: str = "lstm"                    # lstm | transformer
+    embed_dim: int = 96
+    hidden_dim: int = 670
+    # algorithm
+    algorithm: str = "dp_ftrl"            # fedavg | dp_fedavg | dp_ftrl
+    rounds: int = 1600
+    cohort_size: int = 100
+    noise_cohort_size: int | None = None  # simulate the noise of a larger cohort (say so)
+    noise_multiplier: float | None = None # set z directly, or
+    target_epsilon: float | None = None   # calibrate z to this epsilon for the whole run
+    delta: float = 1e-6
+    clip_norm: float = 0.3
+    client_lr: float = 0.5
+    server_optimizer: str = "sgdm"        # sgd | sgdm | adam
+    server_lr: float = 1.0
+    server_momentum: float = 0.9
+    # loop
+    eval_every: int = 100
+    eval_batch_size: int = 256
+    max_eval_examples: int | None = 10000
+    checkpoint_every: int = 50
+    seed: int = 0
+
+
+BASE = LMFLConfig()
+
+SCALES = {
+    # seconds, for tests: tiny model, few clients and rounds
+    "smoke": dict(max_clients=60, vocab_size=300, embed_dim=16, hidden_dim=32, rounds=4,
+                  cohort_size=8, noise_cohort_size=None, max_examples_per_client=16,
+                  max_local_steps=1, batch_size=16, eval_every=2, checkpoint_every=2,
+                  target_epsilon=50.0, max_eval_examples=256, clip_norm=1.0),
+    # a real reproduction on a 2-core CPU in minutes
+    "small": dict(vocab_size=2000, embed_dim=96, hidden_dim=256, rounds=150, cohort_size=16,
+                  noise_cohort_size=100, max_examples_per_client=64, max_local_steps=4,
+                  eval_every=25, checkpoint_every=25, target_epsilon=18.7, max_eval_examples=5000),
+    # the paper's settings (Wang et al. §2, App. C), for GPU/TPU
+    "paper": dict(vocab_size=32000, rounds=1600, cohort_size=100, noise_multiplier=8.83,
+                  max_examples_per_client=256, max_local_steps=16, eval_every=100),
+}
+
+
+def _coerce(field: dataclasses.Field, text: str):
+    if text in ("None", "none"):
+        return None
+    kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
+    if "bool" in kind:
+        return text.lower() in ("1", "true", "yes")
+    if "int" in kind and "float" not in kind:
+        return int(text)
+    if "float" in kind:
+        return float(text)
+    if "tuple" in kind:
+        return tuple(float(x) for x in text.split("/"))
+    return text
+
+
+def get_config(arg: str = "small") -> LMFLConfig:
+    parts = [p for p in (arg or "small").split(",") if p]
+    scale, overrides = parts[0], parts[1:]
+    if scale not in SCALES:
+        raise ValueError(f"unknown scale {scale!r}; choose one of {sorted(SCALES)}")
+    cfg = dataclasses.replace(BASE, **SCALES[scale])
+    fields = {f.name: f for f in dataclasses.fields(LMFLConfig)}
+    for ov in overrides:
+        key, _, val = ov.partition("=")
+        if key not in fields:
+            raise ValueError(f"unknown config field {key!r}")
+        cfg = dataclasses.replace(cfg, **{key: _coerce(fields[key], val)})
+    return cfg

@@ -1,0 +1,210 @@
+"""Private FL of an on-device LM on a real user-keyed corpus (Wang et al. 2023 §2, §3, App. C).
+
+The building block of the LM experiments (``make demo``, the privacy-utility table, the
+public-data experiments): data -> tokenizer -> model -> algorithm -> ledger -> the one round
+loop (``fedpriv.fl.loop.train``) -> summary (JSON, Markdown, PNG learning curve).
+
+    python -m experiments.lm_fl --config configs/lm_fl.py:small --workdir runs/lm_fl
+
+Privacy: the unit is the user (client). With ``noise_cohort_size`` the run trains with
+``cohort_size`` clients per round but adds the noise of ``noise_cohort_size`` (McMahan et al.
+2018): the reported epsilon is that of the simulated run whose cohort is ``noise_cohort_size``
+drawn from a population scaled up by the same factor; the epsilon of the run actually
+executed is reported next to it.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import time
+
+import jax
+import numpy as np
+import optax
+
+from experiments import common
+from fedpriv.data import (WordTokenizer, load_chitchat, load_public_pool, load_shakespeare,
+                          load_simpsons, train_sentencepiece)
+from fedpriv.dp import accounting
+from fedpriv.dp.ledger import PrivacyLedger
+from fedpriv.fl import algorithms as algs
+from fedpriv.fl.loop import train
+from fedpriv.fl.samplers import PoissonSampler, ShuffledPassSampler
+from fedpriv.models.lm import LMConfig, count_params, make_lm, make_lm_task
+from fedpriv.models.metrics import evaluate, most_frequent_token_accuracy
+
+LOADERS = {"chitchat": load_chitchat, "shakespeare": load_shakespeare, "simpsons": load_simpsons}
+
+
+@dataclasses.dataclass
+class Prepared:
+    train: object          # FederatedDataset
+    val: object
+    test: object
+    tokenizer: object
+    stats: dict
+
+
+def prepare_data(cfg, progress: bool = True) -> Prepared:
+    """Load ``cfg.corpus``, split by client, build the tokenizer, tokenize (Wang et al. §3.1)."""
+    if cfg.corpus not in LOADERS:
+        raise ValueError(f"unknown corpus {cfg.corpus!r}; choose one of {sorted(LOADERS)}")
+    text = LOADERS[cfg.corpus](progress=progress)
+    if cfg.max_clients is not None and cfg.max_clients < len(text):
+        ids = np.random.default_rng(cfg.seed).choice(len(text.client_ids), cfg.max_clients, replace=False)
+        text = text.subset([text.client_ids[i] for i in sorted(ids)])
+    tr, va, te = text.split_by_client(cfg.split, seed=cfg.seed)
+    if cfg.tokenizer == "sentencepiece":  # public tokenizer: trained on the public pool only
+        tok = train_sentencepiece(load_public_pool(progress=progress).texts, vocab_size=cfg.vocab_size)
+    elif cfg.tokenizer == "word":         # private top-k words of the training users
+        tok = WordTokenizer.fit(tr.texts(), k=cfg.vocab_size - 4)
+    else:
+        raise ValueError(f"tokenizer must be sentencepiece or word, got {cfg.tokenizer!r}")
+    kw = dict(seq_len=cfg.seq_len, max_examples_per_client=cfg.max_examples_per_client,
+              batch_size=cfg.batch_size, seed=cfg.seed)
+    train_ds, val_ds, test_ds = (t.to_dataset(tok, **kw) for t in (tr, va, te))
+    stats = {"corpus": cfg.corpus, "tokenizer": cfg.tokenizer, "vocab_size": tok.vocab_size,
+             **{f"{n}_{k}": v for n, d in (("train", train_ds), ("val", val_ds), ("test", test_ds))
+                for k, v in (("clients", len(d)), ("examples", d.total_examples),
+                             ("tokens", d.total_tokens))}}
+    return Prepared(train_ds, val_ds, test_ds, tok, stats)
+
+
+def build_task(cfg, vocab_size: int):
+    lm_cfg = LMConfig(vocab_size=vocab_size, arch=cfg.arch, embed_dim=cfg.embed_dim,
+                      hidden_dim=cfg.hidden_dim, max_len=max(64, cfg.seq_len))
+    return make_lm_task(make_lm(lm_cfg))
+
+
+def build_algorithm(cfg, num_clients: int, loss_fn):
+    """Algorithm, sampler, the run's privacy event(s) and its noise multiplier."""
+    if cfg.cohort_size > num_clients:
+        raise ValueError(f"cohort_size {cfg.cohort_size} > {num_clients} training clients")
+    client_opt = optax.sgd(cfg.client_lr)
+    server_opt = algs.server_optimizer(cfg.server_optimizer, cfg.server_lr, momentum=cfg.server_momentum)
+    if cfg.algorithm == "fedavg":
+        sampler = ShuffledPassSampler(num_clients, cfg.cohort_size, seed=cfg.seed)
+        alg = algs.build_algorithm(loss_fn, client_opt, server_opt, algs.DPConfig(clip_norm=cfg.clip_norm),
+                                   sampler.expected_cohort_size)
+        return alg, sampler, None, 0.0
+    if cfg.algorithm == "dp_ftrl":
+        sampler = ShuffledPassSampler(num_clients, cfg.cohort_size, seed=cfg.seed)
+        make = lambda z: algs.privacy_event(algs.DPConfig(cfg.clip_norm, z, "tree", sampler.rounds_per_epoch,
+                                                          cfg.noise_cohort_size), sampler, cfg.rounds)
+    elif cfg.algorithm == "dp_fedavg":
+        sampler = PoissonSampler(num_clients, cfg.cohort_size / num_clients, seed=cfg.seed)
+        make = lambda z: algs.privacy_event(algs.DPConfig(cfg.clip_norm, z, "gaussian", 1,
+                                                          cfg.noise_cohort_size), sampler, cfg.rounds)
+    else:
+        raise ValueError(f"algorithm must be fedavg, dp_fedavg or dp_ftrl, got {cfg.algorithm!r}")
+    if cfg.noise_multiplier is not None:
+        z = cfg.noise_multiplier
+    elif cfg.target_epsilon is not None:
+        z = accounting.calibrate_noise_multiplier(make, cfg.target_epsilon, cfg.delta)
+    else:
+        raise ValueError("a DP algorithm needs noise_multiplier or target_epsilon")
+    dp = algs.DPConfig(cfg.clip_norm, z, "tree" if cfg.algorithm == "dp_ftrl" else "gaussian",
+                       getattr(sampler, "rounds_per_epoch", 1), cfg.noise_cohort_size)
+    alg = algs.build_algorithm(loss_fn, client_opt, server_opt, dp, sampler.expected_cohort_size)
+    return alg, sampler, make(z), z
+
+
+def run(cfg, workdir: str, *, prepared: Prepared | None = None, init_params=None,
+        ledger: PrivacyLedger | None = None, progress: bool = True, log=print,
+        ledger_name: str = "fl-training") -> dict:
+    """Train per ``cfg``; write ``metrics.jsonl``, ``summary.{json,md}``, ``learning_curve.png``.
+
+    ``init_params`` (e.g. a publicly pre-trained checkpoint) and ``ledger`` (a pipeline's
+    shared budget) are optional; by default the ledger's budget is this run's epsilon.
+    """
+    t0 = time.time()
+    os.makedirs(workdir, exist_ok=True)
+    prepared = prepared or prepare_data(cfg, progress)
+    task = build_task(cfg, prepared.tokenizer.vocab_size)
+    params = init_params if init_params is not None else task.init(jax.random.key(cfg.seed))
+    ids = list(prepared.train.client_ids)
+    alg, sampler, event, z = build_algorithm(cfg, len(ids), task.loss_fn)
+    eps = eps_real = None
+    if event is not None:
+        eps, acc_name = accounting.compute_epsilon(event, cfg.delta)
+        if cfg.noise_cohort_size is not None:
+            real = algs.privacy_event(alg.dp, sampler, cfg.rounds, simulated=False)
+            eps_real = accounting.compute_epsilon(real, cfg.delta)[0]
+        if ledger is None:
+            ledger = PrivacyLedger(eps * (1 + 1e-6), cfg.delta)
+    val = prepared.val.concat_examples()["tokens"][: cfg.max_eval_examples]
+    eval_fn = lambda p: evaluate(task, p, val, cfg.eval_batch_size)
+
+    def log_row(row):
+        if "eval_accuracy" in row:
+            extra = f", epsilon spent {row['epsilon_spent']:.3f}" if "epsilon_spent" in row else ""
+            log(f"round {row['round']:5d}: val accuracy {row['eval_accuracy']:.4f}, "
+                f"val loss {row['eval_loss']:.3f}{extra}")
+
+    noise_note = ""
+    if cfg.algorithm != "fedavg":
+        noise_note = (f"{cfg.algorithm}: z = {z:.4f}, clip {cfg.clip_norm}, epsilon = {eps:.3f} at delta = "
+                      f"{cfg.delta:g} (user-level)")
+        if cfg.noise_cohort_size is not None:
+            noise_note += (f"; trains with cohort {cfg.cohort_size} but adds the noise of a cohort of "
+                           f"{cfg.noise_cohort_size}: the epsilon is that of the simulated population "
+                           f"{len(ids) * cfg.noise_cohort_size // cfg.cohort_size}; the run actually "
+                           f"executed has epsilon = {eps_real:.3g}")
+        log(noise_note)
+    result = train(alg, params, prepared.train, ids, sampler, rounds=cfg.rounds, batch_size=cfg.batch_size,
+                   seed=cfg.seed, workdir=workdir, max_steps=cfg.max_local_steps, eval_fn=eval_fn,
+                   eval_every=cfg.eval_every, checkpoint_every=cfg.checkpoint_every, ledger=ledger,
+                   privacy_event=event, ledger_name=ledger_name, progress=progress, log_fn=log_row)
+    final = result.evals[-1] if result.evals else {}
+    test = prepared.test.concat_examples()["tokens"][: cfg.max_eval_examples]
+    test_metrics = evaluate(task, result.state.params, test, cfg.eval_batch_size)
+    train_tokens = prepared.train.concat_examples()["tokens"]
+    summary = {
+        "algorithm": cfg.algorithm, "noise_multiplier": z, "epsilon": eps, "delta": cfg.delta,
+        "epsilon_executed_run": eps_real, "unit_of_privacy": "user", "noise_note": noise_note,
+        "rounds": cfg.rounds, "cohort_size": cfg.cohort_size, "noise_cohort_size": cfg.noise_cohort_size,
+        "val_accuracy": final.get("eval_accuracy"), "val_loss": final.get("eval_loss"),
+        "test_accuracy": test_metrics["accuracy"], "test_loss": test_metrics["loss"],
+        "most_frequent_token_val_accuracy": most_frequent_token_accuracy(train_tokens, val),
+        "num_params": count_params(result.state.params), "wall_clock_s": time.time() - t0,
+        "resumed_from_round": result.resumed_from, "data": prepared.stats,
+        "ledger": result.ledger.report() if result.ledger else None,
+        "curve": [(e["round"], e.get("eval_accuracy")) for e in result.evals],
+        **common.run_record(cfg, cfg.seed),
+    }
+    common.save_json(summary, os.path.join(workdir, "summary.json"))
+    _write_summary_md(summary, workdir)
+    if result.evals:
+        xs, ys = zip(*summary["curve"])
+        common.plot_curves({cfg.algorithm: (list(xs), list(ys))}, os.path.join(workdir, "learning_curve.png"),
+                           "round", "validation accuracy (in-vocab)", f"{cfg.corpus}: {cfg.arch} LM")
+    return summary
+
+
+def _write_summary_md(s: dict, workdir: str) -> None:
+    rows = [{"metric": k, "value": s[k]} for k in
+            ("algorithm", "epsilon", "delta", "epsilon_executed_run", "noise_multiplier", "rounds",
+             "cohort_size", "noise_cohort_size", "val_accuracy", "test_accuracy",
+             "most_frequent_token_val_accuracy", "num_params", "wall_clock_s", "seed")]
+    rows += [{"metric": k, "value": v} for k, v in s["data"].items()]
+    common.write_table(rows, workdir, "summary", ["metric", "value"],
+                       title="Private FL of an on-device LM", notes=[s["noise_note"] or "non-private",
+                                                                      "unit of privacy: user"])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="configs/lm_fl.py:small")
+    ap.add_argument("--workdir", default="runs/lm_fl")
+    args = ap.parse_args(argv)
+    cfg = common.load_config(args.config)
+    s = run(cfg, args.workdir)
+    print(f"final: val accuracy {s['val_accuracy']:.4f}, test accuracy {s['test_accuracy']:.4f} "
+          f"(most-frequent-token baseline {s['most_frequent_token_val_accuracy']:.4f}); "
+          f"wrote {args.workdir}/summary.md")
+
+
+if __name__ == "__main__":
+    main()
