@@ -55,8 +55,11 @@ from fedpriv.data.tokenizers import (
     Tokenizer,
     WordTokenizer,
     load_tokenizer,
+    public_sentencepiece,
     split_words,
+    tokens_per_vocab_word,
     train_sentencepiece,
+    word_ids_to_token_accuracy,
     word_to_token_accuracy,
 )
 
@@ -70,5 +73,6 @@ __all__ = [
     "FederatedText", "LoadStats", "PublicCorpus", "split_client_ids", "split_sentences",
     "BOS_ID", "EOS_ID", "PAD_ID", "SPECIAL_IDS", "UNK_ID", "SentencePieceTokenizer",
     "SpecialIds", "TokenAccuracy", "Tokenizer", "WordTokenizer", "load_tokenizer",
-    "split_words", "train_sentencepiece", "word_to_token_accuracy",
+    "split_words", "train_sentencepiece", "word_to_token_accuracy", "public_sentencepiece",
+    "tokens_per_vocab_word", "word_ids_to_token_accuracy",
 ]

@@ -49,6 +49,9 @@ __all__ = [
     "check_ids",
     "TokenAccuracy",
     "word_to_token_accuracy",
+    "tokens_per_vocab_word",
+    "word_ids_to_token_accuracy",
+    "public_sentencepiece",
 ]
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -233,6 +236,23 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int = 8000, *,
     return tok
 
 
+def public_sentencepiece(vocab_size: int = 8000, *, sources: Sequence[str] | None = None,
+                         cache_dir: str | os.PathLike | None = None, progress: bool = False
+                         ) -> SentencePieceTokenizer:
+    """The public SentencePiece tokenizer of this project: trained on the public pool
+    (:func:`fedpriv.data.loaders.load_public_pool`, ~25K sentences / ~0.6M words), cached.
+
+    Wang et al. use LaMDA's 32K SentencePiece model; our pool is small, so 8K is the default and
+    32K stops at ~31K pieces (``hard_vocab_limit=False``; check ``vocab_size``). Training takes
+    ~10 s the first time, then the cached model file is loaded.
+    """
+    from fedpriv.data.loaders import PUBLIC_SOURCES, load_public_pool
+
+    pool = load_public_pool(sources=tuple(sources or PUBLIC_SOURCES), cache_dir=cache_dir,
+                            progress=progress)
+    return train_sentencepiece(pool.texts, vocab_size, cache_dir=cache_dir)
+
+
 # --------------------------------------------------------------------------------------------
 # Word level (top-k words of the user data)
 # --------------------------------------------------------------------------------------------
@@ -393,3 +413,46 @@ def word_to_token_accuracy(correct: np.ndarray | Sequence[bool], words: Sequence
     return TokenAccuracy(accuracy=correct_tok / total if total else float("nan"),
                          correct_tokens=correct_tok, total_tokens=total,
                          word_accuracy=float((c & m).sum() / nw) if nw else float("nan"), words=nw)
+
+
+def tokens_per_vocab_word(word_tokenizer: WordTokenizer, sp_tokenizer) -> np.ndarray:
+    """int64[V_word]: how many SentencePiece tokens each word of the word-level vocabulary splits
+    into (0 for the specials PAD/UNK/BOS/EOS, which are never scored)."""
+    n = np.zeros(word_tokenizer.vocab_size, dtype=np.int64)
+    words = word_tokenizer.words
+    if words:
+        n[4:] = [max(len(x), 1) for x in sp_tokenizer.encode(words)]
+    return n
+
+
+def word_ids_to_token_accuracy(targets: np.ndarray, predictions: np.ndarray,
+                               word_tokenizer: WordTokenizer, sp_tokenizer, *,
+                               pieces: np.ndarray | None = None) -> TokenAccuracy:
+    """Next-token accuracy of a word-level LM's predictions (Wang et al. §3.1, Figure 1).
+
+    Args:
+      targets: int[..., L] next-word target ids of the word-level vocabulary.
+      predictions: int[..., L] predicted ids (same shape; e.g. ``argmax`` of the logits).
+      word_tokenizer, sp_tokenizer: the word vocabulary and the SentencePiece tokenizer.
+      pieces: optional precomputed :func:`tokens_per_vocab_word` (saves re-encoding).
+    Returns:
+      :class:`TokenAccuracy`; positions whose target is PAD, BOS, EOS or UNK (OOV) are
+      excluded, as in the paper's in-vocabulary accuracy. Each remaining target word weighs
+      as many tokens as SentencePiece splits it into, and is correct iff prediction == target.
+    """
+    t = np.asarray(targets)
+    p = np.asarray(predictions)
+    if t.shape != p.shape:
+        raise ValueError(f"targets {t.shape} and predictions {p.shape} differ in shape")
+    check_ids(t, word_tokenizer.vocab_size, "targets")
+    n = tokens_per_vocab_word(word_tokenizer, sp_tokenizer) if pieces is None else np.asarray(pieces)
+    w = n[t]                                     # 0 for PAD/UNK/BOS/EOS targets
+    hit = (p == t)
+    total = int(w.sum())
+    correct = int((w * hit).sum())
+    scored = w > 0
+    nw = int(scored.sum())
+    return TokenAccuracy(accuracy=correct / total if total else float("nan"),
+                         correct_tokens=correct, total_tokens=total,
+                         word_accuracy=float((hit & scored).sum() / nw) if nw else float("nan"),
+                         words=nw)

@@ -103,3 +103,31 @@ def test_word_to_token_accuracy_with_sentencepiece(small_sp):
     r = word_to_token_accuracy(correct, words, small_sp)
     assert r.total_tokens == n.sum() and r.correct_tokens == n[correct].sum()
     assert word_to_token_accuracy(np.ones(6, bool), words, small_sp).accuracy == 1.0
+
+
+def test_word_ids_to_token_accuracy_hand_computed():
+    class ThreeCharPieces:
+        def encode(self, words):
+            return [list(range((len(w) + 2) // 3)) for w in words]
+
+    word = WordTokenizer(["a", "cats", "elephant"])          # ids 4, 5, 6; pieces 1, 2, 3
+    from fedpriv.data import tokens_per_vocab_word, word_ids_to_token_accuracy
+    np.testing.assert_array_equal(tokens_per_vocab_word(word, ThreeCharPieces()),
+                                  [0, 0, 0, 0, 1, 2, 3])
+    targets = np.array([[4, 5, 6, UNK_ID, EOS_ID, PAD_ID],
+                        [6, 6, 5, EOS_ID, PAD_ID, PAD_ID]])
+    preds = np.array([[4, 4, 6, UNK_ID, EOS_ID, 9],           # UNK/EOS/PAD never count
+                      [6, 5, 5, EOS_ID, 0, 0]])
+    # scored targets: 4(1,ok) 5(2,x) 6(3,ok) | 6(3,ok) 6(3,x) 5(2,ok) -> 1+3+3+2 = 9 of 14
+    r = word_ids_to_token_accuracy(targets, preds, word, ThreeCharPieces())
+    assert (r.correct_tokens, r.total_tokens, r.words) == (9, 14, 6)
+    assert r.accuracy == pytest.approx(9 / 14) and r.word_accuracy == pytest.approx(4 / 6)
+    with pytest.raises(VocabularyMismatchError):
+        word_ids_to_token_accuracy(np.array([[7]]), np.array([[7]]), word, ThreeCharPieces())
+
+
+def test_public_sentencepiece_on_a_source_subset(public_pool):
+    from fedpriv.data import public_sentencepiece
+    sp = public_sentencepiece(1000, sources=["film_quotes"])
+    assert sp.vocab_size == 1000 and sp.decode(sp.encode(["What do you love?"])) == [
+        "What do you love?"]
