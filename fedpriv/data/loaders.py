@@ -136,11 +136,19 @@ def _load_federated(name: str, source_paths: Sequence[pathlib.Path], options: Ma
                                   [cache_lib.file_digest(p) for p in source_paths], all_opts)
         path = cache_lib.resolve_cache_dir(cache_dir) / "corpora" / f"{key}.json"
         hit = cache_lib.read_json(path)
-        if hit is not None:
+        try:
             stats = LoadStats(**dict(hit["stats"], cache_hit=True, cache_path=str(path),
                                      seconds=time.perf_counter() - t0))
+            corpus = FederatedText(hit["clients"], stats=stats, dropped=hit["dropped"], name=name)
+        except (TypeError, KeyError, ValueError):
+            corpus = None  # no entry, or one written by another layout: parse again
+        if corpus is not None:
+            if max_malformed is not None and stats.malformed > max_malformed:
+                raise MalformedDataError(
+                    f"{name}: {stats.malformed} malformed records out of {stats.records} in "
+                    f"{source} (max_malformed={max_malformed})")
             logger.info(stats.log_line())
-            return FederatedText(hit["clients"], stats=stats, dropped=hit["dropped"], name=name)
+            return corpus
     parsed = parse(progress)
     clients, dropped, stats_d = _finish_federated(
         name, source, parsed, max_examples_per_client=max_examples_per_client,
@@ -486,12 +494,16 @@ def load_public_pool(*, sources: Sequence[str] = PUBLIC_SOURCES, min_words: int 
                                   [cache_lib.file_digest(p) for p in src_paths], options)
         cpath = cache_lib.resolve_cache_dir(cache_dir) / "corpora" / f"{key}.json"
         hit = cache_lib.read_json(cpath)
-        if hit is not None:
+        try:
             stats = LoadStats(**dict(hit["stats"], cache_hit=True, cache_path=str(cpath),
                                      seconds=time.perf_counter() - t0))
-            logger.info(stats.log_line())
-            return PublicCorpus(hit["texts"], hit["sources"], hit["doc_ids"], stats=stats,
+            pool = PublicCorpus(hit["texts"], hit["sources"], hit["doc_ids"], stats=stats,
                                 name=name)
+        except (TypeError, KeyError, ValueError):
+            pool = None  # no entry, or one written by another layout: parse again
+        if pool is not None:
+            logger.info(stats.log_line())
+            return pool
 
     texts: list[str] = []
     labels: list[str] = []

@@ -1,12 +1,13 @@
 """Error paths: missing packages/files (saying which command installs them), malformed input,
 corrupt cache entries."""
 
+import pathlib
 import sqlite3
 import sys
 
 import pytest
 
-from fedpriv.data import (MalformedDataError, MissingResourceError, load_chitchat,
+from fedpriv.data import (MalformedDataError, MissingResourceError, load_chitchat, load_jsonl,
                           load_public_pool, load_shakespeare, load_simpsons)
 from fedpriv.data import sources
 
@@ -77,3 +78,24 @@ def test_corrupt_cache_entry_is_a_miss(tmp_path):
     b = load_simpsons(progress=False, cache_dir=tmp_path)
     assert not b.stats.cache_hit and dict(b) == dict(a)
     assert load_simpsons(progress=False, cache_dir=tmp_path).stats.cache_hit
+
+
+def test_max_malformed_checked_on_cache_hits_too(tmp_path):
+    fixture = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "data" / "users.jsonl"
+    ok = load_jsonl(fixture, cache_dir=tmp_path, progress=False)          # 3 malformed
+    assert ok.stats.malformed == 3
+    with pytest.raises(MalformedDataError, match="3 malformed"):
+        load_jsonl(fixture, cache_dir=tmp_path, max_malformed=2, progress=False)
+
+
+def test_large_file_fingerprint(tmp_path):
+    from fedpriv.data.cache import file_digest
+    big = tmp_path / "big.bin"
+    big.write_bytes(b"a" * (40 << 20))
+    d1 = file_digest(big, full_hash_limit=1 << 20)
+    assert d1 == file_digest(big, full_hash_limit=1 << 20)
+    with open(big, "r+b") as f:                 # change the tail
+        f.seek((40 << 20) - 1)
+        f.write(b"b")
+    assert file_digest(big, full_hash_limit=1 << 20) != d1
+    assert file_digest(big) != d1               # small enough: hashed in full
