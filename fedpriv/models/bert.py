@@ -311,6 +311,30 @@ class Embedder:
         return self.embed(sentences, progress=False)
 
 
+def check_pipeline_config(model_dir: Path) -> None:
+    """Check the shipped sentence-transformers pipeline is what this module computes.
+
+    ``modules.json`` must list Transformer -> Pooling (-> Normalize) and
+    ``1_Pooling/config.json`` must ask for mean pooling only; otherwise raise ``ValueError``
+    rather than silently computing a different embedding.
+    """
+    modules_path = model_dir / "modules.json"
+    if modules_path.is_file():
+        kinds = [m.get("type", "").rsplit(".", 1)[-1] for m in json.loads(modules_path.read_text())]
+        if kinds[:2] != ["Transformer", "Pooling"] or not set(kinds) <= {
+            "Transformer",
+            "Pooling",
+            "Normalize",
+        }:
+            raise ValueError(f"unsupported sentence-transformers pipeline {kinds}")
+    pool_path = model_dir / "1_Pooling" / "config.json"
+    if pool_path.is_file():
+        pool = json.loads(pool_path.read_text())
+        modes = sorted(k for k, v in pool.items() if k.startswith("pooling_mode") and v is True)
+        if modes != ["pooling_mode_mean_tokens"]:
+            raise ValueError(f"only mean pooling is implemented, the model asks for {modes}")
+
+
 def load_embedder(
     model_dir: str | Path | None = None,
     max_length: int | None = None,
@@ -320,6 +344,7 @@ def load_embedder(
     from safetensors.numpy import load_file
 
     model_dir = Path(model_dir) if model_dir is not None else find_model_dir()
+    check_pipeline_config(model_dir)
     cfg_path = model_dir / "config.json"
     cfg = BertConfig.from_hf_json(cfg_path) if cfg_path.is_file() else BertConfig()
     if max_length is None:

@@ -84,3 +84,12 @@ def test_vocab_txt_tokenizer_matches_tokenizer_json(tmp_path):
     from_json = bert.load_tokenizer(src, 256)
     for s in SENTENCES + ["Héllo, WORLD!! unbelievably-tokenised text 123"]:
         assert from_vocab.encode(s).ids == from_json.encode(s).ids
+
+
+def test_pipeline_config_is_checked(tmp_path):
+    bert.check_pipeline_config(bert.find_model_dir())  # the shipped one: mean pooling
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(
+        '{"pooling_mode_cls_token": true, "pooling_mode_mean_tokens": false}')
+    with pytest.raises(ValueError, match="mean pooling"):
+        bert.check_pipeline_config(tmp_path)
