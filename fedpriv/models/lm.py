@@ -21,7 +21,7 @@ LSTM and transformer. Both ... hidden size of 670 and embedding size of 96"):
   default H), dense down-projection to E, then the output layer. "Hidden size 670" is read as the
   model width; the FFN width defaults to the same number. The output layer is untied by default
   (like the LSTM); ``tie_embeddings=True`` reuses the embedding matrix (no output bias), as the
-  fedopt-guide model does.
+  fedopt-guide model does. At vocabulary 10,004 it has 4,760,278 parameters (3,789,890 tied).
 
 Task (the FL engine's model contract, see ``make_lm_task``): a batch is ``{'tokens': int32[B, L+1],
 'mask': float32[B]}`` (+ optional ``'weight': float32[B]``, ``'domain': int32[B]``); ``loss_fn(params,

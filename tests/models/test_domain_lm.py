@@ -159,8 +159,14 @@ def test_demix_transformer_routing():
     params = jax.jit(task.init)(jax.random.key(0))
     assert "attn_0" in params and set(params["demix_0"]) == {"expert_0", "expert_1", "ln"}
     apply = jax.jit(task.apply)
-    x, dom = tokens_batch(5)[:, :-1], np.array([0, 1, 1, 0], np.int32)
+    tokens, dom = tokens_batch(5), np.array([0, 1, 1, 0], np.int32)
+    x = tokens[:, :-1]
     base = np.asarray(apply(params, x, dom))
+    # Per-sequence mean log-probability (Wang et al. Alg. 1) of a domain model, with domains.
+    lp = np.take_along_axis(np.asarray(jax.nn.log_softmax(base)), tokens[:, 1:, None], -1)[..., 0]
+    ref = [lp[i][tokens[i, 1:] != 0].mean() for i in range(4)]
+    np.testing.assert_allclose(metrics.sequence_logprob(task, params, tokens, 4, domain=dom), ref,
+                               rtol=1e-5)
     new = dict(params, demix_0={**params["demix_0"],
                                 "expert_1": perturb(params["demix_0"]["expert_1"])})
     out = np.asarray(apply(new, x, dom))
