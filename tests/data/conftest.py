@@ -52,3 +52,11 @@ def small_sp(public_pool):
     from fedpriv.data import train_sentencepiece
     pool, _ = public_pool
     return train_sentencepiece(pool.texts[::8][:3000], vocab_size=2000)
+
+
+@pytest.fixture(scope="session")
+def chitchat_word10k(chitchat):
+    """The word-level top-10K tokenizer of the (capped) chitchat user data."""
+    from fedpriv.data import WordTokenizer
+    corpus, _ = chitchat
+    return WordTokenizer.fit(corpus.texts(), k=10_000)

@@ -114,9 +114,9 @@ def test_from_clients_extra_keys_concat_and_save(tmp_path):
     np.testing.assert_array_equal(back["u1"]["x"], ds["u1"]["x"])
 
 
-def test_real_chitchat_dataset(chitchat):
+def test_real_chitchat_dataset(chitchat, chitchat_word10k):
     corpus, _ = chitchat
-    tok = WordTokenizer.fit(corpus.texts(), k=2000)
+    tok = chitchat_word10k
     ds = corpus.to_dataset(tok)                              # paper caps: 256 / L=20 / B=16
     s = ds.stats()
     assert 1_200 <= s["clients"] <= len(corpus) and not ds.dropped

@@ -67,9 +67,9 @@ def test_word_tokenizer_topk_oov_and_save(tmp_path):
     assert big.vocab_size == 4 + 8                  # fewer distinct words than k
 
 
-def test_word_tokenizer_real_chitchat_10k(chitchat):
+def test_word_tokenizer_real_chitchat_10k(chitchat, chitchat_word10k):
     corpus, _ = chitchat
-    tok = WordTokenizer.fit(corpus.texts(), k=10_000)
+    tok = chitchat_word10k
     assert tok.vocab_size == 10_004                 # as the StackOverflow NWP vocabulary
     assert set(tok.words[:5]) >= {"i", "."}
     assert 0.0 < tok.oov_rate(corpus.texts()[:5000]) < 0.05
