@@ -70,7 +70,7 @@ __all__ = [
 ]
 
 # Bump when a parser's output changes, so old cache entries are ignored.
-_FORMAT_VERSION = 6
+_FORMAT_VERSION = 8
 
 PUBLIC_SOURCES = ("wikipedia", "lee_news", "film_quotes")
 
@@ -267,6 +267,9 @@ _HEADING = re.compile(r"^(?:ACT|Act|SCENE|Scene|THE END|EPILOGUE|Epilogue|PROLOG
                       r"Dramatis|DRAMATIS|PERSONS|Persons)\b")
 
 
+_CONNECTORS = {"and", "of", "the", "to", "de", "in"}
+
+
 def _shakespeare_speaker(first_line: str) -> str | None:
     line = _strip_directions(first_line, curly=True)  # "FIRST LORD. [Aside.]" -> "FIRST LORD."
     if not line or _HEADING.match(line):
@@ -275,25 +278,44 @@ def _shakespeare_speaker(first_line: str) -> str | None:
     if not m:
         return None
     name = m.group(1)
-    # Mixed-case names must end with "." ("Ber."); all-caps names may omit it ("TITANIA").
-    if not line.endswith(".") and name != name.upper():
-        return None
+    if name != name.upper():
+        # Mixed-case names ("Ber.", "First Clown.", "Lady Montague.") must end with "." and be
+        # title-cased, so one-line sentences ("It is my mistress.") are not taken for names.
+        if not line.endswith("."):
+            return None
+        if any(w[0].islower() for w in name.split() if w.lower() not in _CONNECTORS):
+            return None
     return normalize_whitespace(name).upper()
 
 
 def _parse_play(play: str, text: str, unit: str, out: _Parsed) -> None:
     paragraphs = re.split(r"\n[ \t]*\n", text.replace("\r\n", "\n").replace("\r", "\n"))
+    split = [[ln for ln in para.split("\n") if ln.strip()] for para in paragraphs]
+    # An all-caps speaker line without the final "." ("TITANIA") is accepted only if the name
+    # heads at least two speeches of the play; a lone one is a title or a persons-list entry
+    # ("THE DUKE OF VENICE").
+    uses: collections.Counter[str] = collections.Counter(
+        _shakespeare_speaker(lines[0]) for lines in split if len(lines) >= 2)
     speaker: str | None = None
     speeches = 0
-    for para in paragraphs:
-        lines = [ln for ln in para.split("\n") if ln.strip()]
+    for lines in split:
         if not lines:
             continue
         first = lines[0].strip()
         if _HEADING.match(first):
             speaker = None  # a new act/scene: continuation text cannot belong to the last speaker
             continue
-        name = _shakespeare_speaker(first) if len(lines) >= 2 else None
+        name = _shakespeare_speaker(first)
+        has_period = _strip_directions(first, curly=True).endswith(".")
+        if name is not None and len(lines) == 1:
+            # "PISANIO." alone, the speech following after "[Aside.]": a known speaker only.
+            if has_period and uses[name] >= 2:
+                speaker = name
+            else:
+                out.extra["non_speech_paragraphs"] = out.extra.get("non_speech_paragraphs", 0) + 1
+            continue
+        if name is not None and uses[name] < 2 and not has_period:
+            name = None
         if name is not None:
             speaker = name
             body = " ".join(lines[1:])

@@ -38,8 +38,18 @@ But stay, I have more to say.
 FIRST LORD
 Unpunctuated all-caps speaker lines count too.
 
+FIRST LORD
+When they head two speeches or more.
+
 Ber.
 An abbreviated speaker.
+
+ALPHA.
+
+[Aside.]
+
+It is my turn.
+A speaker line alone, its speech after a direction.
 
 ALPHA.
 [Exit.]
@@ -47,6 +57,9 @@ ALPHA.
 SCENE II. Another room.
 
 Orphan text after a heading belongs to no one.
+
+THE DUKE OF TESTING
+A lone unpunctuated all-caps line is a title, not a speaker.
 """
 
 SONNET = """THE SONNETS
@@ -76,7 +89,10 @@ def tiny_tarball(tmp_path):
 def test_parse_rules(tiny_tarball):
     c = load_shakespeare(path=tiny_tarball, use_cache=False, progress=False)
     assert c.client_ids == ("testing/ALPHA", "testing/BER", "testing/BETA", "testing/FIRST LORD")
-    assert c["testing/ALPHA"] == ["Good morrow, fool.", "How fares the day?"]
+    # "ALPHA." alone on its line: the speech follows the direction; "It is my turn." is not
+    # taken for a (mixed-case) speaker name.
+    assert c["testing/ALPHA"] == ["Good morrow, fool.", "How fares the day?", "It is my turn.",
+                                  "A speaker line alone, its speech after a direction."]
     # "[Aside.]" stripped from the speaker line; the paragraph after "[Exeunt BETA.]" continues
     # the last speaker's speech.
     assert c["testing/BETA"] == ["Ill, my lord.", "Very ill!", "But stay, I have more to say."]
@@ -84,12 +100,14 @@ def test_parse_rules(tiny_tarball):
     st = c.stats
     assert st.malformed == 1           # "ALPHA." followed only by "[Exit.]"
     assert st.extra["plays"] == 1      # sonnets and metadata skipped; one edition
-    assert "Orphan" not in " ".join(c.texts())
+    assert c["testing/FIRST LORD"] == ["Unpunctuated all-caps speaker lines count too.",
+                                       "When they head two speeches or more."]
+    assert "Orphan" not in " ".join(c.texts()) and "title, not" not in " ".join(c.texts())
 
 
 def test_units_and_editions(tiny_tarball):
     speech = load_shakespeare(path=tiny_tarball, unit="speech", use_cache=False, progress=False)
-    assert speech["testing/ALPHA"] == ["Good morrow, fool. How fares the day?"]
+    assert speech["testing/ALPHA"][0] == "Good morrow, fool. How fares the day?"
     assert speech["testing/BETA"] == ["Ill, my lord. Very ill!", "But stay, I have more to say."]
     folio = load_shakespeare(path=tiny_tarball, edition="folio", use_cache=False, progress=False)
     assert folio["testing/ALPHA"][0] == "Good morrow, foole."
