@@ -56,9 +56,9 @@ SCALES = {
                   max_local_steps=1, batch_size=16, eval_every=2, checkpoint_every=2,
                   target_epsilon=50.0, max_eval_examples=256, clip_norm=1.0),
     # a real reproduction on a 2-core CPU in minutes
-    "small": dict(vocab_size=2000, embed_dim=96, hidden_dim=256, rounds=150, cohort_size=16,
+    "small": dict(vocab_size=2000, embed_dim=96, hidden_dim=128, rounds=120, cohort_size=16,
                   noise_cohort_size=100, max_examples_per_client=64, max_local_steps=4,
-                  eval_every=25, checkpoint_every=25, target_epsilon=18.7, max_eval_examples=5000),
+                  eval_every=20, checkpoint_every=20, target_epsilon=18.7, max_eval_examples=5000),
     # the paper's settings (Wang et al. §2, App. C), for GPU/TPU
     "paper": dict(vocab_size=32000, rounds=1600, cohort_size=100, noise_multiplier=8.83,
                   max_examples_per_client=256, max_local_steps=16, eval_every=100),

@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import time
 
 
@@ -16,9 +17,15 @@ def load_config(spec: str):
     path, _, arg = spec.partition(":")
     if not os.path.exists(path):
         raise FileNotFoundError(f"config file {path!r} does not exist")
-    module_spec = importlib.util.spec_from_file_location(f"_config_{abs(hash(path))}", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
+    rel = os.path.relpath(os.path.abspath(path))
+    if not rel.startswith("..") and rel.endswith(".py"):  # a module of this repository
+        module = importlib.import_module(rel[:-3].replace(os.sep, "."))
+    else:
+        name = f"_fedpriv_config_{abs(hash(os.path.abspath(path)))}"
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module  # dataclasses need their module registered
+        module_spec.loader.exec_module(module)
     if not hasattr(module, "get_config"):
         raise AttributeError(f"{path} has no get_config(arg)")
     return module.get_config(arg)

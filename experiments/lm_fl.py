@@ -157,7 +157,9 @@ def run(cfg, workdir: str, *, prepared: Prepared | None = None, init_params=None
                    seed=cfg.seed, workdir=workdir, max_steps=cfg.max_local_steps, eval_fn=eval_fn,
                    eval_every=cfg.eval_every, checkpoint_every=cfg.checkpoint_every, ledger=ledger,
                    privacy_event=event, ledger_name=ledger_name, progress=progress, log_fn=log_row)
-    final = result.evals[-1] if result.evals else {}
+    final = (result.evals[-1] if result.evals and result.evals[-1]["round"] == cfg.rounds
+             else {f"eval_{k}": v for k, v in eval_fn(result.state.params).items()})
+    curve = _curve(workdir)
     test = prepared.test.concat_examples()["tokens"][: cfg.max_eval_examples]
     test_metrics = evaluate(task, result.state.params, test, cfg.eval_batch_size)
     train_tokens = prepared.train.concat_examples()["tokens"]
@@ -171,16 +173,24 @@ def run(cfg, workdir: str, *, prepared: Prepared | None = None, init_params=None
         "num_params": count_params(result.state.params), "wall_clock_s": time.time() - t0,
         "resumed_from_round": result.resumed_from, "data": prepared.stats,
         "ledger": result.ledger.report() if result.ledger else None,
-        "curve": [(e["round"], e.get("eval_accuracy")) for e in result.evals],
+        "curve": curve,
         **common.run_record(cfg, cfg.seed),
     }
     common.save_json(summary, os.path.join(workdir, "summary.json"))
     _write_summary_md(summary, workdir)
-    if result.evals:
-        xs, ys = zip(*summary["curve"])
+    if curve:
+        xs, ys = zip(*curve)
         common.plot_curves({cfg.algorithm: (list(xs), list(ys))}, os.path.join(workdir, "learning_curve.png"),
                            "round", "validation accuracy (in-vocab)", f"{cfg.corpus}: {cfg.arch} LM")
     return summary
+
+
+def _curve(workdir: str) -> list:
+    """(round, validation accuracy) of every evaluation in ``metrics.jsonl`` (survives resumes)."""
+    import json
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return [(r["round"], r["eval_accuracy"]) for r in rows if "eval_accuracy" in r]
 
 
 def _write_summary_md(s: dict, workdir: str) -> None:
