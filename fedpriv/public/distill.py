@@ -180,7 +180,8 @@ def _topk_fn(teacher: llama.Teacher, k: int):
 def build_topk_corpus(teacher: llama.Teacher, sequences: Sequence[Sequence[int]], *,
                       cache_dir: str | os.PathLike, k: int = 10, seq_len: int = 20,
                       batch_size: int = 32, shard_size: int = 4096,
-                      logits_dtype: str = "float16", progress: bool = True) -> TopKCorpus:
+                      logits_dtype: str = "float16", compress: bool = False,
+                      progress: bool = True) -> TopKCorpus:
     """Run the teacher over `sequences` and store its top-k logits (or load them from cache).
 
     Args:
@@ -192,6 +193,8 @@ def build_topk_corpus(teacher: llama.Teacher, sequences: Sequence[Sequence[int]]
       batch_size: teacher batch (all batches are padded to [batch_size, L+1]: one compilation).
       shard_size: sequences per .npz shard.
       logits_dtype: "float16" (default, half the size) or "float32".
+      compress: write zip-deflated shards (about half the bytes at k=10, L=20; slower to load).
+        The content, and so the cache key, is the same either way.
       progress: tqdm bars (tokens/second of the teacher).
 
     Returns:
@@ -234,7 +237,7 @@ def build_topk_corpus(teacher: llama.Teacher, sequences: Sequence[Sequence[int]]
             logits_dtype)
         arrays["logsumexp"] = np.where(valid, arrays["logsumexp"], 0).astype(np.float32)
         tmp = partial / (name + ".tmp.npz")
-        np.savez(tmp, token_ids=token_ids[start:stop], lengths=lengths[start:stop], **arrays)
+        (np.savez_compressed if compress else np.savez)(tmp, token_ids=token_ids[start:stop], lengths=lengths[start:stop], **arrays)
         os.replace(tmp, partial / name)
     manifest = {
         "format": FORMAT, "key": key,

@@ -256,7 +256,8 @@ class _TinyStudent(nn.Module):
 def test_loss_trains_a_flax_student_toward_the_teacher(tiny_teacher, tmp_path):
     seqs = _sequences(tiny_teacher, n=8, seq_len=6, seed=2)
     corpus = distill.build_topk_corpus(tiny_teacher, seqs, cache_dir=tmp_path, k=5, seq_len=6,
-                                       batch_size=4, progress=False)
+                                       batch_size=4, compress=True, progress=False)
+    assert corpus.topk_logits.dtype == np.float16 and corpus.k == 5
     r = distill.build_vocab_restriction(corpus, 12, tiny_teacher)
     arrays = distill.corpus_to_student(corpus, r)
     model = _TinyStudent(r.student_vocab_size)
