@@ -77,6 +77,27 @@ def load_checkpoint(workdir: str, template: ServerState):
     return _from_host(host, template), ledger, meta
 
 
+def replace_params(workdir: str, template: ServerState, fn: Callable, ledger_note: str | None = None):
+    """Replace the params of ``workdir``'s checkpoint by ``fn(params)``; everything else (round,
+    optimizer, noise/tree and clip state, sampler position, ledger) continues unchanged.
+
+    Used for Wang et al.'s public mid-training (Algorithm 1 step 4) between rounds T' and T:
+    training the DP checkpoint on public data is post-processing, recorded in the ledger as
+    such (``ledger_note``) at zero privacy cost. Returns the new params.
+    """
+    loaded = load_checkpoint(workdir, template)
+    if loaded is None:
+        raise FileNotFoundError(f"no checkpoint in {workdir!r} to continue from")
+    state, ledger, meta = loaded
+    new_params = fn(state.params)
+    if jax.tree_util.tree_structure(new_params) != jax.tree_util.tree_structure(state.params):
+        raise ValueError("fn changed the parameter structure; the run cannot continue")
+    if ledger is not None and ledger_note:
+        ledger.record_post_processing(ledger_note)
+    save_checkpoint(workdir, state.replace(params=new_params), ledger, meta.get("extra"))
+    return new_params
+
+
 def _scalarize(metrics) -> dict:
     out = {}
     for k, v in metrics.items():

@@ -1,0 +1,116 @@
+"""Central training on public data: pre-training, mid-training, prefinetuning.
+
+Wang et al. 2023 §3.2 / App. B.2 (public pre-training: Adam, lr 1e-3, gradient clipping,
+sequence length 20), §4 / App. B.3 (the same loop with the distillation loss), §5 Algorithm 1
+step 4 (public mid-training on the selected public subset) and Hou et al. 2023 (prefinetuning
+on the dataset FreD chooses). Public data carries no privacy cost; when the model being
+trained is a DP checkpoint, the result is post-processing (record it in the ledger with
+``PrivacyLedger.record_post_processing``).
+
+``train_central(loss_fn, params, data, ...)`` runs ``steps`` minibatch steps over ``data`` (a
+dict of arrays with a shared leading example axis, e.g. ``{'tokens': int32[N, L+1]}`` plus
+``topk_ids``/``topk_logits`` for distillation), reshuffling every epoch with an explicit seed;
+it is resumable from ``workdir`` (params, optimizer state and step are checkpointed).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import serialization
+from tqdm.auto import tqdm
+
+CHECKPOINT = "central.msgpack"
+
+
+def adam_with_clipping(learning_rate: float = 1e-3, clip: float | None = 1.0) -> optax.GradientTransformation:
+    """Adam (App. B.2: lr 1e-3) with gradient clipping by global norm."""
+    parts = ([optax.clip_by_global_norm(clip)] if clip else []) + [optax.adam(learning_rate)]
+    return optax.chain(*parts)
+
+
+def _batch_indices(n: int, batch_size: int, step: int, seed: int) -> np.ndarray:
+    """Indices of minibatch ``step``: epoch-wise permutations, a pure function of (seed, step)."""
+    per_epoch = max(1, n // batch_size)
+    epoch, pos = divmod(step, per_epoch)
+    perm = np.random.default_rng([seed, epoch]).permutation(n)
+    return perm[pos * batch_size:(pos + 1) * batch_size]
+
+
+def train_central(loss_fn: Callable, params, data: Mapping[str, np.ndarray], *, steps: int,
+                  batch_size: int, seed: int, optimizer: optax.GradientTransformation | None = None,
+                  workdir: str | None = None, checkpoint_every: int = 500,
+                  eval_fn: Callable | None = None, eval_every: int = 0, progress: bool = True,
+                  desc: str = "public training"):
+    """Minibatch training of ``loss_fn(params, batch, rng) -> (loss, aux)`` on ``data``.
+
+    Args:
+      data: dict of arrays ``[N, ...]`` (N >= batch_size); each batch also gets
+        ``mask: float32[B]`` = 1 as the engine's loss contract expects.
+      steps: number of optimizer steps (resumes from ``workdir`` if it holds a checkpoint).
+      optimizer: default ``adam_with_clipping()``.
+
+    Returns:
+      ``(params, history)`` with ``history`` a list of ``{'step', 'loss', ...eval}`` rows.
+    """
+    n = len(next(iter(data.values())))
+    if n == 0:
+        raise ValueError("public training data is empty")
+    if any(len(v) != n for v in data.values()):
+        raise ValueError("all arrays in data must share the leading example axis")
+    if steps < 0 or batch_size < 1:
+        raise ValueError(f"need steps >= 0 and batch_size >= 1, got {steps}, {batch_size}")
+    batch_size = min(batch_size, n)
+    optimizer = optimizer or adam_with_clipping()
+    opt_state = optimizer.init(params)
+    start, history = 0, []
+    ckpt = os.path.join(workdir, CHECKPOINT) if workdir else None
+    if ckpt and os.path.exists(ckpt):
+        with open(ckpt, "rb") as f:
+            restored = serialization.from_bytes({"params": params, "opt_state": opt_state, "step": 0}, f.read())
+        params, opt_state, start = restored["params"], restored["opt_state"], int(restored["step"])
+        with open(os.path.join(workdir, "central_history.json")) as f:
+            history = json.load(f)
+
+    @jax.jit
+    def step_fn(params, opt_state, batch, rng):
+        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, rng)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    def save(step):
+        if not ckpt:
+            return
+        os.makedirs(workdir, exist_ok=True)
+        blob = serialization.to_bytes({"params": params, "opt_state": opt_state, "step": step})
+        with open(ckpt + ".tmp", "wb") as f:
+            f.write(blob)
+        with open(os.path.join(workdir, "central_history.json.tmp"), "w") as f:
+            json.dump(history, f)
+        os.replace(ckpt + ".tmp", ckpt)
+        os.replace(os.path.join(workdir, "central_history.json.tmp"), os.path.join(workdir, "central_history.json"))
+
+    key = jax.random.key(seed)
+    ones = jnp.ones((batch_size,), jnp.float32)
+    bar = tqdm(range(start, steps), initial=start, total=steps, disable=not progress, desc=desc,
+               dynamic_ncols=True)
+    for s in bar:
+        idx = _batch_indices(n, batch_size, s, seed)
+        batch = {k: jnp.asarray(v[idx]) for k, v in data.items()}
+        batch["mask"] = ones
+        params, opt_state, loss = step_fn(params, opt_state, batch, jax.random.fold_in(key, s))
+        row = {"step": s + 1, "loss": float(loss)}
+        if eval_fn is not None and eval_every and ((s + 1) % eval_every == 0 or s + 1 == steps):
+            row.update({f"eval_{k}": v for k, v in eval_fn(params).items()})
+        history.append(row)
+        bar.set_postfix(loss=f"{row['loss']:.3f}")
+        if checkpoint_every and (s + 1) % checkpoint_every == 0:
+            save(s + 1)
+    bar.close()
+    save(steps)
+    return params, history
