@@ -29,7 +29,7 @@ layout. The numbers that pin the load down: perplexity ≈ 7.7 on the fixed sent
 
 The model is a pure function `forward(params, config, token_ids, mask)` over a params pytree
 whose per-layer weights are stacked on a leading axis and run with `lax.scan` (one compiled block,
-fast compiles). Teacher-forced batch evaluation (`map_bucketed`) sorts sequences by length and
+fast compiles); `LlamaLM` is the same model as a Flax module over the same pytree. Teacher-forced batch evaluation (`map_bucketed`) sorts sequences by length and
 pads them to a few bucket lengths, so `jit` compiles one program per bucket.
 """
 
@@ -46,6 +46,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -234,6 +235,25 @@ def forward(params: dict, config: LlamaConfig, token_ids: jax.Array,
 
 
 _forward_jit = jax.jit(forward, static_argnums=1)
+
+
+class LlamaLM(nn.Module):
+    """Flax (linen) face of `forward`, for code that expects `module.init/apply`.
+
+    Its ``variables['params']`` is exactly the params pytree of `init_params` / `load_gguf`, so
+    ``LlamaLM(teacher.config).apply({'params': teacher.params}, ids, mask)`` runs the teacher
+    (float32[B, L, V] logits), and a loaded teacher can be fine-tuned with ordinary Flax/optax code.
+    """
+
+    config: LlamaConfig
+
+    @nn.compact
+    def __call__(self, token_ids: jax.Array, mask: jax.Array | None = None) -> jax.Array:
+        names = ["embed", "final_norm", "layers"] + ([] if self.config.tie_embeddings
+                                                       else ["lm_head"])
+        params = {name: self.param(name, lambda key, n=name: init_params(key, self.config)[n])
+                  for name in names}
+        return forward(params, self.config, token_ids, mask)
 
 
 def _next_token_logprobs(params, config, token_ids, mask):

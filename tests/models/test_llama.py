@@ -96,6 +96,16 @@ def test_bucketed_forward_equals_unbatched():
                                    rtol=1e-5)
 
 
+def test_flax_module_is_the_same_model():
+    params = llama.init_params(jax.random.key(1), TINY, 0.3)
+    module = llama.LlamaLM(TINY)
+    ids = jnp.asarray([[3, 7, 1, 0], [5, 5, 2, 9]], jnp.int32)
+    shapes = jax.eval_shape(module.init, jax.random.key(0), ids)["params"]
+    assert jax.tree.map(lambda a: a.shape, shapes) == jax.tree.map(lambda a: a.shape, params)
+    got = jax.jit(module.apply)({"params": params}, ids)
+    np.testing.assert_allclose(got, llama._forward_jit(params, TINY, ids), rtol=1e-5, atol=1e-6)
+
+
 def test_bucket_length():
     assert llama.bucket_length(1, (4, 8)) == 4
     assert llama.bucket_length(8, (4, 8)) == 8
