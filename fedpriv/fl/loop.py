@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sys
 import time
 from typing import Callable, Mapping, Sequence
 
@@ -170,7 +171,7 @@ def train(algorithm: FederatedAlgorithm, init_params, dataset: Mapping, client_i
         os.makedirs(workdir, exist_ok=True)
     end = rounds if stop_after is None else min(rounds, start + stop_after)
     bar = tqdm(range(start, end), initial=start, total=rounds, disable=not progress, desc="rounds",
-               dynamic_ncols=True)
+               dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 30.0)
     for r in bar:
         idx = sampler.sample(r)
         if len(idx) == 0:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Callable, Mapping
 
 import jax
@@ -98,7 +99,7 @@ def train_central(loss_fn: Callable, params, data: Mapping[str, np.ndarray], *, 
     key = jax.random.key(seed)
     ones = jnp.ones((batch_size,), jnp.float32)
     bar = tqdm(range(start, steps), initial=start, total=steps, disable=not progress, desc=desc,
-               dynamic_ncols=True)
+               dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 30.0)
     for s in bar:
         idx = _batch_indices(n, batch_size, s, seed)
         batch = {k: jnp.asarray(v[idx]) for k, v in data.items()}
