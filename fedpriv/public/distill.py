@@ -177,6 +177,17 @@ def _topk_fn(teacher: llama.Teacher, k: int):
                                        jnp.asarray(mask))
 
 
+def _shard_matches(path: Path, token_ids: np.ndarray) -> bool:
+    """Whether a shard left by an interrupted build holds exactly these sequences."""
+    if not path.is_file():
+        return False
+    try:
+        with np.load(path) as z:
+            return np.array_equal(z["token_ids"], token_ids)
+    except (OSError, ValueError, KeyError):
+        return False
+
+
 def build_topk_corpus(teacher: llama.Teacher, sequences: Sequence[Sequence[int]], *,
                       cache_dir: str | os.PathLike, k: int = 10, seq_len: int = 20,
                       batch_size: int = 32, shard_size: int = 4096,
@@ -224,7 +235,7 @@ def build_topk_corpus(teacher: llama.Teacher, sequences: Sequence[Sequence[int]]
         name = f"shard-{s:05d}.npz"
         stop = min(start + shard_size, n)
         shards.append({"file": name, "num_sequences": stop - start})
-        if (partial / name).is_file():
+        if _shard_matches(partial / name, token_ids[start:stop]):
             continue  # resumed build: this shard was finished before the interruption
         seqs = [token_ids[i, :lengths[i]] for i in range(start, stop)]
         outs = llama.map_bucketed(fn, seqs, batch_size=batch_size, buckets=(seq_len + 1,),
@@ -334,13 +345,15 @@ class VocabRestriction:
 def token_frequencies(sequences: Iterable[Sequence[int]] | TopKCorpus,
                       teacher_vocab_size: int) -> np.ndarray:
     """int64[V_teacher] counts of teacher ids over sequences (a corpus: its real tokens)."""
-    counts = np.zeros((teacher_vocab_size,), np.int64)
     if isinstance(sequences, TopKCorpus):
         real = np.arange(sequences.token_ids.shape[1])[None, :] < sequences.lengths[:, None]
-        return np.bincount(sequences.token_ids[real], minlength=teacher_vocab_size)
-    for s in sequences:
-        counts += np.bincount(np.asarray(s, np.int64), minlength=teacher_vocab_size)
-    return counts
+        flat = sequences.token_ids[real]
+    else:
+        flat = np.concatenate([np.asarray(s, np.int64).reshape(-1) for s in sequences] or
+                              [np.zeros((0,), np.int64)])
+    if len(flat) and (flat.min() < 0 or flat.max() >= teacher_vocab_size):
+        raise ValueError(f"token ids outside the teacher vocabulary [0, {teacher_vocab_size})")
+    return np.bincount(flat.astype(np.int64), minlength=teacher_vocab_size).astype(np.int64)
 
 
 def build_vocab_restriction(sequences: Iterable[Sequence[int]] | TopKCorpus, num_kept: int,
