@@ -22,11 +22,29 @@ def make_task(kind, config=TINY):
     return domain_lm.make_demix_task(config)
 
 
+def cheap_init(task, seed=0):
+    """Parameters with the shapes of ``task.init`` (traced by ``eval_shape``) but NumPy values —
+    biases 0, LayerNorm scales 1, other weights N(0, 1/fan_in) — so tests skip compiling the
+    initializers (the real initializers run in test_lm.py)."""
+    rng = np.random.default_rng(seed)
+    shapes = jax.eval_shape(task.init, jax.random.key(seed))
+
+    def leaf(path, s):
+        name = path[-1].key
+        if name == "bias":
+            return np.zeros(s.shape, np.float32)
+        if name == "scale":
+            return np.ones(s.shape, np.float32)
+        return (rng.standard_normal(s.shape) / np.sqrt(s.shape[0])).astype(np.float32)
+
+    return jax.tree_util.tree_map_with_path(leaf, shapes)
+
+
 class Compiled:
     def __init__(self, kind):
         self.kind = kind
         self.task = make_task(kind)
-        self.params = jax.jit(self.task.init)(jax.random.key(0))
+        self.params = cheap_init(self.task)
         self.apply = jax.jit(self.task.apply)
         self.vg = jax.jit(jax.value_and_grad(self.task.loss_fn, has_aux=True))
 
@@ -114,17 +132,16 @@ def test_jit_vmap_over_clients_equals_loop(model):
     mask = np.array([[1, 1, 1, 1], [1, 1, 0, 0], [0, 0, 0, 0]], np.float32)
     domain = np.array([[0] * 4, [1] * 4, [1, 0, 1, 0]], np.int32)
     rngs = jax.random.split(jax.random.key(3), clients)
-    vg = jax.value_and_grad(model.task.loss_fn, has_aux=True)
-    (vl, vaux), vgrad = jax.jit(jax.vmap(vg, in_axes=(None, 0, 0)))(
+    # Values and metric sums only: gradients under vmap are checked for the plain LMs in
+    # test_lm.py (same engine path); this keeps the compile time of the test suite down.
+    vl, vaux = jax.jit(jax.vmap(model.task.loss_fn, in_axes=(None, 0, 0)))(
         model.params, {"tokens": tokens, "mask": mask, "domain": domain}, rngs)
     for c in range(clients):
         batch = {"tokens": tokens[c], "mask": mask[c], "domain": domain[c]}
-        (l, aux), g = model.vg(model.params, batch, rngs[c])
+        (l, aux), _ = model.vg(model.params, batch, rngs[c])
         np.testing.assert_allclose(vl[c], l, rtol=1e-5, atol=1e-7)
         for key in metrics.SUM_KEYS:
             np.testing.assert_allclose(vaux[key][c], aux[key], rtol=1e-5)
-        jax.tree.map(lambda a, b, c=c: np.testing.assert_allclose(a[c], b, rtol=1e-4, atol=1e-6),
-                     vgrad, g)
 
 
 def test_learns_domain_dependent_continuation(model):
@@ -146,27 +163,22 @@ def test_learns_domain_dependent_continuation(model):
     for i in range(80):
         _, grads = model.vg(params, batch, jax.random.fold_in(key, i))
         params, state = update(params, state, grads)
-    out = metrics.evaluate(model.task, params, sents, batch_size=4, domain=dom)
+    (_, aux), _ = model.vg(params, batch, key)
+    out = metrics.summarize(aux)
     assert out["accuracy"] == 1.0, out
     assert out["loss"] < 0.1, out
     with pytest.raises(ValueError, match="domain"):
-        metrics.evaluate(model.task, params, sents, batch_size=4)
+        jax.eval_shape(model.task.loss_fn, params, {"tokens": sents, "mask": batch["mask"]}, key)
 
 
 def test_demix_transformer_routing():
     cfg = lm.LMConfig(vocab_size=16, arch="transformer", embed_dim=8, hidden_dim=16, num_heads=2)
     task = domain_lm.make_demix_task(cfg)
-    params = jax.jit(task.init)(jax.random.key(0))
+    params = cheap_init(task)
     assert "attn_0" in params and set(params["demix_0"]) == {"expert_0", "expert_1", "ln"}
     apply = jax.jit(task.apply)
-    tokens, dom = tokens_batch(5), np.array([0, 1, 1, 0], np.int32)
-    x = tokens[:, :-1]
+    x, dom = tokens_batch(5)[:, :-1], np.array([0, 1, 1, 0], np.int32)
     base = np.asarray(apply(params, x, dom))
-    # Per-sequence mean log-probability (Wang et al. Alg. 1) of a domain model, with domains.
-    lp = np.take_along_axis(np.asarray(jax.nn.log_softmax(base)), tokens[:, 1:, None], -1)[..., 0]
-    ref = [lp[i][tokens[i, 1:] != 0].mean() for i in range(4)]
-    np.testing.assert_allclose(metrics.sequence_logprob(task, params, tokens, 4, domain=dom), ref,
-                               rtol=1e-5)
     new = dict(params, demix_0={**params["demix_0"],
                                 "expert_1": perturb(params["demix_0"]["expert_1"])})
     out = np.asarray(apply(new, x, dom))

@@ -1,5 +1,8 @@
 """Tests of fedpriv.models.metrics: accuracy rules, perplexity, batched evaluation."""
 
+from typing import ClassVar
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -57,27 +60,53 @@ def test_summarize_empty_is_nan():
     assert np.isnan(out["loss"]) and np.isnan(out["accuracy"]) and np.isnan(out["perplexity"])
 
 
+class Bigram(nn.Module):
+    """Toy LM (logits = a learned table row of the current token): cheap to compile, enough to
+    test the batching of `evaluate`/`sequence_logprob` (the real LMs are tested in test_lm.py)."""
+
+    vocab: int
+
+    @nn.compact
+    def __call__(self, tokens, *, deterministic=True):
+        return nn.Embed(self.vocab, self.vocab, embedding_init=nn.initializers.normal(1.0))(tokens)
+
+
+class DomainBigram(nn.Module):
+    """Toy domain-conditioned LM: one bigram table per domain."""
+
+    vocab: int
+    uses_domain: ClassVar[bool] = True
+
+    @nn.compact
+    def __call__(self, tokens, domain, *, deterministic=True):
+        tables = self.param("tables", nn.initializers.normal(1.0), (2, self.vocab, self.vocab))
+        return tables[domain[:, None], tokens]
+
+
 @pytest.fixture(scope="module")
-def lstm():
-    cfg = lm.LMConfig(vocab_size=20, embed_dim=8, hidden_dim=16)
-    task = lm.make_lm_task(lm.make_lm(cfg))
-    params = jax.jit(task.init)(jax.random.key(0))
+def data():
     rng = np.random.default_rng(0)
     n, width = 7, 9
     tokens = np.zeros((n, width), np.int32)
     for i in range(n):
         k = rng.integers(1, width - 1)
         tokens[i, 0], tokens[i, 1:k + 1], tokens[i, k + 1] = BOS, rng.integers(1, 20, k), EOS
-    return task, params, tokens
+    return tokens, rng.integers(0, 2, n).astype(np.int32)
 
 
-def test_evaluate_matches_unbatched_reference(lstm):
+@pytest.mark.parametrize("with_domain", [False, True])
+def test_evaluate_matches_unbatched_reference(data, with_domain):
     """N=7 with batch_size=3: one compiled shape, padded last batch, same sums as one big batch."""
-    task, params, tokens = lstm
-    out = metrics.evaluate(task, params, tokens, batch_size=3)
+    tokens, domain = data
+    task = lm.make_lm_task(DomainBigram(20) if with_domain else Bigram(20))
+    params = task.init(jax.random.key(0))
+    dom = domain if with_domain else None
+    out = metrics.evaluate(task, params, tokens, batch_size=3, domain=dom)
     assert metrics._jit(task.eval_fn)._cache_size() == 1
-    ref = jax.jit(task.eval_fn)(params, {"tokens": tokens, "mask": np.ones(7, np.float32)})
-    ref = metrics.summarize(ref)
+    batch = {"tokens": tokens, "mask": np.ones(7, np.float32)}
+    if with_domain:
+        batch["domain"] = domain
+    ref = metrics.summarize(jax.jit(task.eval_fn)(params, batch))
     for key in ("loss", "perplexity", "accuracy", "num_tokens"):
         np.testing.assert_allclose(out[key], ref[key], rtol=1e-5)
     assert out["num_tokens"] == np.sum(tokens[:, 1:] != PAD)
@@ -88,11 +117,15 @@ def test_evaluate_matches_unbatched_reference(lstm):
         metrics.evaluate(task, params, tokens, batch_size=0)
 
 
-def test_sequence_logprob(lstm):
-    task, params, tokens = lstm
-    out = metrics.sequence_logprob(task, params, tokens, batch_size=3)
+@pytest.mark.parametrize("with_domain", [False, True])
+def test_sequence_logprob(data, with_domain):
+    tokens, domain = data
+    task = lm.make_lm_task(DomainBigram(20) if with_domain else Bigram(20))
+    params = task.init(jax.random.key(1))
+    dom = domain if with_domain else None
+    out = metrics.sequence_logprob(task, params, tokens, batch_size=3, domain=dom)
     assert out.shape == (7,) and out.dtype == np.float32
-    logp = np.asarray(jax.nn.log_softmax(jax.jit(task.apply)(params, tokens[:, :-1])))
+    logp = np.asarray(jax.nn.log_softmax(task.apply(params, tokens[:, :-1], dom)))
     tgt = tokens[:, 1:]
     tok_lp = np.take_along_axis(logp, tgt[..., None], -1)[..., 0]
     ref = [tok_lp[i][tgt[i] != PAD].mean() for i in range(7)]
