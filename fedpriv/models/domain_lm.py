@@ -18,8 +18,8 @@ representations ... learned separately"). Our instantiation for an example x of 
 i.e. the output layer sees the concatenation of the shared and the example's own domain-specific
 representation (widths ``embed_dim``/``hidden_dim`` for the shared stream and
 ``specific_embed_dim``/``specific_hidden_dim`` for each domain stream, defaulting to the same sizes).
-Only the architecture is reproduced: the shared and specific streams are trained jointly with the
-plain LM loss (no auxiliary domain-adversarial or classification losses).
+Only the architecture is reproduced (Koga et al. describe the baseline by its architecture): the
+shared and specific streams are trained jointly with the plain LM loss, no auxiliary losses.
 
 **DEMix** (Gururangan et al., NAACL 2022, "DEMix layers: disentangling domains for modular language
 modeling"): every feed-forward layer of a transformer is replaced by a *DEMix layer*, a set of

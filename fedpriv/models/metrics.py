@@ -246,7 +246,15 @@ def sequence_logprob(task, params, tokens: np.ndarray, batch_size: int,
     return res
 
 
-def most_frequent_token_accuracy(train_tokens: np.ndarray, eval_tokens: np.ndarray) -> float:
+def _in_vocab_targets(tokens) -> np.ndarray:
+    """Flat in-vocabulary targets of ``int[N, L+1]`` or of a sequence of such arrays."""
+    arrays = [tokens] if isinstance(tokens, np.ndarray) and tokens.ndim == 2 else list(tokens)
+    flat = [np.asarray(a)[:, 1:].ravel() for a in arrays if np.asarray(a).size]
+    t = np.concatenate(flat) if flat else np.zeros((0,), np.int64)
+    return t[in_vocab_mask(t)]
+
+
+def most_frequent_token_accuracy(train_tokens, eval_tokens) -> float:
     """In-vocabulary accuracy of always predicting the most frequent training target token.
 
     The constant predictor is the most frequent in-vocabulary (not PAD/UNK/BOS/EOS) target among
@@ -254,14 +262,13 @@ def most_frequent_token_accuracy(train_tokens: np.ndarray, eval_tokens: np.ndarr
     is measured on ``eval_tokens[:, 1:]`` with the same exclusion rules as `lm_sums`.
 
     Args:
-      train_tokens: ``int[N, L+1]``; eval_tokens: ``int[M, L'+1]``.
+      train_tokens: ``int[N, L+1]``, or a sequence of such arrays (e.g. one per client).
+      eval_tokens: ``int[M, L'+1]``, or a sequence of such arrays.
     Returns:
       accuracy in [0, 1] (``nan`` if the evaluation set has no in-vocabulary targets).
     """
-    tr = np.asarray(train_tokens)[:, 1:].ravel()
-    tr = tr[np.asarray(in_vocab_mask(tr))]
-    ev = np.asarray(eval_tokens)[:, 1:].ravel()
-    ev = ev[np.asarray(in_vocab_mask(ev))]
+    tr = _in_vocab_targets(train_tokens)
+    ev = _in_vocab_targets(eval_tokens)
     if ev.size == 0:
         return float("nan")
     if tr.size == 0:

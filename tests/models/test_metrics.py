@@ -137,6 +137,8 @@ def test_most_frequent_token_accuracy():
                       [BOS, 5, 5, 6, EOS, PAD]])
     evals = np.array([[BOS, 5, 7, 5, UNK, EOS, PAD]])   # in-vocabulary targets: 5, 7, 5
     assert metrics.most_frequent_token_accuracy(train, evals) == pytest.approx(2 / 3)
+    per_client = [train[:1], train[1:, :4]]  # a list of per-client arrays of different widths
+    assert metrics.most_frequent_token_accuracy(per_client, [evals]) == pytest.approx(2 / 3)
     assert np.isnan(metrics.most_frequent_token_accuracy(train, np.array([[BOS, EOS, PAD]])))
 
 
