@@ -14,9 +14,9 @@ Metrics, with t ranging over target positions and b over examples:
   the objective is ``E_{x∼S∪T}[w(x) L(x)]``, so the weights scale the numerator only and the
   denominator is the plain token count — a uniform weight c multiplies the loss by c).
 * **In-vocabulary accuracy** (Wang et al. 2023, §2 "Datasets"; cf. the masked accuracies of the
-  TFF StackOverflow next-word-prediction task): ``#{argmax p = y} / #{targets}`` where targets that are PAD,
-  BOS, EOS or UNK are excluded from numerator and denominator. A prediction of a special token is
-  never equal to a counted target, so it is wrong.
+  TFF StackOverflow next-word-prediction task): ``#{argmax p = y} / #{targets}`` where targets
+  that are PAD, BOS, EOS or UNK are excluded from numerator and denominator. A prediction of a
+  special token is never equal to a counted target, so it is wrong.
 * **Perplexity** ``= exp(Σ NLL / Σ tokens)`` over all real (non-PAD) targets, EOS and UNK targets
   included (the usual definition, as in Koga et al. 2023, Table 1).
 
