@@ -1,0 +1,128 @@
+"""Config of the Table 1 experiment of Koga et al. 2023 (population_expansion_koga2023.md).
+
+``get_config(scale)`` with ``scale`` in {"smoke", "small", "paper"}; the scales are
+``dataclasses.replace`` overrides of one base, never copied files. Extra overrides after the
+scale, comma-separated: ``"small,rounds=60,seeds=0/1/2,datasets=topics"`` (tuples use ``/``).
+
+The privacy budgets are not configurable here: they are the paper's, carried by the schemes of
+`fedpriv.domain.TRAINING_SCHEMES` (total (2, 1e-6) per user; IW/IWPT: (0.8, 0) on the unigrams
+and (1.2, 1e-6) on training; PT/IWPT: the budget once on S and once on T, disjoint populations).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from fedpriv import domain
+
+DATASETS = ("spoken_vs_typed", "topics")
+SCHEME_NAMES = tuple(s.name for s in domain.TRAINING_SCHEMES)
+
+
+@dataclasses.dataclass(frozen=True)
+class PopulationExpansionConfig:
+    # --- data (Sec. 4.1, App. A)
+    datasets: tuple = DATASETS            # "spoken_vs_typed" (CV & Reddit) | "topics" (SubReddits)
+    schemes: tuple = SCHEME_NAMES         # rows of Table 1 to run
+    alpha: float = 0.1                    # target population share |T| / (|S| + |T|)
+    min_words_per_client: int = 20        # users with fewer words are not part of either domain
+    max_chitchat_messages: int = 1000     # per sender (one sender has ~25K messages)
+    max_source_clients: int | None = None  # cap S before balancing (None = as alpha requires)
+    max_target_clients: int | None = None  # cap T before balancing
+    split: tuple = (0.6, 0.2, 0.2)        # train / val / test by client (Sec. 4.2)
+    data_seed: int = 0                    # population subsampling + client split (fixed over seeds)
+    vocab_words: int = 10_000             # top-k words of T's training texts (App. A: 10K)
+    seq_len: int = domain.KOGA_SEQ_LEN    # 10 (App. A)
+    max_tokens_per_client: int = domain.KOGA_MAX_TOKENS_PER_CLIENT  # 1,600 (App. A)
+    # --- model: an LSTM LM following McMahan et al. 2018 (Sec. 4.2)
+    embed_dim: int = 96
+    hidden_dim: int = 670
+    # --- DP-FedAvg with Poisson sampling, FedAdam server, SGD clients (Sec. 4.2)
+    rounds: int = 2000                    # server iterations per scheme (PT/IWPT: half + half)
+    noise_cohort: int = 5000              # C for the noise/accounting (alpha*C for T-only stages)
+    train_cohort: int = 400               # C actually trained per round (expected, Poisson)
+    clip_norm: float = 0.5
+    client_lr: float = 0.5
+    server_optimizer: str = "adam"        # FedAdam (Reddi et al. 2022)
+    server_lr: float = 0.1
+    batch_size: int = 16                  # local batch size
+    max_local_steps: int | None = None    # None = one local epoch ("1 client iteration")
+    weight_mode: str = "none"             # Eq. 3 weights as is ("none"), "scale" or "clip"
+    weight_max: float | None = None       # for weight_mode="clip"
+    accountant: str = "best"              # ledger: "best" (min of RDP, PLD), "rdp" or "pld"
+    # --- runs
+    seeds: tuple = (0,)
+    eval_every: int = 100                 # validation perplexity on T every k rounds (curves)
+    eval_batch_size: int = 256
+    max_eval_examples: int | None = None  # cap on pooled T val/test sequences (None = all)
+    checkpoint_every: int = 100
+    progress: bool = True
+
+    def __post_init__(self):
+        unknown = set(self.datasets) - set(DATASETS)
+        if unknown:
+            raise ValueError(f"unknown datasets {sorted(unknown)}; choose from {DATASETS}")
+        unknown = set(self.schemes) - set(SCHEME_NAMES)
+        if unknown:
+            raise ValueError(f"unknown schemes {sorted(unknown)}; choose from {SCHEME_NAMES}")
+        if not 0 < self.alpha < 1:
+            raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
+        if not 1 <= self.train_cohort <= self.noise_cohort:
+            raise ValueError("need 1 <= train_cohort <= noise_cohort (the noise simulates the "
+                             "larger cohort)")
+        if not self.seeds:
+            raise ValueError("need at least one seed")
+
+
+BASE = PopulationExpansionConfig()
+
+SCALES = {
+    # seconds, for tests: a tiny LSTM, a few dozen clients, 2 rounds per scheme.
+    "smoke": dict(datasets=("topics",), alpha=0.25, max_source_clients=30, vocab_words=60,
+                  max_tokens_per_client=200, embed_dim=8, hidden_dim=16, rounds=2,
+                  noise_cohort=40, train_cohort=8, batch_size=8, max_local_steps=1,
+                  eval_every=2, eval_batch_size=64, max_eval_examples=128, checkpoint_every=1,
+                  accountant="rdp", progress=False),
+    # the CPU reproduction (both datasets, every scheme, two seeds, ~25 min on 2 busy cores):
+    # C = 1000 for the noise and 40 trained per round (alpha*C = 100 / 4), 40 rounds,
+    # vocabulary 1K words, LSTM 32/64, one local step of 16 sequences per client and round.
+    "small": dict(vocab_words=1000, embed_dim=32, hidden_dim=64, rounds=40, noise_cohort=1000,
+                  train_cohort=40, batch_size=16, max_local_steps=1, seeds=(0, 1),
+                  eval_every=10, checkpoint_every=10),
+    # the paper's settings (Sec. 4.2, App. A), for GPU/TPU.
+    "paper": dict(),
+}
+
+
+def _coerce(field: dataclasses.Field, text: str):
+    if text in ("None", "none") and field.name not in ("weight_mode",):
+        return None
+    kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
+    if "tuple" in kind:
+        items = [x for x in text.split("/") if x]
+        if field.name in ("seeds",):
+            return tuple(int(x) for x in items)
+        if field.name == "split":
+            return tuple(float(x) for x in items)
+        return tuple(items)
+    if "bool" in kind:
+        return text.lower() in ("1", "true", "yes")
+    if "int" in kind and "float" not in kind:
+        return int(text)
+    if "float" in kind:
+        return float(text)
+    return text
+
+
+def get_config(arg: str = "small") -> PopulationExpansionConfig:
+    parts = [p for p in (arg or "small").split(",") if p]
+    scale, overrides = parts[0], parts[1:]
+    if scale not in SCALES:
+        raise ValueError(f"unknown scale {scale!r}; choose one of {sorted(SCALES)}")
+    cfg = dataclasses.replace(BASE, **SCALES[scale])
+    fields = {f.name: f for f in dataclasses.fields(PopulationExpansionConfig)}
+    for ov in overrides:
+        key, _, val = ov.partition("=")
+        if key not in fields:
+            raise ValueError(f"unknown config field {key!r}")
+        cfg = dataclasses.replace(cfg, **{key: _coerce(fields[key], val)})
+    return cfg
