@@ -8,7 +8,9 @@ Private users: chitchat senders (a random half of them; each sender keeps at mos
 Embedder: all-MiniLM-L6-v2 (``fedpriv.models.bert``).  For each candidate: non-private FreD
 (Eq. 2 on exact statistics) and private FreD (Algorithm 1, one release per seed reused for all
 three candidates) at ``--epsilon``/``--delta`` per release, for both units of privacy
-(sample level as in the paper, user level), mean ± std over ``--seeds`` seeds.
+(sample level as in the paper, user level), mean ± std over ``--seeds`` seeds.  With
+``--pca-dims k`` the same is repeated in a k-dim PCA basis of the public candidates (not in
+the paper: fewer released dimensions, far less covariance noise).
 
 Writes ``fred_table.md`` and ``fred_table.csv`` (and an embedding cache) to ``--workdir``.
 
@@ -98,6 +100,8 @@ def main(argv=None):
     ap.add_argument("--clip", type=float, default=1.0)
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--data-seed", type=int, default=0)
+    ap.add_argument("--pca-dims", type=int, default=32,
+                    help="also score in a k-dim PCA basis of the public data (0: off)")
     ap.add_argument("--workdir", type=str, default="runs/fred_table")
     args = ap.parse_args(argv)
     work = pathlib.Path(args.workdir)
@@ -117,37 +121,47 @@ def main(argv=None):
           + ", ".join(f"{k}={len(v)}" for k, v in cand.items())
           + f"; embedder {throughput:.1f} sentences/s")
 
-    nonpriv = {name: F.fred_nonprivate(e, pooled) for name, e in cand.items()}
-    stats = {name: F.gaussian_stats(e) for name, e in cand.items()}  # reused across seeds
+    spaces = [("384-d", None)]
+    if args.pca_dims:
+        # public-only basis: the pooled candidate datasets (no privacy cost)
+        basis = F.pca_basis(np.concatenate(list(cand.values())), args.pca_dims)
+        spaces.append((f"public PCA-{args.pca_dims}", basis))
     rows, releases = [], {}
-    for unit in ("sample", "user"):
-        scores = {name: [] for name in cand}
-        same_order = same_top = 0
+    for space, basis in spaces:
+        proj = (lambda x: x) if basis is None else (lambda x, b=basis: (x @ b).astype(np.float32))
+        cand_s = {name: proj(e) for name, e in cand.items()}
+        clients_s = [proj(c) for c in clients]
+        pooled_s = proj(pooled)
+        nonpriv = {name: F.fred_nonprivate(e, pooled_s) for name, e in cand_s.items()}
+        stats = {name: F.gaussian_stats(e) for name, e in cand_s.items()}  # reused across seeds
         order_np = sorted(nonpriv, key=nonpriv.get)
-        for seed in range(args.seeds):
-            rel = F.private_stats(clients, args.clip, args.epsilon, args.delta, unit,
-                                  jax.random.key(seed))
-            ranked = F.rank_candidates(stats, rel)
-            same_order += [n for n, _ in ranked] == order_np
-            same_top += ranked[0][0] == order_np[0]
-            for name, s in ranked:
-                scores[name].append(s)
-            releases[unit] = rel
-        rel = releases[unit]
-        for name in cand:
-            s = np.array(scores[name])
-            rows.append({
-                "candidate": name, "unit": unit, "n": rel.n,
-                "fred_nonprivate": nonpriv[name], "fred_private_mean": s.mean(),
-                "fred_private_std": s.std(ddof=1) if len(s) > 1 else 0.0,
-                "fred_private_min": s.min(), "fred_private_max": s.max(),
-                "same_ranking_as_nonprivate": f"{same_order}/{args.seeds}",
-                "same_closest_as_nonprivate": f"{same_top}/{args.seeds}",
-                "eps_per_release": args.epsilon, "delta_per_release": args.delta,
-                "eps_basic": rel.epsilon_basic, "delta_total": rel.delta_total,
-                "eps_rdp": rel.epsilon_rdp, "eps_pld": rel.epsilon_pld,
-                "noise_multiplier": rel.noise_multiplier,
-            })
+        for unit in ("sample", "user"):
+            scores = {name: [] for name in cand}
+            same_order = same_top = 0
+            for seed in range(args.seeds):
+                rel = F.private_stats(clients_s, args.clip, args.epsilon, args.delta, unit,
+                                      jax.random.key(seed))
+                ranked = F.rank_candidates(stats, rel)
+                same_order += [n for n, _ in ranked] == order_np
+                same_top += ranked[0][0] == order_np[0]
+                for name, sc in ranked:
+                    scores[name].append(sc)
+                releases[unit] = rel
+            rel = releases[unit]
+            for name in cand:
+                sc = np.array(scores[name])
+                rows.append({
+                    "space": space, "candidate": name, "unit": unit, "n": rel.n,
+                    "fred_nonprivate": nonpriv[name], "fred_private_mean": sc.mean(),
+                    "fred_private_std": sc.std(ddof=1) if len(sc) > 1 else 0.0,
+                    "fred_private_min": sc.min(), "fred_private_max": sc.max(),
+                    "same_ranking_as_nonprivate": f"{same_order}/{args.seeds}",
+                    "same_closest_as_nonprivate": f"{same_top}/{args.seeds}",
+                    "eps_per_release": args.epsilon, "delta_per_release": args.delta,
+                    "eps_basic": rel.epsilon_basic, "delta_total": rel.delta_total,
+                    "eps_rdp": rel.epsilon_rdp, "eps_pld": rel.epsilon_pld,
+                    "noise_multiplier": rel.noise_multiplier,
+                })
 
     with open(work / "fred_table.csv", "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -166,15 +180,17 @@ def main(argv=None):
         f"({r0.epsilon_basic:g}, {r0.delta_total:g}), RDP eps={r0.epsilon_rdp:.3f}, "
         f"PLD eps={r0.epsilon_pld:.3f} at delta={r0.delta_total:g}. Mean ± std over "
         f"{args.seeds} seeds (one release per seed, reused for all candidates). n is "
-        "treated as public (add/remove neighbours).",
+        "treated as public (add/remove neighbours). 'public PCA-k': embeddings projected on "
+        "the top-k principal directions of the pooled public candidates (not in the paper; "
+        "no privacy cost), FreD then compares the projected distributions.",
         "",
-        "| candidate | unit of privacy | n | FreD non-private | FreD private (mean ± std) "
+        "| space | candidate | unit of privacy | n | FreD non-private | FreD private (mean ± std) "
         "| private [min, max] | ranking = non-private | closest = non-private |",
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['candidate']} | {r['unit']} | {r['n']} | {r['fred_nonprivate']:.4f} | "
+            f"| {r['space']} | {r['candidate']} | {r['unit']} | {r['n']} | {r['fred_nonprivate']:.4f} | "
             f"{r['fred_private_mean']:.4f} ± {r['fred_private_std']:.4f} | "
             f"[{r['fred_private_min']:.4f}, {r['fred_private_max']:.4f}] | "
             f"{r['same_ranking_as_nonprivate']} | {r['same_closest_as_nonprivate']} |"

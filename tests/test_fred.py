@@ -369,6 +369,18 @@ def test_private_stats_converge_to_nonprivate():
         r.epsilon = 3.0
 
 
+def test_pca_basis():
+    rng = np.random.default_rng(10)
+    scales = np.array([5.0, 3.0, 1.0, 0.1, 0.1, 0.1])
+    x = rng.normal(size=(4000, 6)) * scales @ _orth(rng, 6).T
+    b = F.pca_basis(x, 2)
+    np.testing.assert_allclose(b.T @ b, np.eye(2), atol=1e-12)
+    var = np.var(x @ b, axis=0)
+    assert var[0] > var[1] and var.sum() > 0.95 * (25 + 9)
+    with pytest.raises(ValueError, match="k must be"):
+        F.pca_basis(x, 7)
+
+
 # ------------------------------------------------------------------------------ errors
 
 
