@@ -124,8 +124,9 @@ class LSTMLayer(nn.Module):
         w_x = self.param("kernel_x", nn.initializers.glorot_uniform(), (x.shape[-1], 4 * h_dim))
         w_h = self.param("kernel_h", nn.initializers.orthogonal(), (h_dim, 4 * h_dim))
         b = self.param("bias", _forget_bias_init(h_dim), (4 * h_dim,))
-        gx = jnp.einsum("bld,dg->lbg", x, w_x) + b  # time-major input contributions [L, B, 4H]
-        batch = x.shape[0]
+        batch, length = x.shape[0], x.shape[1]
+        # time-major input contributions [L, B, 4H], as one plain [L*B, D] x [D, 4H] matmul
+        gx = (jnp.swapaxes(x, 0, 1).reshape((-1, x.shape[-1])) @ w_x).reshape((length, batch, -1)) + b
 
         def step(carry, g_t):
             h, c = carry
@@ -194,11 +195,12 @@ class OutputHead(nn.Module):
     @nn.compact
     def __call__(self, h: jax.Array, deterministic: bool,
                  embedding: nn.Embed | None = None) -> jax.Array:
+        lead = h.shape[:-1]
+        h = h.reshape((-1, h.shape[-1]))  # [B*L, D]: every dot a plain (batched) matmul
         z = nn.Dense(self.embed_dim, name="projection")(h)
         z = nn.Dropout(self.dropout_rate)(z, deterministic=deterministic)
-        if embedding is not None:
-            return embedding.attend(z)
-        return nn.Dense(self.vocab_size, name="logits")(z)
+        logits = embedding.attend(z) if embedding is not None else nn.Dense(self.vocab_size, name="logits")(z)
+        return logits.reshape(lead + (logits.shape[-1],))
 
 
 def _embed(config: LMConfig, name: str = "embedding") -> nn.Embed:
