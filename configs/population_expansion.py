@@ -77,9 +77,9 @@ BASE = PopulationExpansionConfig()
 
 SCALES = {
     # seconds, for tests: a tiny LSTM, a few dozen clients, 2 rounds per scheme.
-    "smoke": dict(datasets=("topics",), alpha=0.25, max_source_clients=30, vocab_words=60,
+    "smoke": dict(datasets=("topics",), alpha=0.25, max_source_clients=90, vocab_words=60,
                   max_tokens_per_client=200, embed_dim=8, hidden_dim=16, rounds=2,
-                  noise_cohort=40, train_cohort=8, batch_size=8, max_local_steps=1,
+                  noise_cohort=20, train_cohort=4, batch_size=8, max_local_steps=1,
                   eval_every=2, eval_batch_size=64, max_eval_examples=128, checkpoint_every=1,
                   accountant="rdp", progress=False),
     # the CPU reproduction (both datasets, every scheme, two seeds, ~25 min on 2 busy cores):

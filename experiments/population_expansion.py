@@ -295,6 +295,46 @@ def stage_clients(ds: domain.DomainDataset, stage: domain.Stage, u_hat=None, wei
     return clients
 
 
+@dataclasses.dataclass
+class StagePlan:
+    """Everything a stage needs before training: its clients (with Eq. 3 weights if weighted),
+    Poisson sampler, DP config with the calibrated z, and its simulated / executed events."""
+
+    stage: domain.Stage
+    rounds: int
+    clients: Any
+    client_ids: list
+    sampler: PoissonSampler
+    dp: algs.DPConfig
+    noise_cohort: int
+    event: Any
+    executed_event: Any
+
+
+def plan_stages(scheme: domain.TrainingScheme, ds: domain.DomainDataset, cfg, seed: int,
+                u_hat=None) -> list[StagePlan]:
+    """The stages of ``scheme`` on ``ds``: expected cohort ``train_cohort`` (x alpha for alpha*C
+    stages) by Poisson sampling at rate q = cohort / N (capped at 1), noise of ``noise_cohort``
+    (x alpha), z calibrated so the stage's simulated-run event meets the stage's budget."""
+    scheme_index = domain.TRAINING_SCHEMES.index(scheme)
+    out = []
+    for i, (stage, rounds) in enumerate(zip(scheme.stages, scheme.stage_rounds(cfg.rounds))):
+        clients = stage_clients(ds, stage, u_hat, cfg.weight_mode, cfg.weight_max)
+        ids = list(clients.client_ids)
+        n = len(ids)
+        train_c = stage.cohort_size(cfg.train_cohort, ds.alpha)
+        noise_c = stage.cohort_size(cfg.noise_cohort, ds.alpha)
+        rate = min(1.0, train_c / n)
+        eps_i, delta_i = stage.budget
+        z = calibrate_stage(n, rate, rounds, noise_c, cfg.clip_norm, eps_i, delta_i)
+        sampler = PoissonSampler(n, rate, seed=_seed_for(seed, scheme_index, i))
+        dp = algs.DPConfig(cfg.clip_norm, z, "gaussian", noise_cohort_size=noise_c)
+        out.append(StagePlan(stage, rounds, clients, ids, sampler, dp, noise_c,
+                             algs.privacy_event(dp, sampler, rounds, simulated=True),
+                             algs.privacy_event(dp, sampler, rounds, simulated=False)))
+    return out
+
+
 def _weight_stats(clients) -> dict:
     arr = clients.concat_examples()
     if "weight" not in arr:
@@ -361,27 +401,21 @@ def run_scheme(scheme: domain.TrainingScheme, prep: Prepared, cfg, seed: int, wo
                                  **dom_kw(val_dom))
     stages, curve, executed_events = [], [], []
     offset = 0
-    for i, (stage, rounds) in enumerate(zip(scheme.stages, scheme.stage_rounds(cfg.rounds))):
-        clients = stage_clients(ds, stage, u_hat, cfg.weight_mode, cfg.weight_max)
-        ids = list(clients.client_ids)
-        n = len(ids)
+    for i, sp in enumerate(plan_stages(scheme, ds, cfg, seed, u_hat)):
+        stage, rounds, clients, sampler, dp = sp.stage, sp.rounds, sp.clients, sp.sampler, sp.dp
+        ids, n, noise_c, rate, z, event = (sp.client_ids, len(sp.client_ids), sp.noise_cohort,
+                                           sp.sampler.sampling_rate, sp.dp.noise_multiplier,
+                                           sp.event)
         train_c = stage.cohort_size(cfg.train_cohort, ds.alpha)
-        noise_c = stage.cohort_size(cfg.noise_cohort, ds.alpha)
-        rate = min(1.0, train_c / n)
-        eps_i, delta_i = stage.budget
-        z = calibrate_stage(n, rate, rounds, noise_c, cfg.clip_norm, eps_i, delta_i)
-        sampler = PoissonSampler(n, rate, seed=_seed_for(seed, scheme_index, i))
-        dp = algs.DPConfig(cfg.clip_norm, z, "gaussian", noise_cohort_size=noise_c)
         alg = algs.build_algorithm(task.loss_fn, optax.sgd(cfg.client_lr),
                                    algs.server_optimizer(cfg.server_optimizer, cfg.server_lr),
                                    dp, sampler.expected_cohort_size)
-        event = algs.privacy_event(dp, sampler, rounds, simulated=True)
-        executed = algs.privacy_event(dp, sampler, rounds, simulated=False)
+        executed = sp.executed_event
         executed_events.append((executed, stage.population_labels))
         log(f"[{prep.name} seed {seed}] {scheme.name} stage {i}: "
-            f"{'+'.join(stage.population_labels)} clients {n}, cohort {sampler.expected_cohort_size:.1f}"
-            f" trained / {noise_c} noise, q = {rate:.4f}, {rounds} rounds, z = {z:.4f}"
-            f"{', Eq. 3 weights' if stage.weighted else ''}")
+            f"{'+'.join(stage.population_labels)} clients {n}, cohort "
+            f"{sampler.expected_cohort_size:.1f} trained / {noise_c} noise, q = {rate:.4f}, "
+            f"{rounds} rounds, z = {z:.4f}{', Eq. 3 weights' if stage.weighted else ''}")
         result = train(alg, params, clients, ids, sampler, rounds=rounds,
                        batch_size=cfg.batch_size, seed=_seed_for(seed, scheme_index, i),
                        workdir=os.path.join(workdir, f"stage{i}"), max_steps=cfg.max_local_steps,

@@ -1,0 +1,200 @@
+"""Smoke and privacy tests of the Table 1 experiment of Koga et al. 2023 (population expansion)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+
+import numpy as np
+import pytest
+from absl import logging
+
+from experiments import common
+from experiments import population_expansion as pe
+from fedpriv import domain
+from fedpriv.dp import geometric
+
+logging.set_verbosity(logging.ERROR)  # dp_accounting's RDP order warnings at large q
+
+CONFIG = "configs/population_expansion.py"
+# The end-to-end run covers every code path with three rows of Table 1: Eq. 3 weights on a
+# S u T stage with the unigram release (IW), two stages on disjoint populations with weighted
+# pretraining (IWPT), and a domain-adaptive model reading batch['domain'] (DSDSR).
+E2E_SCHEMES = "schemes=IW/IWPT/DSDSR"
+BUDGET = domain.TOTAL_BUDGET
+
+
+@pytest.fixture(scope="module")
+def smoke_cfg():
+    return common.load_config(f"{CONFIG}:smoke,{E2E_SCHEMES}")
+
+
+@pytest.fixture(scope="module")
+def prepared(smoke_cfg):
+    return pe.prepare_dataset("topics", smoke_cfg)
+
+
+@pytest.fixture(scope="module")
+def e2e(tmp_path_factory, smoke_cfg):
+    workdir = str(tmp_path_factory.mktemp("pe"))
+    logs = []
+    t0 = time.time()
+    first = pe.run(smoke_cfg, workdir, log=logs.append)
+    t1 = time.time()
+    # Simulate an interruption after IWPT's last checkpoint but before its summary was written:
+    # the rerun must resume it from its stage checkpoints and skip the finished schemes.
+    os.remove(os.path.join(workdir, "topics", "seed0", "IWPT", "summary.json"))
+    second = pe.run(smoke_cfg, workdir, log=logs.append)
+    return workdir, first, second, t1 - t0, time.time() - t1
+
+
+def test_configs_scale_and_override():
+    small = common.load_config(f"{CONFIG}:small")
+    paper = common.load_config(f"{CONFIG}:paper")
+    assert set(small.datasets) == {"spoken_vs_typed", "topics"}
+    assert len(small.schemes) == 8 and len(small.seeds) >= 2
+    assert (paper.noise_cohort, paper.train_cohort, paper.rounds, paper.vocab_words) == (
+        5000, 400, 2000, 10_000)
+    assert (paper.clip_norm, paper.client_lr, paper.server_lr, paper.alpha) == (0.5, 0.5, 0.1, 0.1)
+    cfg = common.load_config(f"{CONFIG}:smoke,seeds=3/4,schemes=PT/T w. C")
+    assert cfg.seeds == (3, 4) and cfg.schemes == ("PT", "T w. C")
+    with pytest.raises(ValueError):
+        common.load_config(f"{CONFIG}:smoke,schemes=nope")
+    with pytest.raises(ValueError):
+        common.load_config(f"{CONFIG}:smoke,train_cohort=100")  # > noise cohort
+
+
+def test_balance_populations_reaches_alpha():
+    src = {f"s{i}": ["a b"] for i in range(90)}
+    tgt = {f"t{i}": ["c d"] for i in range(40)}
+    s, t, side = pe.balance_populations(src, tgt, 0.1, seed=0)
+    assert side == "T" and len(s) == 90 and len(t) == 10
+    s, t, side = pe.balance_populations(src, {f"t{i}": ["x"] for i in range(5)}, 0.1, seed=0)
+    assert side == "S" and len(s) == 45 and len(t) == 5
+    again = pe.balance_populations(src, tgt, 0.1, seed=0)[1]
+    assert sorted(again) == sorted(pe.balance_populations(src, tgt, 0.1, seed=0)[1])
+
+
+def test_topics_dataset_is_two_disjoint_play_groups(prepared, smoke_cfg):
+    ds = prepared.ds
+    pop = ds.population
+    for split in ("train", "val", "test"):
+        for cid in ds.split(split):
+            play = cid.split("/", 1)[0]
+            want = domain.TARGET if play in pe.FOLIO_COMEDIES else domain.SOURCE
+            assert pop[cid] == want
+            assert play in pe.FOLIO_COMEDIES + pe.FOLIO_HISTORIES + pe.FOLIO_TRAGEDIES
+    assert math.isclose(ds.alpha, smoke_cfg.alpha, abs_tol=0.05)
+    assert prepared.val_tokens.shape[1] == smoke_cfg.seq_len + 1
+    assert prepared.vocab_size == smoke_cfg.vocab_words + 4
+
+
+def test_iw_weights_on_source_examples_only(prepared, smoke_cfg):
+    """Eq. 3: the IW stage's training clients carry a weight per example; T examples exactly 1,
+    S examples w(x) = p_T / (alpha p_T + (1 - alpha) p_S) in (0, 1/alpha] and not all 1."""
+    ds = prepared.ds
+    v = prepared.vocab_size
+    u_s, u_t = domain.domain_unigram_frequencies(ds, v, 0.8, np.random.default_rng(0))
+    stage = domain.SCHEMES_BY_NAME["IW"].stages[0]
+    clients = pe.stage_clients(ds, stage, (u_s, u_t))
+    arr = clients.concat_examples()
+    w, dom = arr["weight"], arr["domain"]
+    assert w.dtype == np.float32 and w.shape == dom.shape
+    assert np.all(w[dom == domain.TARGET] == 1.0)
+    ws = w[dom == domain.SOURCE]
+    assert ws.size > 0 and np.all(ws > 0) and np.all(ws <= 1 / ds.alpha + 1e-4)
+    assert np.std(ws) > 0 and not np.allclose(ws, 1.0)
+    # the same weights as the paper's formula, for one source row, by hand
+    row = arr["tokens"][dom == domain.SOURCE][0]
+    x = row[1:][(row[1:] != domain.PAD_ID) & (row[1:] != domain.BOS_ID)]
+    log_pt, log_ps = np.log(u_t[x]).sum(), np.log(u_s[x]).sum()
+    want = math.exp(log_pt) / (ds.alpha * math.exp(log_pt) + (1 - ds.alpha) * math.exp(log_ps))
+    assert math.isclose(float(ws[0]), want, rel_tol=1e-4)
+    # unweighted stages get no weight field
+    assert "weight" not in pe.stage_clients(ds, domain.SCHEMES_BY_NAME["S u T"].stages[0]
+                                            ).concat_examples()
+
+
+def test_every_scheme_fits_the_budget_per_population(prepared, smoke_cfg):
+    """The ledger of every row of Table 1 (unigram releases + calibrated training stages) stays
+    within (2, 1e-6) per population; PT/IWPT spend on S and T separately (parallel)."""
+    uniform = np.full(prepared.vocab_size, 1.0 / prepared.vocab_size)
+    for scheme in domain.TRAINING_SCHEMES:
+        led = pe.CachedLedger(*BUDGET, accountant="rdp")
+        if scheme.unigram_budget is not None:
+            for pop in ("S", "T"):
+                led.spend(f"unigrams[{pop}]", geometric.geometric_dp_event(
+                    scheme.unigram_budget[0], domain.unigram_sensitivity()), (pop,))
+        plans = pe.plan_stages(scheme, prepared.ds, smoke_cfg, seed=0, u_hat=(uniform, uniform))
+        for i, sp in enumerate(plans):
+            led.spend(f"stage{i}", sp.event, sp.stage.population_labels)
+            assert sp.dp.noise_cohort_size == sp.noise_cohort
+            assert sp.sampler.expected_cohort_size <= sp.noise_cohort
+        by_pop = led.epsilon_by_population()
+        assert all(e <= BUDGET[0] * (1 + 1e-9) for e in by_pop.values()), (scheme.name, by_pop)
+        if scheme.name in ("PT", "IWPT"):
+            assert [sp.stage.population_labels for sp in plans] == [("S",), ("T",)]
+            # each population pays for its own stage only, so each gets (close to) the full 2
+            assert all(e > 1.5 for e in by_pop.values())
+        if scheme.name.startswith("T w."):
+            assert set(by_pop) == {"T"}
+    # alpha*C stages train (and simulate noise) with alpha times the cohort of C stages
+    a, c = (pe.plan_stages(domain.SCHEMES_BY_NAME[n], prepared.ds, smoke_cfg, 0)[0]
+            for n in ("T w. alpha*C", "T w. C"))
+    assert a.noise_cohort == round(prepared.ds.alpha * smoke_cfg.noise_cohort)
+    assert c.noise_cohort == smoke_cfg.noise_cohort
+    assert a.dp.noise_multiplier < c.dp.noise_multiplier  # smaller sampling rate
+
+
+def test_end_to_end_tables_and_privacy(e2e, smoke_cfg):
+    workdir, first, _, _, _ = e2e
+    for name in ("table.md", "table.csv", "runs.csv", "data.md", "table1.png", "curves.png",
+                 "summary.json"):
+        assert os.path.getsize(os.path.join(workdir, name)) > 0, name
+    table = open(os.path.join(workdir, "table.md")).read()
+    for scheme in smoke_cfg.schemes:
+        assert f"| topics | {scheme} |" in table
+    assert "executed" in table and "noise cohort" in table
+    with open(os.path.join(workdir, "summary.json")) as f:
+        saved = json.load(f)
+    assert saved["seed"] == list(smoke_cfg.seeds) and saved["config"]["rounds"] == smoke_cfg.rounds
+    runs = {r["scheme"]: r for r in first["runs"]}
+    assert set(runs) == set(smoke_cfg.schemes)
+    for r in runs.values():
+        assert np.isfinite(r["val_ppl"]) and np.isfinite(r["test_ppl"]) and r["val_ppl"] > 1
+        by_pop = r["epsilon_by_population"]
+        assert by_pop and all(e <= BUDGET[0] * (1 + 1e-9) for e in by_pop.values())
+        assert r["ledger"]["delta"] == BUDGET[1] and r["ledger"]["budget_epsilon"] == BUDGET[0]
+        # the run actually executed (small cohort, same noise) has a much larger epsilon
+        assert all(r["epsilon_executed_by_population"][p] > by_pop[p] for p in by_pop)
+    # PT-style parallel composition: IWPT's stages are charged to disjoint populations
+    entries = runs["IWPT"]["ledger"]["entries"]
+    stage_pops = [e["populations"] for e in entries if "/stage" in e["name"]]
+    assert stage_pops == [["S"], ["T"]]
+    assert sorted(e["populations"][0] for e in entries if "unigram" in e["name"]) == ["S", "T"]
+    # IW: weights were attached during training, 1 on T examples, Eq. 3 on S examples
+    ws = runs["IW"]["stages"][0]["weight_stats"]
+    assert ws["T"]["min"] == ws["T"]["max"] == 1.0
+    assert ws["S"]["n"] > 0 and ws["S"]["min"] < ws["S"]["max"]
+    assert runs["IWPT"]["stages"][0]["weight_stats"].keys() == {"S"}
+    assert runs["IWPT"]["stages"][1]["weight_stats"] == {}
+
+
+def test_rerun_skips_finished_schemes_and_resumes_interrupted_ones(e2e):
+    workdir, first, second, t_first, t_second = e2e
+    assert not any(r["skipped"] for r in first["runs"])
+    skipped = {r["scheme"]: r["skipped"] for r in second["runs"]}
+    assert skipped == {"IW": True, "IWPT": False, "DSDSR": True}
+    assert [r["val_ppl"] for r in second["runs"]] == pytest.approx(
+        [r["val_ppl"] for r in first["runs"]], rel=1e-6)
+    iwpt = next(r for r in second["runs"] if r["scheme"] == "IWPT")
+    assert [st["resumed_from_round"] for st in iwpt["stages"]] == [
+        st["rounds"] for st in iwpt["stages"]]  # nothing retrained
+    first_iwpt = next(r for r in first["runs"] if r["scheme"] == "IWPT")
+    assert iwpt["epsilon_by_population"] == pytest.approx(first_iwpt["epsilon_by_population"])
+    assert t_second < t_first
+    # a different config in the same workdir is refused instead of mixing results
+    other = common.load_config(f"{CONFIG}:smoke,{E2E_SCHEMES},client_lr=0.1")
+    with pytest.raises(ValueError, match="different config"):
+        pe.run(other, workdir, log=lambda _: None)
