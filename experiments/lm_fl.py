@@ -20,6 +20,7 @@ import math
 import os
 import time
 
+import dp_accounting as dpa
 import jax
 import numpy as np
 import optax
@@ -78,8 +79,12 @@ def build_task(cfg, vocab_size: int):
     return make_lm_task(make_lm(lm_cfg))
 
 
-def build_algorithm(cfg, num_clients: int, loss_fn):
-    """Algorithm, sampler, the run's privacy event(s) and its noise multiplier."""
+def build_algorithm(cfg, num_clients: int, loss_fn, prior_events=()):
+    """Algorithm, sampler, the run's privacy event(s) and its noise multiplier.
+
+    With ``target_epsilon``, z is calibrated so that ``prior_events`` (what a pipeline's ledger
+    already spent on these users, e.g. FreD releases) composed with this run stay within it.
+    """
     if cfg.cohort_size > num_clients:
         raise ValueError(f"cohort_size {cfg.cohort_size} > {num_clients} training clients")
     client_opt = optax.sgd(cfg.client_lr)
@@ -102,7 +107,9 @@ def build_algorithm(cfg, num_clients: int, loss_fn):
     if cfg.noise_multiplier is not None:
         z = cfg.noise_multiplier
     elif cfg.target_epsilon is not None:
-        z = accounting.calibrate_noise_multiplier(make, cfg.target_epsilon, cfg.delta)
+        prior = list(prior_events)
+        total = (lambda z: dpa.ComposedDpEvent(prior + [make(z)])) if prior else make
+        z = accounting.calibrate_noise_multiplier(total, cfg.target_epsilon, cfg.delta)
     else:
         raise ValueError("a DP algorithm needs noise_multiplier or target_epsilon")
     dp = algs.DPConfig(cfg.clip_norm, z, "tree" if cfg.algorithm == "dp_ftrl" else "gaussian",
@@ -126,10 +133,11 @@ def run(cfg, workdir: str, *, prepared: Prepared | None = None, init_params=None
     task = build_task(cfg, prepared.tokenizer.vocab_size)
     params = init_params if init_params is not None else task.init(jax.random.key(cfg.seed))
     ids = list(prepared.train.client_ids)
-    alg, sampler, event, z = build_algorithm(cfg, len(ids), task.loss_fn)
+    prior = [e.event for e in ledger.entries] if ledger is not None else ()
+    alg, sampler, event, z = build_algorithm(cfg, len(ids), task.loss_fn, prior)
     eps = eps_real = None
     if event is not None:
-        eps, acc_name = accounting.compute_epsilon(event, cfg.delta)
+        eps, acc_name = accounting.compute_epsilon(event, cfg.delta)  # this run alone
         if cfg.noise_cohort_size is not None:
             real = algs.privacy_event(alg.dp, sampler, cfg.rounds, simulated=False)
             eps_real = accounting.compute_epsilon(real, cfg.delta)[0]

@@ -1,0 +1,56 @@
+"""Config of the FreD three-stage pipeline (Hou et al. 2023, Fig. 1 / Table 1 analogue).
+
+Choose a prefinetuning dataset by private FreD -> prefinetune the on-device LM on it ->
+DP FL-finetune on the users; one privacy ledger for the whole pipeline.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from configs.lm_fl import get_config as lm_config
+
+
+@dataclasses.dataclass(frozen=True)
+class FredPipelineConfig:
+    lm: object                          # configs.lm_fl.LMFLConfig of the FL-finetuning stage
+    private_fraction: float = 0.5       # chitchat senders that are the private users
+    max_per_user: int = 40              # messages per user embedded for FreD
+    num_sentences: int = 3000           # sentences per candidate public dataset
+    fred_epsilon: float = 0.6           # per release (mean, covariance), as in the paper
+    fred_unit: str = "user"             # the pipeline's unit of privacy
+    fred_clip: float = 1.0
+    pca_dims: int | None = 32           # public PCA basis (not in the paper; see fred.pca_basis)
+    total_epsilon: float = 18.7         # the whole pipeline's budget (FreD + FL-finetuning)
+    prefinetune_steps: int = 300
+    prefinetune_batch: int = 64
+    prefinetune_lr: float = 3e-3
+    embed_batch: int = 64
+    seed: int = 0
+
+
+SCALES = {
+    "smoke": dict(max_per_user=4, num_sentences=64, prefinetune_steps=3, prefinetune_batch=16,
+                  pca_dims=8, total_epsilon=60.0),
+    "small": dict(max_per_user=20, num_sentences=2000, prefinetune_steps=300),
+    "paper": dict(max_per_user=256, num_sentences=150_000, prefinetune_steps=20_000, pca_dims=None,
+                  total_epsilon=1.26 + 1.2),
+}
+LM_SCALE = {"smoke": "smoke,max_clients=80", "small": "small,rounds=60,eval_every=20,checkpoint_every=20",
+            "paper": "paper"}
+
+
+def get_config(arg: str = "small") -> FredPipelineConfig:
+    scale, _, rest = (arg or "small").partition(",")
+    if scale not in SCALES:
+        raise ValueError(f"unknown scale {scale!r}; choose one of {sorted(SCALES)}")
+    cfg = FredPipelineConfig(lm=lm_config(LM_SCALE[scale]), **SCALES[scale])
+    fields = {f.name: f for f in dataclasses.fields(FredPipelineConfig)}
+    for ov in filter(None, rest.split(",")):
+        k, _, v = ov.partition("=")
+        if k not in fields or k == "lm":
+            raise ValueError(f"unknown config field {k!r}")
+        cur = getattr(cfg, k)
+        val = None if v in ("None", "none") else type(cur)(v) if cur is not None else (int(v) if v.isdigit() else v)
+        cfg = dataclasses.replace(cfg, **{k: val})
+    cfg = dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, target_epsilon=cfg.total_epsilon))
+    return cfg
