@@ -23,22 +23,28 @@ VARIANTS = [("FedAvg (non-private)", dict(algorithm="fedavg", target_epsilon=Non
             ("DP-FTRL eps~1.8", dict(algorithm="dp_ftrl", target_epsilon=1.77, noise_multiplier=None))]
 
 
-def run(cfg, workdir: str, tokenizers=("sentencepiece",), seeds=(0,), progress: bool = True) -> list[dict]:
+def run(cfg, workdir: str, tokenizers=("sentencepiece",), seeds=(0,), progress: bool = True,
+        server_lrs=None) -> list[dict]:
+    """One row per (tokenizer, seed, method[, server lr]). ``server_lrs`` is a grid for the DP rows
+    (Wang et al. App. C tune the server learning rate per noise level); every point is reported."""
     rows = []
     for tok in tokenizers:
         for seed in seeds:
             base = dataclasses.replace(cfg, tokenizer=tok, seed=seed)
             prepared = lm_fl.prepare_data(base, progress)
-            for name, over in VARIANTS:
-                vcfg = dataclasses.replace(base, **over)
-                sub = os.path.join(workdir, f"{tok}-seed{seed}-{vcfg.algorithm}-{vcfg.target_epsilon}")
+            runs = [(name, over, lr) for name, over in VARIANTS
+                    for lr in ([cfg.server_lr] if over["algorithm"] == "fedavg" or not server_lrs else server_lrs)]
+            for name, over, lr in runs:
+                vcfg = dataclasses.replace(base, server_lr=lr, **over)
+                tag = "" if lr == cfg.server_lr else f"-slr{lr:g}"
+                sub = os.path.join(workdir, f"{tok}-seed{seed}-{vcfg.algorithm}-{vcfg.target_epsilon}{tag}")
                 done = os.path.join(sub, "summary.json")
                 if os.path.exists(done):
                     import json
                     s = json.load(open(done))
                 else:
                     s = lm_fl.run(vcfg, sub, prepared=prepared, progress=progress)
-                rows.append({"tokenizer": tok, "seed": seed, "method": name, "epsilon": s["epsilon"],
+                rows.append({"tokenizer": tok, "seed": seed, "method": name, "server_lr": lr, "epsilon": s["epsilon"],
                              "epsilon_executed_run": s["epsilon_executed_run"],
                              "noise_multiplier": s["noise_multiplier"], "val_accuracy": s["val_accuracy"],
                              "test_accuracy": s["test_accuracy"], "val_loss": s["val_loss"],
@@ -52,16 +58,23 @@ def aggregate(rows):
     """Mean and std over seeds per (tokenizer, method)."""
     out = {}
     for r in rows:
-        out.setdefault((r["tokenizer"], r["method"]), []).append(r)
+        out.setdefault((r["tokenizer"], r["method"], r.get("server_lr")), []).append(r)
     table = []
-    for (tok, method), rs in out.items():
+    for (tok, method, slr), rs in out.items():
         acc = np.array([r["val_accuracy"] for r in rs], float)
         test = np.array([r.get("test_accuracy") or np.nan for r in rs], float)
-        table.append({"tokenizer": tok, "method": method, "epsilon": rs[0].get("epsilon"),
+        table.append({"tokenizer": tok, "method": method, "server_lr": slr, "epsilon": rs[0].get("epsilon"),
                       "epsilon_executed_run": rs[0].get("epsilon_executed_run"),
                       "noise_multiplier": rs[0].get("noise_multiplier"), "seeds": len(rs),
                       "val_accuracy_mean": acc.mean(), "val_accuracy_std": acc.std(),
                       "test_accuracy_mean": np.nanmean(test) if np.isfinite(test).any() else None})
+    best = {}
+    for row in table:  # best server lr per (tokenizer, method), chosen on validation accuracy
+        key = (row["tokenizer"], row["method"])
+        if key not in best or row["val_accuracy_mean"] > best[key]["val_accuracy_mean"]:
+            best[key] = row
+    for row in table:
+        row["best_on_val"] = best[(row["tokenizer"], row["method"])] is row
     return table
 
 
@@ -71,9 +84,12 @@ def main(argv=None):
     ap.add_argument("--workdir", default="runs/privacy_utility")
     ap.add_argument("--tokenizers", default="sentencepiece")
     ap.add_argument("--seeds", default="0")
+    ap.add_argument("--server-lrs", default=None, help="grid of server learning rates for the DP rows, e.g. 1,0.3,0.1")
     args = ap.parse_args(argv)
     cfg = common.load_config(args.config)
-    rows = run(cfg, args.workdir, tuple(args.tokenizers.split(",")), tuple(int(s) for s in args.seeds.split(",")))
+    lrs = tuple(float(x) for x in args.server_lrs.split(",")) if args.server_lrs else None
+    rows = run(cfg, args.workdir, tuple(args.tokenizers.split(",")), tuple(int(s) for s in args.seeds.split(",")),
+               server_lrs=lrs)
     table = aggregate(rows)
     notes = [f"{cfg.corpus}, {cfg.arch} (embed {cfg.embed_dim}, hidden {cfg.hidden_dim}), {cfg.rounds} rounds, "
              f"cohort {cfg.cohort_size}, delta {cfg.delta:g}, unit of privacy: user",
@@ -81,6 +97,9 @@ def main(argv=None):
     if cfg.noise_cohort_size:
         notes.append(f"noise calibrated for a cohort of {cfg.noise_cohort_size} (simulated population scaled "
                      f"by {cfg.noise_cohort_size}/{cfg.cohort_size}); epsilon_executed_run is the run actually executed")
+    if lrs:
+        notes.append(f"server learning rate grid for the DP rows: {list(lrs)} (every point shown; best_on_val marks "
+                     f"the one a practitioner would pick on validation accuracy)")
     common.write_table(rows, args.workdir, "privacy_utility_runs")
     _, md = common.write_table(table, args.workdir, "privacy_utility", title="Privacy-utility (Wang et al. §2)",
                                notes=notes)

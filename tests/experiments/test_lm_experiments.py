@@ -45,4 +45,4 @@ def test_privacy_utility_table(tmp_path, smoke_cfg):
     z = {r["method"]: r.get("noise_multiplier") for r in rows}
     assert z["DP-FTRL eps~1.8"] > z["DP-FTRL eps~18.7"] > 0
     table = privacy_utility.aggregate(rows)
-    assert len(table) == 4
+    assert len(table) == 4 and sum(r["best_on_val"] for r in table) == 4
