@@ -1,0 +1,143 @@
+"""Config of the public-training experiment (Wang et al. 2023, Table 2 / Table 3 rows, §3.2–§5).
+
+``get_config(scale)`` with ``scale`` in {"smoke", "small", "paper"}; variants are
+``dataclasses.replace`` overrides of one base, never copied files. Extra overrides:
+``"small,rounds=80,seeds=0/1,epsilons=1.77/18.71"``.
+
+The private FL fields keep the names of ``configs/lm_fl.py`` (so ``experiments.lm_fl``'s
+``build_task``/``build_algorithm`` read them); the student vocabulary is the teacher's BPE
+restricted to ``vocab_kept`` ids of the public pool (`fedpriv.public.distill.VocabRestriction`).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+ROWS = ("none", "pretrain_lm", "pretrain_distill", "mid_random", "mid_dm", "mid_dm_priv_only")
+
+
+@dataclasses.dataclass(frozen=True)
+class PublicTrainingConfig:
+    # private data (chitchat users; split by client)
+    corpus: str = "chitchat"
+    max_clients: int | None = None
+    split: tuple = (0.8, 0.1, 0.1)
+    split_seed: int = 0
+    seq_len: int = 20
+    max_examples_per_client: int = 256
+    batch_size: int = 16
+    max_local_steps: int | None = 16
+    # teacher and student vocabulary (§4.1; App. B.3)
+    teacher_path: str | None = None       # None: the packaged SmolLM2-135M GGUF
+    vocab_kept: int = 32000               # V kept teacher ids (student vocab V+4)
+    vocab_texts: int | None = None        # public sentences used to count tokens (None: all)
+    topk: int = 10
+    logits_dtype: str = "float16"
+    teacher_batch_size: int = 32
+    # public pool (Wikipedia excerpt, Lee news, film quotes); a uniform sample of it
+    pool_size: int | None = None          # None: the whole pool
+    pool_seed: int = 0
+    # on-device model (App. B.2)
+    arch: str = "lstm"
+    embed_dim: int = 96
+    hidden_dim: int = 670
+    # DP-FTRL (§2, App. C)
+    algorithm: str = "dp_ftrl"
+    rounds: int = 1600
+    t_prime: int | None = None            # None: T/2 (§5.3)
+    cohort_size: int = 100
+    noise_cohort_size: int | None = None  # simulate the noise of a larger cohort (say so)
+    epsilons: tuple = (1.77, 18.71)       # z calibrated to each for this run's schedule
+    delta: float = 1e-6
+    clip_norm: float = 0.3
+    client_lr: float = 0.5
+    server_optimizer: str = "sgdm"
+    server_lr: float = 1.0
+    server_momentum: float = 0.9
+    chunk_size: int | None = None         # clients per vmapped chunk (lm_fl: 1 is fastest on CPU)
+    # public training (§3.2, §4, §5; App. B.2–B.3)
+    q: float = 0.0008                     # fraction of the pool for distillation / mid-training
+    pretrain_fraction: float = 1.0        # "pre-training w/ public data" (LM loss)
+    pretrain_steps: int = 1_400_000
+    distill_steps: int = 8000             # pre-training w/ distillation and mid-training
+    kd_beta: float = 0.1                  # β of L_pub (grid 1e-1, 1e-2, 1e-3)
+    temperature: float = 1.0
+    central_batch_size: int = 128
+    central_lr: float = 1e-3
+    match_betas: tuple = (0.5, 1.0)       # ĥ and "w/o p_pub"
+    unk_correction: bool = True
+    rows: tuple = ROWS
+    # loop and evaluation
+    eval_every: int = 100
+    eval_batch_size: int = 256
+    max_eval_examples: int | None = 10000
+    checkpoint_every: int = 50
+    seeds: tuple = (0,)
+    seed: int = 0                         # set per run from `seeds`
+    # set per run from `epsilons` (read by experiments.lm_fl.build_algorithm)
+    target_epsilon: float | None = None
+    noise_multiplier: float | None = None
+
+    @property
+    def t_prime_rounds(self) -> int:
+        return self.rounds // 2 if self.t_prime is None else self.t_prime
+
+
+BASE = PublicTrainingConfig()
+
+SCALES = {
+    # seconds, for tests: a handful of public sequences, tiny LSTM, a few rounds
+    "smoke": dict(max_clients=60, seq_len=8, max_examples_per_client=16, max_local_steps=1,
+                  vocab_kept=300, vocab_texts=2000, pool_size=16, teacher_batch_size=16,
+                  embed_dim=16, hidden_dim=32, rounds=4, cohort_size=8, q=0.25,
+                  pretrain_steps=4, distill_steps=3, central_batch_size=4, clip_norm=1.0,
+                  epsilons=(1.77, 18.71), eval_every=2, checkpoint_every=2,
+                  max_eval_examples=128, eval_batch_size=128, chunk_size=1),
+    # a real reproduction on a shared 2-core CPU in about half an hour
+    "small": dict(max_clients=None, seq_len=20, max_examples_per_client=64, max_local_steps=2,
+                  vocab_kept=3000, pool_size=1024, embed_dim=96, hidden_dim=128, rounds=60,
+                  cohort_size=16, noise_cohort_size=100, q=0.125, pretrain_steps=300,
+                  distill_steps=150, central_batch_size=32, central_lr=1e-3, kd_beta=0.1,
+                  eval_every=30, checkpoint_every=10, max_eval_examples=3000, chunk_size=1),
+    # the paper's settings (Wang et al. §2, §5.3, App. B–C), for GPU/TPU
+    "paper": dict(vocab_kept=49148, rounds=1600, cohort_size=100, max_examples_per_client=256,
+                  max_local_steps=16, q=0.0008, pretrain_steps=1_400_000, distill_steps=8000,
+                  central_batch_size=128, seeds=(0, 1, 2)),
+}
+
+
+def _coerce(field: dataclasses.Field, text: str):
+    if text in ("None", "none"):
+        return None
+    kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
+    if "bool" in kind:
+        return text.lower() in ("1", "true", "yes")
+    if "tuple" in kind:
+        items = [t for t in text.split("/") if t]
+        if field.name in ("rows",):
+            return tuple(items)
+        if field.name in ("seeds",):
+            return tuple(int(t) for t in items)
+        return tuple(float(t) for t in items)
+    if "int" in kind and "float" not in kind:
+        return int(text)
+    if "float" in kind:
+        return float(text)
+    return text
+
+
+def get_config(arg: str = "small") -> PublicTrainingConfig:
+    parts = [p for p in (arg or "small").split(",") if p]
+    scale, overrides = parts[0], parts[1:]
+    if scale not in SCALES:
+        raise ValueError(f"unknown scale {scale!r}; choose one of {sorted(SCALES)}")
+    cfg = dataclasses.replace(BASE, **SCALES[scale])
+    fields = {f.name: f for f in dataclasses.fields(PublicTrainingConfig)}
+    for ov in overrides:
+        key, _, val = ov.partition("=")
+        if key not in fields:
+            raise ValueError(f"unknown config field {key!r}")
+        cfg = dataclasses.replace(cfg, **{key: _coerce(fields[key], val)})
+    unknown = set(cfg.rows) - set(ROWS)
+    if unknown:
+        raise ValueError(f"unknown rows {sorted(unknown)}; choose from {ROWS}")
+    return cfg

@@ -1,0 +1,46 @@
+"""Smoke test of the public-training experiment (Wang et al. 2023, Table 2 rows) on the real
+teacher (16 public sequences), real chitchat users and the real public pool."""
+import json
+import os
+
+import pytest
+
+from experiments import common, public_training
+from fedpriv.public import pipeline
+
+
+def test_smoke_config_writes_tables_and_resumes(tmp_path, capsys):
+    cfg = common.load_config("configs/public_training.py:smoke")
+    wd = str(tmp_path / "pt")
+    out = public_training.run(cfg, wd, teacher=pipeline.cached_teacher(), progress=False)
+    for name in ("public_training.md", "public_training.csv", "public_training_runs.csv",
+                 "source_shares.md", "teacher_and_corpus.md", "summary.json",
+                 "curves_eps1.77.png", "curves_eps18.71.png"):
+        assert os.path.getsize(os.path.join(wd, name)) > 0, name
+    assert [r["method"] for r in out["table"]] == [public_training.TITLES[r] for r in cfg.rows]
+    runs = out["runs"]
+    assert len(runs) == len(cfg.rows) * len(cfg.epsilons)
+    for r in runs:
+        assert r["final_round"] == cfg.rounds and 0.0 <= r["test_accuracy"] <= 1.0
+        assert r["epsilon"] <= r["target_epsilon"] * (1 + 1e-6)
+        names = [e["name"] for e in r["ledger"]["entries"]]
+        if r["row"] == "none":
+            assert names == ["dp-ftrl"]
+        elif r["row"].startswith("pretrain"):
+            assert names == ["public pre-training", "dp-ftrl"]
+        else:
+            assert names == ["dp-ftrl", "public mid-training"]
+        assert r["ledger"]["spent_epsilon"] == pytest.approx(r["epsilon"], rel=1e-6)
+    # source shares for both matching betas at both epsilons, shares summing to 1
+    shares = out["shares"]
+    assert {(s["target_epsilon"], s["beta"]) for s in shares} == {
+        (e, b) for e in cfg.epsilons for b in cfg.match_betas}
+    st = out["stats"]
+    assert st["corpus"]["bytes_per_1k_sequences"] > 0 and st["num_sequences"] == cfg.pool_size
+    assert 0 <= st["restriction_cost"]["unk_rate"] <= 1
+    # rows are skipped once their summary exists
+    again = public_training.run(cfg, wd, teacher=pipeline.cached_teacher(), progress=False)
+    assert "done before, skipped" in capsys.readouterr().out
+    assert [r["test_accuracy"] for r in again["runs"]] == [r["test_accuracy"] for r in runs]
+    with open(os.path.join(wd, "summary.json")) as f:
+        assert json.load(f)["config"]["rounds"] == cfg.rounds
