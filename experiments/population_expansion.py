@@ -335,6 +335,26 @@ def plan_stages(scheme: domain.TrainingScheme, ds: domain.DomainDataset, cfg, se
     return out
 
 
+def unigram_diagnostics(ds: domain.DomainDataset, u_hat, vocab_size: int, epsilon: float,
+                        seed: int) -> dict:
+    """Evaluation-only diagnostic of the unigram release (never fed back into training): per
+    population, the number of counted tokens (<= 5 x 10 per user), the Geometric noise std per
+    word, and the total-variation distance between the private u_hat and the same bounded
+    counts without noise. With few users the noise mass (V words x std) swamps the counts."""
+    from fedpriv.dp import geometric
+    out = {}
+    for pop, u in zip((domain.SOURCE, domain.TARGET), u_hat):
+        counts = domain.unigram_counts(ds.clients("train", (pop,), (pop,)), vocab_size,
+                                       np.random.default_rng([seed, 11, pop]))
+        exact = domain.normalise_counts(counts, zero_ids=domain.DEFAULT_IGNORE_IDS)
+        out[LABELS[pop]] = {
+            "counted_tokens": int(counts.sum()),
+            "noise_std_per_word": math.sqrt(geometric.geometric_variance(
+                epsilon, domain.unigram_sensitivity())),
+            "tv_distance_to_nonprivate": float(0.5 * np.abs(np.asarray(u) - exact).sum())}
+    return out
+
+
 def _weight_stats(clients) -> dict:
     arr = clients.concat_examples()
     if "weight" not in arr:
@@ -441,6 +461,10 @@ def run_scheme(scheme: domain.TrainingScheme, prep: Prepared, cfg, seed: int, wo
             "epsilon_executed_alone": _epsilon((executed,), budget_delta, "add_remove",
                                                cfg.accountant)[0],
             "resumed_from_round": result.resumed_from})
+    diagnostics = None
+    if u_hat is not None:
+        diagnostics = unigram_diagnostics(ds, u_hat, prep.vocab_size, scheme.unigram_budget[0],
+                                          seed)
     val = eval_fn(params)
     test = evaluate(task, params, prep.test_tokens, cfg.eval_batch_size, **dom_kw(test_dom))
     report = ledger.report()
@@ -454,6 +478,7 @@ def run_scheme(scheme: domain.TrainingScheme, prep: Prepared, cfg, seed: int, wo
         "alpha": ds.alpha, "stages": stages, "unigram_budget": scheme.unigram_budget,
         "ledger": report, "epsilon_by_population": report["by_population"],
         "epsilon_executed_by_population": executed_by_pop, "curve": curve,
+        "unigram_diagnostics": diagnostics,
         "wall_clock_s": time.time() - t0, "skipped": False, "unit_of_privacy": "user",
     }
     common.save_json(summary, path)
