@@ -258,6 +258,10 @@ def aggregate(cfg, runs: list[dict]) -> list[dict]:
                 out[f"{split} eps={eps:g}"] = (None if m is None else
                                                f"{100 * m:.2f} ± {100 * s:.2f}" if len(rs) > 1
                                                else f"{100 * m:.2f}")
+            after = [r.get("public", {}).get("eval_after_public_training", {}).get("accuracy")
+                     for r in rs]
+            m, _ = _mean_std(after)
+            out[f"val after public training eps={eps:g}"] = None if m is None else f"{100 * m:.2f}"
         out["seeds"] = len({r["seed"] for r in runs if r["row"] == row})
         table.append(out)
     return table
@@ -275,6 +279,13 @@ def aggregate_shares(rows: list[dict]) -> list[dict]:
                     "share of top-q": f"{100 * m:.1f}%" + (f" ± {100 * s:.1f}" if len(rs) > 1 else ""),
                     "lift": round(m / rs[0]["pool_share"], 2), "seeds": len(rs)})
     return out
+
+
+def _rates(info: dict) -> str | None:
+    if "padded_tokens_per_second" not in info:
+        return None
+    real = info.get("real_tokens_per_second")
+    return (f"{real:.0f} / " if real else "") + f"{info['padded_tokens_per_second']:.0f}"
 
 
 def write_outputs(cfg, workdir, runs, shares_rows, privacy, prepared, mft, task, seconds):
@@ -321,10 +332,9 @@ def write_outputs(cfg, workdir, runs, shares_rows, privacy, prepared, mft, task,
                        notes=["mid-training selection at T'=T/2 from the DP checkpoint; "
                               "beta=0.5: (log p_pub + log p_priv)/2, beta=1: log p_priv only"])
     teacher_rows = [
-        {"quantity": "teacher tokens/s (log p_pub pass, padded)",
-         "value": lp.get("padded_tokens_per_second")},
-        {"quantity": "teacher tokens/s (top-k pass, padded)",
-         "value": tk.get("padded_tokens_per_second")},
+        {"quantity": "teacher tokens/s (log p_pub pass: real / padded)",
+         "value": _rates(lp)},
+        {"quantity": "teacher tokens/s (top-k pass: real / padded)", "value": _rates(tk)},
         {"quantity": "distillation corpus bytes per 1K sequences",
          "value": corpus.get("bytes_per_1k_sequences")},
         {"quantity": "distillation corpus (k, L, dtype)",
@@ -339,8 +349,10 @@ def write_outputs(cfg, workdir, runs, shares_rows, privacy, prepared, mft, task,
     ]
     common.write_table(teacher_rows, workdir, "teacher_and_corpus",
                        title="Teacher, distillation corpus and vocabulary restriction",
-                       notes=["teacher rates are absent when the pass came from the cache "
-                              "(see summary.json of the first run)"])
+                       notes=["teacher rates are those of the pass that built the cached "
+                              "arrays (empty if that pass did not record them); batches of "
+                              f"{cfg.teacher_batch_size} x L+1={cfg.seq_len + 1} tokens, float32 "
+                              "on this machine's CPU"])
     for eps in cfg.epsilons:
         curves = {}
         for r in runs:

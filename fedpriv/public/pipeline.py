@@ -24,7 +24,9 @@ of the same sequence, EOS included.
     ① DP-FTRL for T' rounds (the engine's `train(..., stop_after=T')`, the whole T-round DP-FTRL
       event spent in the ledger before round 0);
     ② log p_priv(x) under the round-T' DP checkpoint (`metrics.sequence_logprob`) and
-      log p_pub(x) under the teacher, for every public x;
+      log p_pub(x) under the teacher, for every public x (with a restricted vocabulary an UNK
+      target is a class of teacher tokens: by default p(UNK) is spread uniformly over it, see
+      `private_logprob`, so sequences full of dropped words are not preferred);
     ③ scores (1−β)·log p_pub + β·log p_priv (β=0.5: the paper's ĥ; β=1: "w/o p_pub", Table 3);
       keep the top q fraction (`select.distribution_matching_select`);
     ④ public mid-training of the checkpoint on the selected subset with
@@ -220,7 +222,11 @@ def teacher_sequence_logprob(teacher: llama.Teacher, sequences: Sequence[Sequenc
     if cache_dir is not None:
         path = os.path.join(cache_dir, f"logp-pub-{_logp_key(teacher, ids, lengths)[:16]}.npy")
         if os.path.exists(path):
-            return np.load(path), {"from_cache": True}
+            info = {}
+            if os.path.exists(path[:-4] + ".json"):  # the timing of the pass that built it
+                with open(path[:-4] + ".json") as f:
+                    info = json.load(f)
+            return np.load(path), {**info, "from_cache": True}
     t0 = time.perf_counter()
     logp = llama.sequence_logprob(teacher, [list(s) for s in sequences], batch_size,
                                   add_bos=False, buckets=(seq_len + 1,), progress=progress)
@@ -278,10 +284,17 @@ def build_public_pool(teacher: llama.Teacher, texts: Sequence[str], sources: Seq
         student = distill.corpus_to_student(corpus, restriction)
         tokens, topk_ids, topk_logits = (student["tokens"], student["topk_ids"],
                                          student["topk_logits"])
-        info["topk_pass"] = {"from_cache": corpus.from_cache, "seconds": secs,
-                             "padded_tokens": int(corpus.token_ids.size)}
+        timing = os.path.join(cache_dir, f"{corpus.path.name}-timing.json")
         if not corpus.from_cache:
-            info["topk_pass"]["padded_tokens_per_second"] = corpus.token_ids.size / secs
+            with open(timing, "w") as f:
+                json.dump({"seconds": secs, "padded_tokens": int(corpus.token_ids.size),
+                           "real_tokens": int(corpus.lengths.sum()),
+                           "padded_tokens_per_second": corpus.token_ids.size / secs,
+                           "real_tokens_per_second": float(corpus.lengths.sum() / secs)}, f)
+        info["topk_pass"] = {"from_cache": corpus.from_cache}
+        if os.path.exists(timing):  # the timing of the pass that built the corpus
+            with open(timing) as f:
+                info["topk_pass"].update(json.load(f))
         info["corpus"] = distill.describe_corpus(corpus)
         info["restriction_cost"] = distill.restriction_cost(corpus, restriction)
     else:  # the same student tokens corpus_to_student would give
@@ -599,6 +612,9 @@ def algorithm1(private: PrivateTraining, task, init_params, pool: PublicPool,
                   "first_loss": hist[0]["loss"] if hist else None,
                   "last_loss": hist[-1]["loss"] if hist else None,
                   "spec": dataclasses.asdict(spec)}
+        if private.eval_fn is not None:  # the model handed to (the rest of) DP-FTRL
+            record["eval_after_public_training"] = {
+                k: float(v) for k, v in private.eval_fn(new).items()}
         return new, record
 
     if tp == 0:
