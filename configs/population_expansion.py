@@ -82,7 +82,8 @@ SCALES = {
                   noise_cohort=20, train_cohort=4, batch_size=8, max_local_steps=1,
                   eval_every=2, eval_batch_size=64, max_eval_examples=128, checkpoint_every=1,
                   accountant="rdp", progress=False),
-    # the CPU reproduction (both datasets, every scheme, two seeds, ~40 min on 2 busy cores):
+    # the CPU reproduction (both datasets, every scheme, two seeds: 27 min on 2 cores shared
+    # with other jobs, load ~8):
     # the paper's noise cohort C = 5000 (alpha*C = 500), 40 clients trained per round (alpha*C:
     # 4), 40 rounds, vocabulary 1K words, LSTM 32/64, one local step of 16 sequences per client
     # and round. (With C = 1000 for the noise, the alpha*C stages' per-coordinate noise is ~6x
