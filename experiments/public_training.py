@@ -37,6 +37,7 @@ from fedpriv.data import load_public_pool
 from fedpriv.dp import accounting
 from fedpriv.dp.ledger import PrivacyLedger
 from fedpriv.fl import algorithms as algs
+from fedpriv.fl.loop import load_checkpoint
 from fedpriv.models.lm import count_params
 from fedpriv.models.metrics import evaluate, most_frequent_token_accuracy
 from fedpriv.public import distill, pipeline, select
@@ -152,6 +153,13 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
     test = prepared.test.concat_examples()["tokens"][: cfg.max_eval_examples]
     mft = most_frequent_token_accuracy(prepared.train.concat_examples()["tokens"], test)
     eval_fn = lambda p: evaluate(task, p, val, cfg.eval_batch_size)  # noqa: E731
+    suggest = pipeline.suggestion_eval_task(task)
+
+    def add_suggestion_metrics(summary, params):
+        summary["val_suggestion_accuracy"] = evaluate(suggest, params, val,
+                                                      cfg.eval_batch_size)["accuracy"]
+        summary["test_suggestion_accuracy"] = evaluate(suggest, params, test,
+                                                       cfg.eval_batch_size)["accuracy"]
 
     def log_row(row):
         if "eval_accuracy" in row:
@@ -184,6 +192,10 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
                     with open(done) as f:
                         summary = json.load(f)
                     log(f"[seed {seed}, eps {eps:g}] {row}: done before, skipped")
+                    if "test_suggestion_accuracy" not in summary:  # written by an older version
+                        state, _, _ = load_checkpoint(sub, private.template(init))
+                        add_suggestion_metrics(summary, state.params)
+                        common.save_json(summary, done)
                 else:
                     log(f"[seed {seed}, eps {eps:g}] {row}: {TITLES[row]} (z = {z:.3f})")
                     t0 = time.time()
@@ -217,6 +229,7 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
                                "wall_clock_s": time.time() - t0,
                                "ledger": result.ledger.report() if result.ledger else None,
                                "curve": _curve(sub), **extra}
+                    add_suggestion_metrics(summary, params)
                     common.save_json(summary, done)
                     log(f"  -> val {v['accuracy']:.4f}, test {te['accuracy']:.4f} "
                         f"({summary['wall_clock_s']:.0f}s)")
@@ -253,8 +266,10 @@ def aggregate(cfg, runs: list[dict]) -> list[dict]:
                            "mid_dm_priv_only": f"beta={cfg.match_betas[1]:g}"}.get(row, "")
         for eps in cfg.epsilons:
             rs = [r for r in runs if r["row"] == row and r["target_epsilon"] == eps]
-            for split in ("val", "test"):
-                m, s = _mean_std([r[f"{split}_accuracy"] for r in rs])
+            for split, key in (("val", "val_accuracy"), ("test", "test_accuracy"),
+                               ("val*", "val_suggestion_accuracy"),
+                               ("test*", "test_suggestion_accuracy")):
+                m, s = _mean_std([r.get(key) for r in rs])
                 out[f"{split} eps={eps:g}"] = (None if m is None else
                                                f"{100 * m:.2f} ± {100 * s:.2f}" if len(rs) > 1
                                                else f"{100 * m:.2f}")
@@ -309,8 +324,13 @@ def write_outputs(cfg, workdir, runs, shares_rows, privacy, prepared, mft, task,
              f"pre-training on {cfg.pretrain_fraction:g} of the pool; L_pub beta={cfg.kd_beta:g}, "
              f"t={cfg.temperature:g}",
              "accuracy: in-vocabulary next-token accuracy (%) of the final model on validation/test "
-             "users (PAD/BOS/EOS/UNK targets excluded); most-frequent-token test accuracy "
-             f"{100 * mft:.2f}%",
+             "users (PAD/BOS/EOS/UNK targets excluded; a predicted special token counts as wrong); "
+             "val*/test*: the same with the argmax over real tokens only (the model as a "
+             "suggester that never proposes UNK/EOS, as the paper's full-vocabulary student "
+             "never meets UNK; `pipeline.suggestion_eval_task`); most-frequent-token test "
+             f"accuracy {100 * mft:.2f}%; 'val after public training': val accuracy of the "
+             "model handed to DP-FTRL right after public training",
+             f"UNK share of private training targets: {100 * prepared.stats['private_train_unk_rate']:.1f}%",
              "; ".join(f"eps target {k}: z={v['noise_multiplier']:.3f}, eps={v['epsilon']:.3f}"
                        for k, v in privacy.items()),
              f"seeds {list(cfg.seeds)}; wall clock {seconds / 60:.1f} min"]

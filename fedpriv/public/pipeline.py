@@ -52,6 +52,7 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fedpriv.data.federated import FederatedDataset
@@ -113,6 +114,30 @@ class RestrictedTeacherTokenizer:
         out = [self.restriction.to_student(np.asarray(s, np.int64)).astype(np.int32).tolist()
                if s else [] for s in ids]
         return out[0] if single else out
+
+
+def suggestion_eval_task(task):
+    """The same LM evaluated as a deployed next-token suggester: the argmax is taken over real
+    tokens only (PAD/UNK/BOS/EOS logits excluded), so a prediction is always a word piece.
+
+    With a restricted vocabulary the UNK class is the most frequent target (e.g. ~20% of
+    chitchat tokens at V=3000 vs 2.4% for the most frequent real token), and an LM that has
+    learned it predicts UNK almost everywhere: 0 in-vocabulary accuracy, although its ranking of
+    real tokens may be good. The paper's student shares the full teacher vocabulary and never
+    meets UNK (§3.1: "no OOV tokens"); this view measures what such a student would suggest.
+    Loss and token counts are unchanged (full softmax, UNK targets included); only
+    ``num_correct`` differs from ``task.eval_fn``. Returns an `LMTask` (same init/apply/loss).
+    """
+    def eval_fn(params, batch):
+        inputs, targets = metrics.split_tokens(batch["tokens"])
+        logits = task.apply(params, inputs, batch.get("domain"))
+        sums = metrics.lm_sums(logits, targets, batch.get("mask"))
+        special = jnp.arange(logits.shape[-1]) < distill.NUM_SPECIAL
+        masked = jnp.where(special, jnp.asarray(-1e9, logits.dtype), logits)
+        sums["num_correct"] = metrics.lm_sums(masked, targets, batch.get("mask"))["num_correct"]
+        return sums
+
+    return dataclasses.replace(task, eval_fn=eval_fn)
 
 
 def restriction_from_texts(teacher: llama.Teacher, texts: Sequence[str], num_kept: int

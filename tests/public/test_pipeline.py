@@ -193,3 +193,25 @@ def test_pretraining_variant_and_validation(setup, tiny, tmp_path):
     assert [e.name for e in out.result.ledger.entries] == ["public pre-training", "dp-ftrl"]
     assert int(out.result.state.round) == T and out.result.resumed_from == 0
     assert len(out.selected) == POOL // 2
+
+
+def test_suggestion_eval_ignores_special_predictions():
+    from fedpriv.models.metrics import evaluate
+    task = make_lm_task(make_lm(LMConfig(vocab_size=40, arch="lstm", embed_dim=8, hidden_dim=8,
+                                         max_len=64)))
+    params = task.init(jax.random.key(0))
+    tokens = np.random.default_rng(0).integers(4, 40, (24, 7)).astype(np.int32)
+    tokens[:, 0], tokens[::3, 4] = 2, 1
+
+    def with_special_bias(b):
+        bias = params["head"]["logits"]["bias"].at[:4].set(b)
+        return {**params, "head": {**params["head"], "logits": {**params["head"]["logits"],
+                                                                "bias": bias}}}
+    loud, quiet = with_special_bias(100.0), with_special_bias(-100.0)
+    suggest = pipeline.suggestion_eval_task(task)
+    assert evaluate(task, loud, tokens, 8)["accuracy"] == 0.0  # always predicts a special id
+    # masking the special logits = a model that never ranks them first
+    assert evaluate(suggest, loud, tokens, 8)["accuracy"] == pytest.approx(
+        evaluate(task, quiet, tokens, 8)["accuracy"])
+    assert evaluate(task, quiet, tokens, 8)["accuracy"] > 0.0
+    assert evaluate(suggest, loud, tokens, 8)["loss"] == evaluate(task, loud, tokens, 8)["loss"]
