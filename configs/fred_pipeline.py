@@ -25,12 +25,13 @@ class FredPipelineConfig:
     prefinetune_batch: int = 64
     prefinetune_lr: float = 3e-3
     embed_batch: int = 64
+    compare_all: bool = True            # also carry the non-chosen candidates through stages 2-3
     seed: int = 0
 
 
 SCALES = {
     "smoke": dict(max_per_user=4, num_sentences=64, prefinetune_steps=3, prefinetune_batch=16,
-                  pca_dims=8, total_epsilon=60.0),
+                  pca_dims=8, total_epsilon=60.0, compare_all=False),
     "small": dict(max_per_user=20, num_sentences=2000, prefinetune_steps=300),
     "paper": dict(max_per_user=256, num_sentences=150_000, prefinetune_steps=20_000, pca_dims=None,
                   total_epsilon=1.26 + 1.2),
@@ -50,7 +51,10 @@ def get_config(arg: str = "small") -> FredPipelineConfig:
         if k not in fields or k == "lm":
             raise ValueError(f"unknown config field {k!r}")
         cur = getattr(cfg, k)
-        val = None if v in ("None", "none") else type(cur)(v) if cur is not None else (int(v) if v.isdigit() else v)
+        if isinstance(cur, bool):
+            val = v.lower() in ("1", "true", "yes")
+        else:
+            val = None if v in ("None", "none") else type(cur)(v) if cur is not None else (int(v) if v.isdigit() else v)
         cfg = dataclasses.replace(cfg, **{k: val})
     cfg = dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, target_epsilon=cfg.total_epsilon))
     return cfg

@@ -96,7 +96,8 @@ def run(cfg, workdir: str, progress: bool = True) -> dict:
     val_tokens = datasets[1].concat_examples()["tokens"][: lm.max_eval_examples]
     private_rank = {n: i + 1 for i, (n, _) in enumerate(ranking)}
     rows = []
-    for name in [NONE] + [n for n, _ in ranking]:
+    names = [NONE] + ([n for n, _ in ranking] if cfg.compare_all else [chosen])
+    for name in names:
         sub = os.path.join(workdir, _slug(name))
         params = task.init(jax.random.key(lm.seed))
         if name != NONE:

@@ -131,7 +131,25 @@ def pure_epsilon(event: dpa.DpEvent) -> float | None:
     return None
 
 
+class _QuietAbsl:
+    """dp_accounting logs a warning per RDP order that fails to converge (harmless: the order is
+    excluded from the minimum); at high sampling rates that floods the output."""
+
+    def __enter__(self):
+        from absl import logging as absl_logging
+        self._logging, self._level = absl_logging, absl_logging.get_verbosity()
+        absl_logging.set_verbosity(absl_logging.ERROR)
+
+    def __exit__(self, *exc):
+        self._logging.set_verbosity(self._level)
+
+
 def _rdp_epsilon(events, delta, neighboring):
+    with _QuietAbsl():
+        return _rdp_epsilon_impl(events, delta, neighboring)
+
+
+def _rdp_epsilon_impl(events, delta, neighboring):
     rel = NeighborRel.REPLACE_SPECIAL if neighboring == "add_remove" else NeighborRel.REPLACE_ONE
     acc = rdp.RdpAccountant(neighboring_relation=rel)
     extra = 0.0

@@ -28,7 +28,8 @@ from tqdm.auto import tqdm
 from fedpriv.dp.ledger import PrivacyLedger
 from fedpriv.fl.aggregate import replicate, shard_cohort
 from fedpriv.fl.algorithms import FederatedAlgorithm, ServerState
-from fedpriv.fl.cohort import build_cohort, round_up
+from fedpriv.fl.cohort import build_cohort, next_pow2, round_up
+from fedpriv.fl.samplers import PoissonSampler
 
 CHECKPOINT = "checkpoint.msgpack"
 META = "checkpoint.json"
@@ -161,9 +162,9 @@ def train(algorithm: FederatedAlgorithm, init_params, dataset: Mapping, client_i
         _truncate_metrics(workdir, start)
     elif ledger is not None and privacy_event is not None:
         ledger.spend(ledger_name, privacy_event, populations)  # raises before any data is read
-    capacity = int(getattr(sampler, "max_cohort_size"))
+    max_capacity = int(getattr(sampler, "max_cohort_size"))
     multiple = max(chunk_size or 1, mesh.devices.size if mesh is not None else 1)
-    capacity = round_up(capacity, multiple)
+    variable = isinstance(sampler, PoissonSampler)  # cohort size varies: pad to power-of-2 buckets
     if mesh is not None:
         state = replicate(state, mesh)
     log_path = os.path.join(workdir, METRICS) if workdir else None
@@ -179,6 +180,8 @@ def train(algorithm: FederatedAlgorithm, init_params, dataset: Mapping, client_i
             state = state.replace(round=state.round + 1)
         else:
             ids = [client_ids[i] for i in idx]
+            capacity = round_up(min(next_pow2(len(ids)), max_capacity) if variable else max_capacity, multiple)
+            capacity = max(capacity, round_up(len(ids), multiple))
             cohort = build_cohort(dataset, ids, batch_size, capacity, max_steps,
                                   rng=np.random.default_rng([seed, r]))
             batches, cmask = cohort.batches, cohort.client_mask

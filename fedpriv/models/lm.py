@@ -346,7 +346,7 @@ def make_lm_task(model: nn.Module) -> LMTask:
     def eval_fn(params, batch):
         return _sums(params, batch, None, use_weight=False)
 
-    return LMTask(init=init, apply=apply, loss_fn=loss_fn, eval_fn=eval_fn,
+    return LMTask(init=jax.jit(init), apply=apply, loss_fn=loss_fn, eval_fn=eval_fn,
                   uses_domain=uses_domain)
 
 
