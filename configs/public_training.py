@@ -28,7 +28,7 @@ class PublicTrainingConfig:
     max_local_steps: int | None = 16
     # teacher and student vocabulary (§4.1; App. B.3)
     teacher_path: str | None = None       # None: the packaged SmolLM2-135M GGUF
-    vocab_kept: int = 32000               # V kept teacher ids (student vocab V+4)
+    vocab_kept: int | None = None         # V kept teacher ids (student vocab V+4); None: all
     vocab_texts: int | None = None        # public sentences used to count tokens (None: all)
     topk: int = 10
     logits_dtype: str = "float16"
@@ -99,7 +99,7 @@ SCALES = {
                   distill_steps=150, central_batch_size=32, central_lr=1e-3, kd_beta=0.1,
                   eval_every=30, checkpoint_every=10, max_eval_examples=3000, chunk_size=1),
     # the paper's settings (Wang et al. §2, §5.3, App. B–C), for GPU/TPU
-    "paper": dict(vocab_kept=49148, rounds=1600, cohort_size=100, max_examples_per_client=256,
+    "paper": dict(vocab_kept=None, rounds=1600, cohort_size=100, max_examples_per_client=256,
                   max_local_steps=16, q=0.0008, pretrain_steps=1_400_000, distill_steps=8000,
                   central_batch_size=128, seeds=(0, 1, 2)),
 }
