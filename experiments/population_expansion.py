@@ -68,7 +68,7 @@ from fedpriv import domain
 from fedpriv.data import WordTokenizer, load_chitchat, load_shakespeare, load_simpsons
 from fedpriv.data.text import FederatedText
 from fedpriv.dp import accounting
-from fedpriv.dp.ledger import PrivacyLedger, event_to_json
+from fedpriv.dp.ledger import PrivacyLedger
 from fedpriv.fl import algorithms as algs
 from fedpriv.fl.loop import train
 from fedpriv.fl.samplers import PoissonSampler
@@ -112,31 +112,8 @@ PAPER_TABLE1 = {
 LABELS = {domain.SOURCE: "S", domain.TARGET: "T"}
 
 
-_EPSILON_CACHE: dict = {}
-
-
 def _epsilon(events: tuple, delta: float, neighboring: str, accountant: str) -> tuple[float, str]:
-    """`accounting.compute_epsilon`, memoised on the events' JSON form (events hold lists)."""
-    key = (json.dumps([event_to_json(e) for e in events], sort_keys=True, default=str),
-           delta, neighboring, accountant)
-    if key not in _EPSILON_CACHE:
-        _EPSILON_CACHE[key] = accounting.compute_epsilon(list(events), delta, neighboring,
-                                                         accountant)
-    return _EPSILON_CACHE[key]
-
-
-class CachedLedger(PrivacyLedger):
-    """`PrivacyLedger` whose epsilon computations are memoised on the (immutable) events: the
-    loop asks for the spent epsilon at every evaluation and the report recomputes every entry,
-    and PLD/RDP of a subsampled Gaussian take ~1 s each on this CPU. Same numbers, same rules."""
-
-    def _epsilon_of(self, entries):
-        return _epsilon(tuple(e.event for e in entries), self.delta, self.neighboring,
-                        self.accountant)
-
-    @classmethod
-    def wrap(cls, ledger: PrivacyLedger) -> "CachedLedger":
-        return cls.from_dict(ledger.to_dict())
+    return accounting.compute_epsilon(list(events), delta, neighboring, accountant)  # memoised there
 
 
 # ---------------------------------------------------------------------------------------------
@@ -400,7 +377,7 @@ def run_scheme(scheme: domain.TrainingScheme, prep: Prepared, cfg, seed: int, wo
     t0 = time.time()
     ds = prep.ds
     budget_eps, budget_delta = domain.TOTAL_BUDGET
-    ledger = CachedLedger(budget_eps, budget_delta, accountant=cfg.accountant)
+    ledger = PrivacyLedger(budget_eps, budget_delta, accountant=cfg.accountant)
     scheme_index = domain.TRAINING_SCHEMES.index(scheme)
     u_hat = None
     if scheme.unigram_budget is not None:
@@ -444,7 +421,7 @@ def run_scheme(scheme: domain.TrainingScheme, prep: Prepared, cfg, seed: int, wo
                        privacy_event=event, ledger_name=f"{scheme.name}/stage{i}",
                        populations=stage.population_labels, progress=cfg.progress)
         params = result.state.params
-        ledger = CachedLedger.wrap(result.ledger)  # restored from a checkpoint on resume
+        ledger = result.ledger  # restored from a checkpoint on resume
         curve += _stage_curve(os.path.join(workdir, f"stage{i}"), offset)
         offset += rounds
         stages.append({

@@ -187,6 +187,10 @@ def _pld_epsilon(events, delta, neighboring):
     return acc.get_epsilon(delta)
 
 
+_EPSILON_CACHE: dict = {}
+_EPSILON_CACHE_SIZE = 4096
+
+
 def compute_epsilon(events: dpa.DpEvent | Iterable[dpa.DpEvent], delta: float,
                     neighboring: str = "add_remove", accountant: str = "best") -> tuple[float, str]:
     """Epsilon at ``delta`` of the composition of ``events``.
@@ -214,6 +218,11 @@ def compute_epsilon(events: dpa.DpEvent | Iterable[dpa.DpEvent], delta: float,
     names = {"rdp": [_rdp_epsilon], "pld": [_pld_epsilon], "best": [_rdp_epsilon, _pld_epsilon]}
     if accountant not in names:
         raise ValueError(f"accountant must be rdp, pld or best, got {accountant!r}")
+    # Memoised: events are immutable and their repr is deterministic; PLD/RDP of a subsampled
+    # Gaussian take ~1 s, and ledgers/loops ask for the same composition again and again.
+    key = (repr(events), delta, neighboring, accountant)
+    if key in _EPSILON_CACHE:
+        return _EPSILON_CACHE[key]
     results = []
     for fn in names[accountant]:
         eps = fn(events, delta, neighboring)
@@ -223,7 +232,10 @@ def compute_epsilon(events: dpa.DpEvent | Iterable[dpa.DpEvent], delta: float,
         raise dpa.UnsupportedEventError(
             f"no {accountant} accountant supports these events under {neighboring} "
             f"neighbouring: {events}")
-    return min(results)
+    if len(_EPSILON_CACHE) >= _EPSILON_CACHE_SIZE:
+        _EPSILON_CACHE.clear()
+    _EPSILON_CACHE[key] = min(results)
+    return _EPSILON_CACHE[key]
 
 
 def calibrate_noise_multiplier(make_event: Callable[[float], dpa.DpEvent], epsilon: float,

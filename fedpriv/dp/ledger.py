@@ -89,7 +89,6 @@ class PrivacyLedger:
         self.unit = unit
         self.accountant = accountant
         self.entries: list[LedgerEntry] = []
-        self._cache: dict[str, tuple[float, str]] = {}
 
     # ------------------------------------------------------------------ queries
     @property
@@ -97,12 +96,8 @@ class PrivacyLedger:
         return sorted({p for e in self.entries for p in e.populations})
 
     def _epsilon_of(self, entries: Iterable[LedgerEntry]) -> tuple[float, str]:
-        """Composed epsilon of ``entries`` (memoised on the events: accounting is slow)."""
         events = [e.event for e in entries]
-        key = repr(events)
-        if key not in self._cache:
-            self._cache[key] = accounting.compute_epsilon(events, self.delta, self.neighboring, self.accountant)
-        return self._cache[key]
+        return accounting.compute_epsilon(events, self.delta, self.neighboring, self.accountant)
 
     def epsilon_by_population(self, extra: LedgerEntry | None = None) -> dict[str, float]:
         entries = self.entries + ([extra] if extra is not None else [])

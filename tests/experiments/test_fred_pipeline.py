@@ -1,8 +1,6 @@
 """Smoke test of the FreD three-stage pipeline: one ledger, FreD then FL-finetuning."""
-import json
 import os
 
-import pytest
 
 from experiments import common, fred_pipeline
 

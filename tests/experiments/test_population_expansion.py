@@ -12,6 +12,7 @@ from absl import logging
 
 from experiments import common
 from experiments import population_expansion as pe
+from fedpriv.dp.ledger import PrivacyLedger
 from fedpriv import domain
 from fedpriv.dp import geometric
 
@@ -121,7 +122,7 @@ def test_every_scheme_fits_the_budget_per_population(prepared, smoke_cfg):
     within (2, 1e-6) per population; PT/IWPT spend on S and T separately (parallel)."""
     uniform = np.full(prepared.vocab_size, 1.0 / prepared.vocab_size)
     for scheme in domain.TRAINING_SCHEMES:
-        led = pe.CachedLedger(*BUDGET, accountant="rdp")
+        led = PrivacyLedger(*BUDGET, accountant="rdp")
         if scheme.unigram_budget is not None:
             for pop in ("S", "T"):
                 led.spend(f"unigrams[{pop}]", geometric.geometric_dp_event(

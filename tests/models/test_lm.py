@@ -3,7 +3,6 @@
 import dataclasses
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest

@@ -2,7 +2,6 @@
 import json
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -53,7 +52,7 @@ def test_mid_training_handoff_continues_tree_and_records_post_processing(tmp_pat
           privacy_event=privacy_event(alg.dp, s, 10), **kw)
     template = alg.init(init_params(), jax.random.key(0))
     before, _, _ = load_checkpoint(wd, template)
-    new = replace_params(wd, template, lambda p: jax.tree_util.tree_map(lambda x: x + 1.0, p),
+    replace_params(wd, template, lambda p: jax.tree_util.tree_map(lambda x: x + 1.0, p),
                          ledger_note="public mid-training")
     after, led, meta = load_checkpoint(wd, template)
     assert meta["round"] == 5 and int(after.round) == 5
