@@ -190,7 +190,7 @@ def train(algorithm: FederatedAlgorithm, init_params, dataset: Mapping, client_i
             state, metrics = algorithm.apply(state, batches, cmask, jax.random.fold_in(k_rounds, r))
             row = {"round": r + 1, **_scalarize(metrics)}
         if "train_loss" in row:
-            bar.set_postfix(loss=f"{row['train_loss']:.3f}")
+            bar.set_postfix(loss=f"{row['train_loss']:.3f}", refresh=False)
         if eval_fn is not None and ((eval_every and (r + 1) % eval_every == 0) or r + 1 == rounds):
             ev = {"round": r + 1, **{f"eval_{k}": v for k, v in eval_fn(state.params).items()}}
             if ledger is not None:

@@ -109,7 +109,7 @@ def train_central(loss_fn: Callable, params, data: Mapping[str, np.ndarray], *, 
         if eval_fn is not None and eval_every and ((s + 1) % eval_every == 0 or s + 1 == steps):
             row.update({f"eval_{k}": v for k, v in eval_fn(params).items()})
         history.append(row)
-        bar.set_postfix(loss=f"{row['loss']:.3f}")
+        bar.set_postfix(loss=f"{row['loss']:.3f}", refresh=False)
         if checkpoint_every and (s + 1) % checkpoint_every == 0:
             save(s + 1)
     bar.close()
