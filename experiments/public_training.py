@@ -276,7 +276,10 @@ def aggregate(cfg, runs: list[dict]) -> list[dict]:
             after = [r.get("public", {}).get("eval_after_public_training", {}).get("accuracy")
                      for r in rs]
             m, _ = _mean_std(after)
-            out[f"val after public training eps={eps:g}"] = None if m is None else f"{100 * m:.2f}"
+            n_after = sum(a is not None for a in after)
+            out[f"val after public training eps={eps:g}"] = (
+                None if m is None else f"{100 * m:.2f}"
+                + (f" (n={n_after})" if n_after < len(rs) else ""))
         out["seeds"] = len({r["seed"] for r in runs if r["row"] == row})
         table.append(out)
     return table
