@@ -386,12 +386,41 @@ def write_outputs(cfg, workdir, runs, shares_rows, privacy, prepared, mft, task,
             common.plot_curves(curves, os.path.join(workdir, f"curves_eps{eps:g}.png"), "round",
                                "validation accuracy (%)",
                                f"chitchat, DP-FTRL eps~{eps:g}, seed {cfg.seeds[0]}")
+    _plot_bars(cfg, runs, os.path.join(workdir, "public_training.png"))
     result = {"table": table, "shares": shares, "teacher_and_corpus": teacher_rows,
               "privacy": privacy, "stats": st, "most_frequent_token_test_accuracy": mft,
               "runs": [{k: v for k, v in r.items() if k != "curve"} for r in runs],
               "wall_clock_s": seconds, **common.run_record(cfg, list(cfg.seeds))}
     common.save_json(result, os.path.join(workdir, "summary.json"))
     return result
+
+
+def _plot_bars(cfg, runs, path):
+    """Grouped bars: final test accuracy (in-vocab, and as a suggester) per row and epsilon."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=False)
+    width = 0.8 / max(len(cfg.epsilons), 1)
+    for ax, (key, label) in zip(axes, (("test_accuracy", "in-vocab accuracy"),
+                                       ("test_suggestion_accuracy", "suggestion accuracy*"))):
+        for j, eps in enumerate(cfg.epsilons):
+            stats = [_mean_std([r.get(key) for r in runs
+                                if r["row"] == row and r["target_epsilon"] == eps])
+                     for row in cfg.rows]
+            xs = np.arange(len(cfg.rows)) + j * width
+            ax.bar(xs, [100 * (m or 0) for m, _ in stats], width,
+                   yerr=[100 * (sd or 0) for _, sd in stats], capsize=3, label=f"eps~{eps:g}")
+        ax.set_xticks(np.arange(len(cfg.rows)) + width * (len(cfg.epsilons) - 1) / 2)
+        ax.set_xticklabels(cfg.rows, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel(f"test {label} (%)")
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"chitchat, DP-FTRL T={cfg.rounds}: public training rows "
+                 f"(mean ± std over seeds {list(cfg.seeds)})", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def main(argv=None):

@@ -15,7 +15,7 @@ def test_smoke_config_writes_tables_and_resumes(tmp_path, capsys):
     out = public_training.run(cfg, wd, teacher=pipeline.cached_teacher(), progress=False)
     for name in ("public_training.md", "public_training.csv", "public_training_runs.csv",
                  "source_shares.md", "teacher_and_corpus.md", "summary.json",
-                 "curves_eps18.71.png"):
+                 "curves_eps18.71.png", "public_training.png"):
         assert os.path.getsize(os.path.join(wd, name)) > 0, name
     assert [r["method"] for r in out["table"]] == [public_training.TITLES[r] for r in cfg.rows]
     runs = out["runs"]
