@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from configs.common import apply_overrides
 from configs.lm_fl import get_config as lm_config
 
 
@@ -44,17 +45,8 @@ def get_config(arg: str = "small") -> FredPipelineConfig:
     scale, _, rest = (arg or "small").partition(",")
     if scale not in SCALES:
         raise ValueError(f"unknown scale {scale!r}; choose one of {sorted(SCALES)}")
-    cfg = FredPipelineConfig(lm=lm_config(LM_SCALE[scale]), **SCALES[scale])
-    fields = {f.name: f for f in dataclasses.fields(FredPipelineConfig)}
-    for ov in filter(None, rest.split(",")):
-        k, _, v = ov.partition("=")
-        if k not in fields or k == "lm":
-            raise ValueError(f"unknown config field {k!r}")
-        cur = getattr(cfg, k)
-        if isinstance(cur, bool):
-            val = v.lower() in ("1", "true", "yes")
-        else:
-            val = None if v in ("None", "none") else type(cur)(v) if cur is not None else (int(v) if v.isdigit() else v)
-        cfg = dataclasses.replace(cfg, **{k: val})
-    cfg = dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, target_epsilon=cfg.total_epsilon))
-    return cfg
+    overrides = [o for o in rest.split(",") if o]
+    if any(o.partition("=")[0] == "lm" for o in overrides):
+        raise ValueError("set the FL stage through configs/lm_fl.py fields, not 'lm'")
+    cfg = apply_overrides(FredPipelineConfig(lm=lm_config(LM_SCALE[scale]), **SCALES[scale]), overrides)
+    return dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, target_epsilon=cfg.total_epsilon))

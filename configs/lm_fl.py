@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from configs.common import from_scale
+
 
 @dataclasses.dataclass(frozen=True)
 class LMFLConfig:
@@ -70,31 +72,5 @@ SCALES = {
 }
 
 
-def _coerce(field: dataclasses.Field, text: str):
-    if text in ("None", "none"):
-        return None
-    kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
-    if "bool" in kind:
-        return text.lower() in ("1", "true", "yes")
-    if "int" in kind and "float" not in kind:
-        return int(text)
-    if "float" in kind:
-        return float(text)
-    if "tuple" in kind:
-        return tuple(float(x) for x in text.split("/"))
-    return text
-
-
 def get_config(arg: str = "small") -> LMFLConfig:
-    parts = [p for p in (arg or "small").split(",") if p]
-    scale, overrides = parts[0], parts[1:]
-    if scale not in SCALES:
-        raise ValueError(f"unknown scale {scale!r}; choose one of {sorted(SCALES)}")
-    cfg = dataclasses.replace(BASE, **SCALES[scale])
-    fields = {f.name: f for f in dataclasses.fields(LMFLConfig)}
-    for ov in overrides:
-        key, _, val = ov.partition("=")
-        if key not in fields:
-            raise ValueError(f"unknown config field {key!r}")
-        cfg = dataclasses.replace(cfg, **{key: _coerce(fields[key], val)})
-    return cfg
+    return from_scale(BASE, SCALES, arg)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from configs.common import from_scale
+
 ROWS = ("none", "pretrain_lm", "pretrain_distill", "mid_random", "mid_dm", "mid_dm_priv_only")
 
 
@@ -105,38 +107,8 @@ SCALES = {
 }
 
 
-def _coerce(field: dataclasses.Field, text: str):
-    if text in ("None", "none"):
-        return None
-    kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
-    if "bool" in kind:
-        return text.lower() in ("1", "true", "yes")
-    if "tuple" in kind:
-        items = [t for t in text.split("/") if t]
-        if field.name in ("rows",):
-            return tuple(items)
-        if field.name in ("seeds",):
-            return tuple(int(t) for t in items)
-        return tuple(float(t) for t in items)
-    if "int" in kind and "float" not in kind:
-        return int(text)
-    if "float" in kind:
-        return float(text)
-    return text
-
-
 def get_config(arg: str = "small") -> PublicTrainingConfig:
-    parts = [p for p in (arg or "small").split(",") if p]
-    scale, overrides = parts[0], parts[1:]
-    if scale not in SCALES:
-        raise ValueError(f"unknown scale {scale!r}; choose one of {sorted(SCALES)}")
-    cfg = dataclasses.replace(BASE, **SCALES[scale])
-    fields = {f.name: f for f in dataclasses.fields(PublicTrainingConfig)}
-    for ov in overrides:
-        key, _, val = ov.partition("=")
-        if key not in fields:
-            raise ValueError(f"unknown config field {key!r}")
-        cfg = dataclasses.replace(cfg, **{key: _coerce(fields[key], val)})
+    cfg = from_scale(BASE, SCALES, arg)
     unknown = set(cfg.rows) - set(ROWS)
     if unknown:
         raise ValueError(f"unknown rows {sorted(unknown)}; choose from {ROWS}")
