@@ -13,11 +13,7 @@ import scipy.stats
 
 from fedpriv import fred as F
 
-try:
-    from fedpriv.dp.ledger import PrivacyBudgetExceeded, PrivacyLedger
-except ImportError:  # the shared ledger not landed: tests fall back to the fake below
-    PrivacyLedger = None
-    PrivacyBudgetExceeded = RuntimeError
+from fedpriv.dp.ledger import PrivacyBudgetExceeded, PrivacyLedger
 
 
 def _rand_psd(rng, d, rank=None):
@@ -309,16 +305,12 @@ def test_budget_exceeded_reads_no_data():
     rng = np.random.default_rng(5)
     flag = Flag()
     clients = [Spy(c, flag) for c in _clients(rng)]
-    if PrivacyLedger is not None:
-        led = PrivacyLedger(epsilon=0.5, delta=1e-5)  # two (0.6, 1e-6) releases exceed it
-    else:
-        led = FakeLedger(budget=0)
+    led = PrivacyLedger(epsilon=0.5, delta=1e-5)  # two (0.6, 1e-6) releases exceed it
     with pytest.raises(PrivacyBudgetExceeded):
         F.private_stats(clients, 1.0, 0.6, 1e-6, "user", jax.random.key(0), ledger=led)
     assert not flag.read
 
 
-@pytest.mark.skipif(PrivacyLedger is None, reason="fedpriv.dp.ledger not available")
 def test_real_ledger_records_release():
     rng = np.random.default_rng(6)
     led = PrivacyLedger(epsilon=3.0, delta=1e-5)
