@@ -159,6 +159,21 @@ def _padded_batches(n: int, batch_size: int):
         yield start, min(start + batch_size, n)
 
 
+def _padded_batch(tokens: np.ndarray, domain, start: int, stop: int, batch_size: int):
+    """Rows ``start:stop`` padded to ``batch_size`` (one compiled shape): ``(tokens int32[B, L+1],
+    mask float32[B], domain int32[B] or None)``; padding rows are PAD with mask 0."""
+    k = stop - start
+    tok = np.zeros((batch_size, tokens.shape[1]), np.int32)
+    tok[:k] = tokens[start:stop]
+    mask = np.zeros((batch_size,), np.float32)
+    mask[:k] = 1.0
+    dom = None
+    if domain is not None:
+        dom = np.zeros((batch_size,), np.int32)
+        dom[:k] = np.asarray(domain)[start:stop]
+    return tok, mask, dom
+
+
 def _check_tokens(tokens: np.ndarray, batch_size: int) -> np.ndarray:
     tokens = np.asarray(tokens)
     if tokens.ndim != 2 or tokens.shape[1] < 2:
@@ -188,19 +203,12 @@ def evaluate(task, params, tokens: np.ndarray, batch_size: int,
       ``dict(loss, perplexity, accuracy, num_tokens)`` as in `summarize`, plus ``num_examples``.
     """
     tokens = _check_tokens(tokens, batch_size)
-    n, width = tokens.shape
     step = _jit(task.eval_fn)
     outs = []
-    for start, stop in _padded_batches(n, batch_size):
-        k = stop - start
-        tok = np.zeros((batch_size, width), np.int32)
-        tok[:k] = tokens[start:stop]
-        mask = np.zeros((batch_size,), np.float32)
-        mask[:k] = 1.0
+    for start, stop in _padded_batches(len(tokens), batch_size):
+        tok, mask, dom = _padded_batch(tokens, domain, start, stop, batch_size)
         batch = {"tokens": tok, "mask": mask}
-        if domain is not None:
-            dom = np.zeros((batch_size,), np.int32)
-            dom[:k] = np.asarray(domain)[start:stop]
+        if dom is not None:
             batch["domain"] = dom
         outs.append(step(params, batch))  # dispatched asynchronously; fetched once below
     host = jax.device_get(outs)
@@ -225,18 +233,12 @@ def sequence_logprob(task, params, tokens: np.ndarray, batch_size: int,
       ``float32[N]``.
     """
     tokens = _check_tokens(tokens, batch_size)
-    n, width = tokens.shape
+    n = len(tokens)
     step = _seq_logprob_fn(task.apply)
     outs = []
     for start, stop in _padded_batches(n, batch_size):
-        k = stop - start
-        tok = np.zeros((batch_size, width), np.int32)
-        tok[:k] = tokens[start:stop]
-        dom = None
-        if domain is not None:
-            dom = np.zeros((batch_size,), np.int32)
-            dom[:k] = np.asarray(domain)[start:stop]
-        outs.append((k, step(params, tok, dom)))
+        tok, _, dom = _padded_batch(tokens, domain, start, stop, batch_size)
+        outs.append((stop - start, step(params, tok, dom)))
     res = np.zeros((n,), np.float32)
     pos = 0
     for k, (lp, cnt) in outs:
