@@ -46,10 +46,9 @@ class LMFLConfig:
     eval_batch_size: int = 256
     max_eval_examples: int | None = 10000
     checkpoint_every: int = 50
-    # clients per vmapped chunk (lax.scan over chunks); None = the whole cohort in one vmap.
-    # Measured on the 2-core CPU (benchmarks/vmap_vs_loop.py): vmapping LSTM clients is slower
-    # than scanning them one at a time, so CPU scales use 1; accelerators want None.
-    chunk_size: int | None = None
+    # clients trained concurrently ("lanes", fedpriv.fl.execution): "auto" = one sequential lane
+    # per CPU device, balanced vmapped lanes on GPU/TPU; or "balanced" or a number.
+    lanes: str = "auto"
     seed: int = 0
 
 
@@ -60,12 +59,11 @@ SCALES = {
     "smoke": dict(max_clients=60, vocab_size=300, embed_dim=16, hidden_dim=32, rounds=4,
                   cohort_size=8, noise_cohort_size=None, max_examples_per_client=16,
                   max_local_steps=1, batch_size=16, eval_every=2, checkpoint_every=2,
-                  target_epsilon=50.0, max_eval_examples=256, clip_norm=1.0, chunk_size=1),
+                  target_epsilon=50.0, max_eval_examples=256, clip_norm=1.0),
     # a real reproduction on a 2-core CPU in minutes
     "small": dict(vocab_size=2000, embed_dim=96, hidden_dim=128, rounds=120, cohort_size=16,
                   noise_cohort_size=100, max_examples_per_client=64, max_local_steps=4,
-                  eval_every=20, checkpoint_every=20, target_epsilon=18.7, max_eval_examples=5000,
-                  chunk_size=1),
+                  eval_every=20, checkpoint_every=20, target_epsilon=18.7, max_eval_examples=5000),
     # the paper's settings (Wang et al. §2, App. C), for GPU/TPU
     "paper": dict(vocab_size=32000, rounds=1600, cohort_size=100, noise_multiplier=8.83,
                   max_examples_per_client=256, max_local_steps=16, eval_every=100),

@@ -55,7 +55,7 @@ class PublicTrainingConfig:
     server_optimizer: str = "sgdm"
     server_lr: float = 1.0
     server_momentum: float = 0.9
-    chunk_size: int | None = None         # clients per vmapped chunk (lm_fl: 1 is fastest on CPU)
+    lanes: str = "auto"                   # clients trained concurrently (see configs/lm_fl.py)
     # public training (§3.2, §4, §5; App. B.2–B.3)
     q: float = 0.0008                     # fraction of the pool for distillation / mid-training
     pretrain_fraction: float = 1.0        # "pre-training w/ public data" (LM loss)
@@ -93,13 +93,13 @@ SCALES = {
                   embed_dim=16, hidden_dim=32, rounds=4, cohort_size=8, q=0.25,
                   pretrain_steps=3, distill_steps=3, central_batch_size=4, clip_norm=1.0,
                   epsilons=(18.71,), eval_every=2, checkpoint_every=2,
-                  max_eval_examples=128, eval_batch_size=128, chunk_size=1),
+                  max_eval_examples=128, eval_batch_size=128),
     # a real reproduction on a shared 2-core CPU in about half an hour
     "small": dict(max_clients=None, seq_len=20, max_examples_per_client=64, max_local_steps=2,
                   vocab_kept=3000, pool_size=1024, embed_dim=96, hidden_dim=128, rounds=60,
                   cohort_size=16, noise_cohort_size=100, q=0.125, pretrain_steps=300,
                   distill_steps=150, central_batch_size=32, central_lr=1e-3, kd_beta=0.1,
-                  eval_every=30, checkpoint_every=10, max_eval_examples=3000, chunk_size=1),
+                  eval_every=30, checkpoint_every=10, max_eval_examples=3000),
     # the paper's settings (Wang et al. §2, §5.3, App. B–C), for GPU/TPU
     "paper": dict(vocab_kept=None, rounds=1600, cohort_size=100, max_examples_per_client=256,
                   max_local_steps=16, q=0.0008, pretrain_steps=1_400_000, distill_steps=8000,

@@ -91,7 +91,7 @@ def build_algorithm(cfg, num_clients: int, loss_fn, prior_events=()):
     if cfg.algorithm == "fedavg":
         sampler = ShuffledPassSampler(num_clients, cfg.cohort_size, seed=cfg.seed)
         alg = algs.build_algorithm(loss_fn, client_opt, server_opt, algs.DPConfig(clip_norm=cfg.clip_norm),
-                                   sampler.expected_cohort_size, chunk_size=cfg.chunk_size)
+                                   sampler.expected_cohort_size)
         return alg, sampler, None, 0.0
     if cfg.algorithm == "dp_ftrl":
         sampler = ShuffledPassSampler(num_clients, cfg.cohort_size, seed=cfg.seed)
@@ -113,8 +113,7 @@ def build_algorithm(cfg, num_clients: int, loss_fn, prior_events=()):
         raise ValueError("a DP algorithm needs noise_multiplier or target_epsilon")
     dp = algs.DPConfig(cfg.clip_norm, z, "tree" if cfg.algorithm == "dp_ftrl" else "gaussian",
                        getattr(sampler, "rounds_per_epoch", 1), cfg.noise_cohort_size)
-    alg = algs.build_algorithm(loss_fn, client_opt, server_opt, dp, sampler.expected_cohort_size,
-                               chunk_size=cfg.chunk_size)
+    alg = algs.build_algorithm(loss_fn, client_opt, server_opt, dp, sampler.expected_cohort_size)
     return alg, sampler, make(z), z
 
 
@@ -165,7 +164,7 @@ def run(cfg, workdir: str, *, prepared: Prepared | None = None, init_params=None
                    seed=cfg.seed, workdir=workdir, max_steps=cfg.max_local_steps, eval_fn=eval_fn,
                    eval_every=cfg.eval_every, checkpoint_every=cfg.checkpoint_every, ledger=ledger,
                    privacy_event=event, ledger_name=ledger_name, progress=progress, log_fn=log_row,
-                   chunk_size=cfg.chunk_size)
+                   lanes=cfg.lanes)
     final = (result.evals[-1] if result.evals and result.evals[-1]["round"] == cfg.rounds
              else {f"eval_{k}": v for k, v in eval_fn(result.state.params).items()})
     curve = _curve(workdir)

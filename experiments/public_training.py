@@ -182,7 +182,7 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
                 alg, sampler, prepared.train, ids, rounds=T, batch_size=cfg.batch_size, seed=seed,
                 privacy_event=event, max_steps=cfg.max_local_steps, eval_fn=eval_fn,
                 eval_every=cfg.eval_every, checkpoint_every=cfg.checkpoint_every,
-                progress=progress, log_fn=log_row, chunk_size=cfg.chunk_size)
+                progress=progress, log_fn=log_row, lanes=cfg.lanes)
             base = os.path.join(workdir, f"seed{seed}", f"eps{eps:g}")
             stage1 = os.path.join(base, "_stage1")
             for row in cfg.rows:

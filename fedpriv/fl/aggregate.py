@@ -1,4 +1,14 @@
-"""Cohort aggregation: the per-client update + clipping, ``jax.vmap``-ped over a padded cohort.
+"""Cohort aggregation: per-client updates + clipping, summed over a cohort.
+
+``packed_sum`` (the engine's path) runs a ``fedpriv.fl.cohort.PackedCohort``: each lane is a
+dynamic-length loop over its clients' real local steps; at a client's last step its delta is
+clipped, weighted and added to the lane's running sum, and the lane restarts from the server
+model. One lane runs alone (CPU: only real steps execute); several lanes are ``vmap``-ped
+(accelerators), optionally in chunks of ``lane_chunk`` lanes (bounded memory), and their sums
+are added. The released query is the same as the padded path's: the sum over real clients of
+``w_i clip(delta_i)``, L2 sensitivity C per client (w_i <= 1).
+
+``cohort_sum`` is the padded path: the per-client update ``jax.vmap``-ped over a padded cohort.
 
 ``cohort_sum`` returns the masked sum of clipped (and weighted) client updates — the query
 whose L2 sensitivity to one client is the clip norm C (each contribution has norm <= w_i C
@@ -16,6 +26,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fedpriv.dp.clipping import clip_update
+from fedpriv.fl.cohort import Lanes
 
 WEIGHTINGS = ("uniform", "num_examples")
 
@@ -82,6 +93,99 @@ def cohort_sum(client_update, params, batches, client_mask, rng, clip_norm,
     contrib_sum, aux_sum, stats = total
     stats = dict(stats, norms=norms, **{"aux": aux_sum})
     return contrib_sum, stats
+
+
+STAT_NAMES = ("weight_sum", "norm_sum", "num_clipped", "num_nonfinite", "num_clients")
+
+
+def _lane_sum(local_step, opt_init, params, lane: Lanes, rng, clip_norm, weighting,
+              weight_cap, capacity, aux_template):
+    """One lane (arrays without the lane axis): ``(sum, aux, stats, norms[capacity])``."""
+    tmap = jax.tree_util.tree_map
+    acc0 = tmap(lambda x: jnp.zeros(x.shape, jnp.float32), params)
+    aux0 = tmap(lambda a: jnp.zeros(a.shape, a.dtype), aux_template)
+    stats0 = {k: jnp.zeros((), jnp.float32) for k in STAT_NAMES}
+    norms0 = jnp.zeros((capacity,), jnp.float32)
+    opt0 = opt_init(params)
+
+    def body(t, carry):
+        p, s, acc, aux, stats, norms = carry
+        batch = {k: v[lane.src[t]] for k, v in lane.data.items()}
+        slot = lane.slot[t]
+        key = jax.random.fold_in(jax.random.fold_in(rng, slot), lane.step[t])
+        p, s, step_aux = local_step(p, s, batch, key)
+        aux = tmap(jnp.add, aux, step_aux)
+
+        def finish(c):
+            p, s, acc, stats, norms = c
+            delta = tmap(jnp.subtract, p, params)
+            clipped, norm, finite = clip_update(delta, clip_norm)
+            w = client_weight(lane.num_examples[t], weighting, weight_cap) * finite.astype(jnp.float32)
+            acc = tmap(lambda a, x: a + (w * x).astype(a.dtype), acc, clipped)
+            one = jnp.ones((), jnp.float32)
+            stats = {"weight_sum": stats["weight_sum"] + w,
+                     "norm_sum": stats["norm_sum"] + jnp.where(finite, norm, 0.0),
+                     "num_clipped": stats["num_clipped"] + (finite & (norm > clip_norm)).astype(jnp.float32),
+                     "num_nonfinite": stats["num_nonfinite"] + (~finite).astype(jnp.float32),
+                     "num_clients": stats["num_clients"] + one}
+            return params, opt0, acc, stats, norms.at[slot].set(norm)
+
+        p, s, acc, stats, norms = jax.lax.cond(lane.last[t], finish, lambda c: c, (p, s, acc, stats, norms))
+        return p, s, acc, aux, stats, norms
+
+    carry = (params, opt0, acc0, aux0, stats0, norms0)
+    _, _, acc, aux, stats, norms = jax.lax.fori_loop(0, lane.length, body, carry)
+    return acc, aux, stats, norms
+
+
+def packed_sum(local_step, opt_init, params, lanes: Lanes, capacity: int, rng, clip_norm,
+               weighting: str = "uniform", weight_cap: float = 256.0, lane_chunk: int | None = None):
+    """Sum of clipped, weighted client updates over a packed cohort (see module docstring).
+
+    Args:
+      local_step: ``(params, opt_state, batch[B, ...], rng) -> (params, opt_state, aux)``
+        (``fedpriv.fl.client.make_local_step``).
+      opt_init: the client optimizer's ``init`` (each client starts from ``opt_init(params)``).
+      params: server parameters.
+      lanes: ``Lanes`` with a leading lane axis W on every array.
+      capacity: K, the number of cohort slots (length of the returned ``norms``).
+      rng: PRNG key of the round; the client in cohort slot k, local step j uses
+        ``fold_in(fold_in(rng, k), j)`` — as the padded path does.
+      clip_norm: scalar C (``inf`` = no clipping).
+      lane_chunk: vmap at most this many lanes at once (``lax.scan`` over chunks).
+
+    Returns:
+      ``(sum_tree, stats)``: ``sum_tree = sum_k w_k clip(delta_k)`` over real clients (float32);
+      ``stats`` has ``aux`` (summed metrics), ``weight_sum``, ``norm_sum``, ``num_clipped``,
+      ``num_nonfinite``, ``num_clients`` and ``norms: float32[K]`` (pre-clip norms by slot).
+    """
+    tmap = jax.tree_util.tree_map
+    W = lanes.length.shape[0]
+    first = tmap(lambda a: a[0], lanes)
+    batch0 = {k: v[0] for k, v in first.data.items()}
+    aux_template = jax.eval_shape(lambda: local_step(params, opt_init(params), batch0, rng)[2])
+
+    def run(lane):
+        return _lane_sum(local_step, opt_init, params, lane, rng, clip_norm, weighting, weight_cap,
+                         capacity, aux_template)
+
+    if W == 1:
+        total = run(first)
+    elif lane_chunk is None or lane_chunk >= W:
+        total = tmap(lambda a: jnp.sum(a, axis=0), jax.vmap(run)(lanes))
+    else:
+        if W % lane_chunk:
+            raise ValueError(f"{W} lanes are not a multiple of lane_chunk {lane_chunk}")
+        chunked = tmap(lambda a: a.reshape((W // lane_chunk, lane_chunk) + a.shape[1:]), lanes)
+
+        def body(carry, chunk):
+            part = tmap(lambda a: jnp.sum(a, axis=0), jax.vmap(run)(chunk))
+            return tmap(jnp.add, carry, part), None
+
+        zero = tmap(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(run, first))
+        total, _ = jax.lax.scan(body, zero, chunked)
+    acc, aux, stats, norms = total
+    return acc, dict(stats, norms=norms, aux=aux)
 
 
 def client_mesh(devices=None) -> Mesh:

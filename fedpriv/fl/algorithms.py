@@ -2,7 +2,7 @@
 
 One round (McMahan et al. 2018 DP-FedAvg; Kairouz et al. 2021 DP-FTRL):
 
-1. every sampled client runs local SGD from the server model (``client.make_client_update``);
+1. every sampled client runs local SGD from the server model (``client.make_local_step``, run over packed lanes of real steps);
 2. its delta is clipped to C_t (``dp.clipping``), weighted by w_i in [0, 1] and masked;
 3. the cohort sum (L2 sensitivity C_t) is divided by C_t, so its sensitivity is 1, and
    noised by the mechanism: fresh Gaussian noise (DP-FedAvg) or the tree increment
@@ -35,8 +35,9 @@ from fedpriv.dp import accounting
 from fedpriv.dp.adaptive import AdaptiveClipping, ClipState
 from fedpriv.dp.noise import NoiseMechanism, NoiseState
 from fedpriv.fl import samplers as samplers_lib
-from fedpriv.fl.aggregate import WEIGHTINGS, cohort_sum
-from fedpriv.fl.client import make_client_update
+from fedpriv.fl.aggregate import WEIGHTINGS, packed_sum
+from fedpriv.fl.client import make_local_step
+from fedpriv.fl.cohort import Lanes, pack_padded
 
 MECHANISMS = ("gaussian", "tree")
 
@@ -96,22 +97,36 @@ class ServerState:
 
 @dataclasses.dataclass(frozen=True)
 class FederatedAlgorithm:
-    """``init(params, key) -> ServerState``; ``apply(state, batches, client_mask, key) ->
-    (state, metrics)`` (jit-compiled). ``batches``: dict of ``[K, S, B, ...]`` arrays."""
+    """A (DP-)federated algorithm; both ``apply`` functions are jit-compiled.
+
+    * ``init(params, key) -> ServerState``;
+    * ``apply_packed(state, lanes, client_mask, key) -> (state, metrics)``: one round on a
+      cohort packed into lanes (``fedpriv.fl.cohort.pack_cohort``: only real steps run) —
+      what the round loop uses;
+    * ``apply(state, batches, client_mask, key) -> (state, metrics)``: the same round on a
+      padded cohort (``build_cohort``: ``batches`` of ``[K, S, B, ...]``), one lane per client.
+    """
     init: Callable
     apply: Callable
     dp: DPConfig
     expected_cohort_size: float
+    apply_packed: Callable = None
+    local_epochs: int = 1
 
 
 def build_algorithm(loss_fn: Callable, client_optimizer: optax.GradientTransformation,
                     server_optimizer: optax.GradientTransformation, dp: DPConfig,
                     expected_cohort_size: float, local_epochs: int = 1,
                     chunk_size: int | None = None, jit: bool = True) -> FederatedAlgorithm:
-    """Build a (DP-)federated algorithm. See the module docstring for the round."""
+    """Build a (DP-)federated algorithm. See the module docstring for the round.
+
+    ``chunk_size``: vmap at most this many lanes (clients of a padded cohort) at once.
+    """
     if expected_cohort_size <= 0:
         raise ValueError("expected_cohort_size must be > 0")
-    client_update = make_client_update(loss_fn, client_optimizer, local_epochs)
+    if local_epochs < 1:
+        raise ValueError(f"local_epochs must be >= 1, got {local_epochs}")
+    local_step = make_local_step(loss_fn, client_optimizer)
     scale = 1.0 if dp.noise_cohort_size is None else expected_cohort_size / dp.noise_cohort_size
     restart = dp.restart_every if dp.mechanism == "tree" else 1
     mechanism = NoiseMechanism(std=dp.noise_multiplier * scale, restart_every=restart)
@@ -125,10 +140,12 @@ def build_algorithm(loss_fn: Callable, client_optimizer: optax.GradientTransform
         return ServerState(params, server_optimizer.init(params), mechanism.init(k_noise),
                            clip_state, jnp.zeros((), jnp.int32))
 
-    def apply(state: ServerState, batches, client_mask, key):
+    def apply_packed(state: ServerState, lanes: Lanes, client_mask, key):
         clip = state.clip_state.clip_norm
-        total, stats = cohort_sum(client_update, state.params, batches, client_mask, key, clip,
-                                  dp.weighting, dp.weight_cap, chunk_size)
+        total, stats = packed_sum(local_step, client_optimizer.init, state.params, lanes,
+                                  client_mask.shape[0], key, clip, dp.weighting, dp.weight_cap,
+                                  chunk_size)
+        total = jax.tree_util.tree_map(lambda t, p: t.astype(p.dtype), total, state.params)
         if normalise:
             unit = jax.tree_util.tree_map(lambda x: x / clip, total)
             noised, noise_state = mechanism.add_noise(unit, state.noise_state)
@@ -151,9 +168,13 @@ def build_algorithm(loss_fn: Callable, client_optimizer: optax.GradientTransform
                        unclipped_estimate=frac)
         return ServerState(params, opt_state, noise_state, clip_state, state.round + 1), metrics
 
+    def apply(state: ServerState, batches, client_mask, key):
+        return apply_packed(state, pack_padded(batches, client_mask, local_epochs), client_mask, key)
+
     if jit:
-        apply = jax.jit(apply, donate_argnums=())
-    return FederatedAlgorithm(init, apply, dp, float(expected_cohort_size))
+        apply = jax.jit(apply)
+        apply_packed = jax.jit(apply_packed)
+    return FederatedAlgorithm(init, apply, dp, float(expected_cohort_size), apply_packed, local_epochs)
 
 
 # ----------------------------------------------------------------------------- builders

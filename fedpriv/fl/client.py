@@ -10,6 +10,10 @@ never changes the result. ``delta = params_after - params``.
 Model contract: ``loss_fn(params, batch, rng) -> (scalar loss, aux)`` with ``batch`` a dict of
 ``[B, ...]`` arrays including ``mask: float32[B]``; ``aux`` is a dict of per-batch *sums*.
 The engine ``jax.vmap``s ``update`` over the cohort.
+
+``make_local_step(loss_fn, optimizer)`` is the same local SGD as ONE step, ``step(params,
+opt_state, batch, rng) -> (params, opt_state, aux)``; the packed-lane engine
+(``fedpriv.fl.aggregate.packed_sum``) drives it over a lane of real steps only.
 """
 from __future__ import annotations
 
@@ -55,3 +59,16 @@ def make_client_update(loss_fn: Callable, optimizer: optax.GradientTransformatio
         return delta, aux_total, jnp.sum(batches["mask"])
 
     return update
+
+
+def make_local_step(loss_fn: Callable, optimizer: optax.GradientTransformation):
+    """One local step of ``optimizer`` on ``loss_fn``: ``(params, opt_state, batch[B, ...], rng)
+    -> (params, opt_state, aux_sums)``. Identical math to one step of ``make_client_update``."""
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+
+    def step(params, opt_state, batch, rng):
+        (_, aux), g = grad_fn(params, batch, rng)
+        upd, opt_state = optimizer.update(g, opt_state, params)
+        return optax.apply_updates(params, upd), opt_state, aux
+
+    return step

@@ -1,4 +1,29 @@
-"""Padded, bucketed cohort arrays for the vmapped client update (DESIGN.md principle 3).
+"""Cohort arrays for the client updates (DESIGN.md principle 3): packed lanes and padded cohorts.
+
+**Packed lanes** (``pack_cohort``, what the round loop uses). Clients differ in size by orders
+of magnitude (log-normal), so padding every client to the largest one wastes most of the work.
+A cohort is instead laid out as ``W`` *lanes*; each lane is a flat sequence of its clients'
+*real* local steps, one client after the other. The engine runs each lane with a
+dynamic-length loop (``fedpriv.fl.aggregate.packed_sum``): a client's last step clips its
+delta and adds it to the lane's running sum, then the lane restarts from the server model
+for its next client. Lanes are ``vmap``-ped (accelerators: ``W`` clients train at once; the
+vmapped loop runs as long as the longest lane) or a single lane runs alone (CPU: exactly the
+real steps, nothing padded). Clients are assigned to lanes longest-first to the least-loaded
+lane (LPT), so lanes end within one client of each other. Arrays:
+
+* ``data``: dict of ``[W, D, B, ...]`` (D = padded steps per lane, a power of two, so jit
+  compiles one shape per bucket) plus ``data['mask']: float32[W, D, B]``;
+* per lane step ``t``: ``src[W, D]`` (which data step), ``slot[W, D]`` (the client's position in
+  the sampled cohort: its PRNG key and output slot), ``step[W, D]`` (its local step index),
+  ``last[W, D]`` (the client's final step), ``num_examples[W, D]`` (the client's example count);
+* ``length: int32[W]`` (real steps per lane) and ``client_mask: float32[K]`` (K = padded cohort
+  capacity, 1 = real client).
+
+Executed steps are ``sum(length)`` with one lane and ``W * max(length)`` with W vmapped lanes;
+``PackedCohort.real_steps``/``executed_steps`` report both. Compiled shapes: one per (D, K)
+bucket, i.e. at most ``log2(max steps per lane) + 1`` values of D times the capacities of K.
+
+**Padded cohorts** (``build_cohort``, kept for simple uses and tests).
 
 A federated dataset maps client id -> dict of NumPy arrays sharing a leading example axis
 (for LMs ``{'tokens': int32[n, L+1]}``). ``build_cohort`` packs a list of clients into
@@ -18,6 +43,7 @@ import dataclasses
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+from flax import struct
 
 
 @dataclasses.dataclass
@@ -97,3 +123,182 @@ def build_cohort(dataset: Mapping[Any, Mapping[str, np.ndarray]], client_ids: Se
     cmask = np.zeros((capacity,), np.float32)
     cmask[:len(examples)] = 1.0
     return Cohort(out, cmask, num, list(client_ids))
+
+
+# ----------------------------------------------------------------------------- packed lanes
+@struct.dataclass
+class Lanes:
+    """Device arrays of packed lanes; every field has the lane axis W first."""
+    data: dict
+    src: Any
+    slot: Any
+    step: Any
+    last: Any
+    num_examples: Any
+    length: Any
+
+
+@dataclasses.dataclass
+class PackedCohort:
+    """A cohort packed into lanes (host side): ``lanes`` go to the engine with ``client_mask``."""
+    lanes: Lanes
+    client_mask: np.ndarray
+    client_ids: list
+    real_steps: int
+    lane_loads: list          # steps of every lane (also those another process holds)
+
+    @property
+    def num_lanes(self) -> int:
+        return len(self.lane_loads)
+
+    @property
+    def capacity(self) -> int:
+        return int(self.client_mask.shape[0])
+
+    @property
+    def executed_steps(self) -> int:
+        """Local steps the engine executes: the sum of lane lengths for one lane, else
+        ``W * max(length)`` (vmapped lanes run in lockstep)."""
+        loads = self.lane_loads
+        return int(sum(loads)) if len(loads) == 1 else len(loads) * max(loads, default=0)
+
+
+def _client_examples(dataset, cid, rng):
+    ex = dataset[cid]
+    if "mask" in ex:
+        raise ValueError("'mask' is reserved for the engine's example mask")
+    n = len(next(iter(ex.values())))
+    if n == 0:
+        raise ValueError(f"client {cid!r} has no examples; drop empty clients before training")
+    if any(len(v) != n for v in ex.values()):
+        raise ValueError(f"client {cid!r}: fields have different numbers of examples "
+                         f"{ {k: len(v) for k, v in ex.items()} }")
+    if rng is not None:
+        perm = rng.permutation(n)
+        ex = {k: v[perm] for k, v in ex.items()}
+    return ex, n
+
+
+def assign_lanes(steps: Sequence[int], lanes: int) -> list[list[int]]:
+    """Longest-processing-time assignment of clients (by local steps) to ``lanes`` lanes.
+
+    Returns, per lane, the indices of its clients in ascending order (so one lane keeps the
+    cohort's order). Lane loads differ by at most the largest client.
+    """
+    loads = [0] * lanes
+    members: list[list[int]] = [[] for _ in range(lanes)]
+    for i in sorted(range(len(steps)), key=lambda i: (-steps[i], i)):
+        lane = min(range(lanes), key=lambda w: (loads[w], w))
+        loads[lane] += steps[i]
+        members[lane].append(i)
+    return [sorted(m) for m in members]
+
+
+def pack_cohort(dataset: Mapping[Any, Mapping[str, np.ndarray]], client_ids: Sequence,
+                batch_size: int, *, lanes: int = 1, capacity: int | None = None,
+                max_steps: int | None = None, local_epochs: int = 1,
+                rng: np.random.Generator | None = None, example_template: Mapping | None = None,
+                lane_subset: Sequence[int] | None = None) -> PackedCohort:
+    """Pack ``client_ids`` of ``dataset`` into ``lanes`` lanes of real local steps.
+
+    Args:
+      dataset: client id -> dict of arrays with a shared leading example axis.
+      client_ids: the sampled clients, in cohort order (position = PRNG slot); may be empty
+        (a round that releases only noise).
+      batch_size: local batch size B; a client with n examples takes ``ceil(n / B)`` steps per
+        local epoch (at most ``max_steps``; examples beyond ``max_steps * B`` are dropped).
+      lanes: W, clients trained concurrently (vmapped); 1 = one sequential lane.
+      capacity: K, length of the per-client outputs (>= len(client_ids); default the cohort).
+      local_epochs: passes over each client's batches (its steps are repeated).
+      rng: if given, each client's examples are shuffled before batching (in cohort order,
+        exactly as ``build_cohort`` does, so both layouts give the same batches).
+      example_template: ``{field: array}`` with one example's shape/dtype, needed when the
+        cohort is empty.
+      lane_subset: materialise only these lanes' data (multi-process: each process builds its
+        own lanes; all processes compute the same assignment).
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if lanes < 1:
+        raise ValueError(f"lanes must be >= 1, got {lanes}")
+    if local_epochs < 1:
+        raise ValueError(f"local_epochs must be >= 1, got {local_epochs}")
+    k = len(client_ids)
+    capacity = k if capacity is None else int(capacity)
+    if k > capacity:
+        raise ValueError(f"cohort of {k} clients exceeds capacity {capacity}")
+    examples, steps = [], []
+    for cid in client_ids:
+        ex, n = _client_examples(dataset, cid, rng)
+        s = -(-n // batch_size)
+        if max_steps is not None:
+            s = min(s, int(max_steps))
+        examples.append(ex)
+        steps.append(s)
+    template = examples[0] if examples else example_template
+    if template is None:
+        raise ValueError("an empty cohort needs example_template (one example's fields)")
+    members = assign_lanes(steps, lanes)
+    loads = [sum(steps[i] for i in m) * local_epochs for m in members]
+    depth = next_pow2(max(max(loads, default=0), 1))
+    shown = list(range(lanes)) if lane_subset is None else list(lane_subset)
+    W = len(shown)
+    data = {f: np.zeros((W, depth, batch_size) + np.shape(v)[1:], np.asarray(v).dtype)
+            for f, v in template.items()}
+    mask = np.zeros((W, depth, batch_size), np.float32)
+    src = np.zeros((W, depth), np.int32)
+    slot = np.zeros((W, depth), np.int32)
+    step = np.zeros((W, depth), np.int32)
+    last = np.zeros((W, depth), bool)
+    nex = np.zeros((W, depth), np.float32)
+    for row, lane in enumerate(shown):
+        d = t = 0
+        for i in members[lane]:
+            ex, s = examples[i], steps[i]
+            n = min(len(next(iter(ex.values()))), s * batch_size)
+            for f, v in ex.items():
+                if f not in data or np.shape(v)[1:] != data[f].shape[3:]:
+                    raise ValueError(f"client {client_ids[i]!r}: field {f!r} has shape {np.shape(v)[1:]}, "
+                                     f"expected {data[f].shape[3:] if f in data else 'absent'}")
+                flat = np.zeros((s * batch_size,) + np.shape(v)[1:], data[f].dtype)
+                flat[:n] = v[:n]
+                data[f][row, d:d + s] = flat.reshape((s, batch_size) + flat.shape[1:])
+            m = np.zeros(s * batch_size, np.float32)
+            m[:n] = 1.0
+            mask[row, d:d + s] = m.reshape(s, batch_size)
+            for e in range(local_epochs):
+                src[row, t:t + s] = np.arange(d, d + s)
+                step[row, t:t + s] = np.arange(e * s, (e + 1) * s)
+                slot[row, t:t + s] = i
+                nex[row, t:t + s] = n
+                t += s
+            last[row, t - 1] = True
+            d += s
+    data["mask"] = mask
+    length = np.asarray([loads[w] for w in shown], np.int32)
+    cmask = np.zeros((capacity,), np.float32)
+    cmask[:k] = 1.0
+    return PackedCohort(Lanes(data, src, slot, step, last, nex, length), cmask, list(client_ids),
+                        int(sum(steps)) * local_epochs, list(loads))
+
+
+def pack_padded(batches: Mapping[str, np.ndarray], client_mask, local_epochs: int = 1):
+    """The lanes of a padded ``[K, S, B, ...]`` cohort (``build_cohort``): one client per lane.
+
+    Works on traced arrays (used inside ``jit`` by the algorithms' padded ``apply``); returns
+    ``Lanes`` (the padded clients' lanes have length 0).
+    """
+    import jax.numpy as jnp
+
+    mask = batches["mask"]
+    K, S = mask.shape[0], mask.shape[1]
+    real = jnp.sum(jnp.asarray(client_mask)[:, None] * (jnp.sum(mask, axis=2) > 0), axis=1)
+    real = real.astype(jnp.int32)                                   # [K] real steps
+    t = jnp.arange(S * local_epochs, dtype=jnp.int32)[None, :]
+    safe = jnp.maximum(real, 1)[:, None]
+    src = jnp.where(t < real[:, None] * local_epochs, t % safe, 0)
+    step = t + jnp.zeros((K, 1), jnp.int32)
+    last = t == real[:, None] * local_epochs - 1
+    slot = jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32)[:, None], (K, S * local_epochs))
+    nex = jnp.broadcast_to(jnp.sum(mask, axis=(1, 2))[:, None], (K, S * local_epochs))
+    return Lanes(dict(batches), src, slot, step, last, nex, real * local_epochs)

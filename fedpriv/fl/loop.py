@@ -26,9 +26,8 @@ from flax import serialization
 from tqdm.auto import tqdm
 
 from fedpriv.dp.ledger import PrivacyLedger
-from fedpriv.fl.aggregate import replicate, shard_cohort
 from fedpriv.fl.algorithms import FederatedAlgorithm, ServerState
-from fedpriv.fl.cohort import build_cohort, next_pow2, round_up
+from fedpriv.fl.execution import CohortExecutor, replicate
 from fedpriv.fl.samplers import PoissonSampler
 
 CHECKPOINT = "checkpoint.msgpack"
@@ -127,7 +126,7 @@ def train(algorithm: FederatedAlgorithm, init_params, dataset: Mapping, client_i
           max_steps: int | None = None, eval_fn: Callable | None = None, eval_every: int = 0,
           checkpoint_every: int = 0, ledger: PrivacyLedger | None = None, privacy_event=None,
           ledger_name: str = "fl-training", populations=("users",), mesh=None,
-          chunk_size: int | None = None, progress: bool = True, stop_after: int | None = None,
+          lanes: str | int = "auto", progress: bool = True, stop_after: int | None = None,
           log_fn: Callable[[dict], None] | None = None) -> TrainResult:
     """Run ``rounds`` rounds of ``algorithm`` (resuming from ``workdir`` if it has a checkpoint).
 
@@ -143,7 +142,10 @@ def train(algorithm: FederatedAlgorithm, init_params, dataset: Mapping, client_i
       eval_fn: ``params -> dict`` of metrics, run every ``eval_every`` rounds and at the end.
       ledger, privacy_event: if given, ``privacy_event`` (for all ``rounds``) is spent in the
         ledger before round 0 under ``ledger_name``/``populations``; refused = nothing runs.
-      mesh: a ``clients`` mesh to shard the cohort axis over (see ``aggregate.client_mesh``).
+      mesh: a ``clients`` mesh to shard the cohort's lanes over (``aggregate.client_mesh``);
+        under ``jax.distributed`` each process builds only its own lanes.
+      lanes: clients trained concurrently: ``"auto"`` (backend default, see
+        ``fedpriv.fl.execution``), ``"balanced"`` or an int.
       stop_after: stop (with a checkpoint) after this many rounds *in this call* — used to
         simulate an interruption.
     """
@@ -162,11 +164,10 @@ def train(algorithm: FederatedAlgorithm, init_params, dataset: Mapping, client_i
         _truncate_metrics(workdir, start)
     elif ledger is not None and privacy_event is not None:
         ledger.spend(ledger_name, privacy_event, populations)  # raises before any data is read
-    max_capacity = int(getattr(sampler, "max_cohort_size"))
-    multiple = max(chunk_size or 1, mesh.devices.size if mesh is not None else 1)
-    variable = isinstance(sampler, PoissonSampler)  # cohort size varies: pad to power-of-2 buckets
-    if mesh is not None:
-        state = replicate(state, mesh)
+    executor = CohortExecutor(algorithm, dataset, batch_size=batch_size, max_steps=max_steps,
+                              capacity=int(getattr(sampler, "max_cohort_size")),
+                              variable_cohort=isinstance(sampler, PoissonSampler), lanes=lanes, mesh=mesh)
+    state = replicate(state, mesh)
     log_path = os.path.join(workdir, METRICS) if workdir else None
     if workdir:
         os.makedirs(workdir, exist_ok=True)
@@ -174,21 +175,12 @@ def train(algorithm: FederatedAlgorithm, init_params, dataset: Mapping, client_i
     bar = tqdm(range(start, end), initial=start, total=rounds, disable=not progress, desc="rounds",
                dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 30.0)
     for r in bar:
-        idx = sampler.sample(r)
-        if len(idx) == 0:
-            row = {"round": r + 1, "num_clients": 0.0, "skipped": True}
-            state = state.replace(round=state.round + 1)
-        else:
-            ids = [client_ids[i] for i in idx]
-            capacity = round_up(min(next_pow2(len(ids)), max_capacity) if variable else max_capacity, multiple)
-            capacity = max(capacity, round_up(len(ids), multiple))
-            cohort = build_cohort(dataset, ids, batch_size, capacity, max_steps,
-                                  rng=np.random.default_rng([seed, r]))
-            batches, cmask = cohort.batches, cohort.client_mask
-            if mesh is not None:
-                batches, cmask = shard_cohort((batches, cmask), mesh)
-            state, metrics = algorithm.apply(state, batches, cmask, jax.random.fold_in(k_rounds, r))
-            row = {"round": r + 1, **_scalarize(metrics)}
+        ids = [client_ids[i] for i in sampler.sample(r)]
+        # an empty (Poisson) cohort still runs: the noisy zero sum is released, as accounted
+        packed = executor.pack(ids, rng=np.random.default_rng([seed, r]))
+        state, metrics = executor.run(state, packed, jax.random.fold_in(k_rounds, r))
+        row = {"round": r + 1, **_scalarize(metrics), "real_steps": packed.real_steps,
+               "executed_steps": packed.executed_steps}
         if "train_loss" in row:
             bar.set_postfix(loss=f"{row['train_loss']:.3f}", refresh=False)
         if eval_fn is not None and ((eval_every and (r + 1) % eval_every == 0) or r + 1 == rounds):

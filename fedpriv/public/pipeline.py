@@ -436,7 +436,7 @@ class PrivateTraining:
     ledger_name: str = "dp-ftrl"
     progress: bool = True
     log_fn: Callable[[dict], None] | None = None
-    chunk_size: int | None = None
+    lanes: str | int = "auto"
 
     def run(self, init_params, workdir: str, ledger: PrivacyLedger | None = None,
             stop_after: int | None = None) -> TrainResult:
@@ -448,7 +448,7 @@ class PrivateTraining:
                      checkpoint_every=self.checkpoint_every, ledger=ledger,
                      privacy_event=self.privacy_event, ledger_name=self.ledger_name,
                      progress=self.progress, stop_after=stop_after, log_fn=self.log_fn,
-                     chunk_size=self.chunk_size)
+                     lanes=self.lanes)
 
     def template(self, init_params):
         """A server state with the structure of this run's checkpoints."""

@@ -1,0 +1,144 @@
+"""Cohort execution: how a sampled cohort becomes packed lanes on the devices (DESIGN.md §3).
+
+``CohortExecutor`` is what the round loop calls every round: it packs the sampled clients into
+lanes of real local steps (``fedpriv.fl.cohort.pack_cohort``), places them on the devices
+(sharded over a ``clients`` mesh, across processes under ``jax.distributed``) and runs the
+algorithm's jitted ``apply_packed``. It also keeps the round's executed vs real local steps.
+
+Backend-aware defaults (``lanes="auto"``):
+
+* **CPU**: one lane per local device (1 on a plain CPU): a sequential loop over exactly the
+  real steps. Vmapping clients on XLA:CPU is slower per client than running them one after
+  the other (measured: 141 vs 89 ms per step for the 4M-parameter LSTM), so nothing is padded.
+* **GPU/TPU**: vmapped lanes, ``W = 2^floor(log2(real steps / largest client's steps))`` per
+  round (so lanes stay balanced: the longest lane is close to the average), at least one per
+  device, at most ``max_lanes`` (memory: each lane holds a copy of the model, its optimizer
+  state and a running sum). Lanes are a multiple of the device count.
+
+Compiled shapes are bounded: lanes W and lane depth D are powers of two and the cohort
+capacity K is the sampler's fixed size (or a power of two for Poisson sampling), so a run
+compiles at most ``log2(max lanes) x log2(max depth) x log2(max capacity)`` shapes.
+"""
+from __future__ import annotations
+
+import math
+from typing import Mapping, Sequence
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from fedpriv.fl.cohort import PackedCohort, next_pow2, pack_cohort, round_up
+
+
+def default_lanes(backend: str | None = None) -> str | int:
+    """``1`` lane per device on CPU; ``"balanced"`` (chosen per round) on accelerators."""
+    backend = backend or jax.default_backend()
+    return jax.local_device_count() if backend == "cpu" else "balanced"
+
+
+def balanced_lanes(steps: Sequence[int], multiple: int = 1, max_lanes: int = 256) -> int:
+    """Power-of-two lane count keeping LPT lanes balanced: ``real / largest`` lanes at most."""
+    if not len(steps):
+        return multiple
+    ratio = max(1, sum(steps) // max(max(steps), 1))
+    w = 1 << (ratio.bit_length() - 1)
+    return max(multiple, round_up(min(w, max_lanes), multiple))
+
+
+def _put(tree, mesh: Mesh | None, spec):
+    """Place host arrays on ``mesh`` with ``spec``: each process passes the rows it holds
+    (``jax.make_array_from_process_local_data``), so this works across processes."""
+    if mesh is None:
+        return tree
+    sharding = NamedSharding(mesh, spec)
+    return jax.tree_util.tree_map(lambda a: jax.make_array_from_process_local_data(sharding, np.asarray(a)), tree)
+
+
+def replicate(tree, mesh: Mesh | None):
+    """Replicate a pytree (e.g. the server state; PRNG keys included) on every device of
+    ``mesh``, across processes too."""
+    if mesh is None:
+        return tree
+    sharding = NamedSharding(mesh, P())
+
+    def put(x):
+        if hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            data = put(jax.random.key_data(x))
+            return jax.random.wrap_key_data(data, impl=jax.random.key_impl(x))
+        x = np.asarray(x)
+        return jax.make_array_from_callback(x.shape, sharding, lambda idx: x[idx])
+    return jax.tree_util.tree_map(put, tree)
+
+
+class CohortExecutor:
+    """Packs, places and runs one round's cohort (see the module docstring).
+
+    Args:
+      algorithm: a ``FederatedAlgorithm`` (its ``apply_packed`` and ``local_epochs``).
+      dataset: client id -> dict of example arrays.
+      batch_size, max_steps: local batching (``pack_cohort``).
+      capacity: K, the padded cohort capacity (the sampler's ``max_cohort_size``).
+      variable_cohort: cohort sizes vary (Poisson): K is the next power of two of the cohort
+        (capped at ``capacity``) so the number of compiled shapes stays small.
+      lanes: ``"auto"`` (backend default), ``"balanced"`` or a fixed int.
+      mesh: a ``clients`` mesh to shard lanes over (``fedpriv.fl.aggregate.client_mesh``).
+      max_lanes: cap for balanced lanes (memory).
+    """
+
+    def __init__(self, algorithm, dataset: Mapping, *, batch_size: int, capacity: int,
+                 max_steps: int | None = None, variable_cohort: bool = False,
+                 lanes: str | int = "auto", mesh: Mesh | None = None, max_lanes: int = 256):
+        self.algorithm, self.dataset = algorithm, dataset
+        self.batch_size, self.max_steps = int(batch_size), max_steps
+        self.capacity, self.variable = int(capacity), bool(variable_cohort)
+        self.mesh = mesh
+        self.devices = 1 if mesh is None else int(mesh.devices.size)
+        if isinstance(lanes, str) and lanes.isdigit():
+            lanes = int(lanes)
+        self.lanes = default_lanes() if lanes == "auto" else lanes
+        if not (self.lanes == "balanced" or (isinstance(self.lanes, int) and self.lanes >= 1)):
+            raise ValueError(f"lanes must be 'auto', 'balanced' or an int >= 1, got {lanes!r}")
+        self.max_lanes = int(max_lanes)
+        self.real_steps = 0
+        self.executed_steps = 0
+        self._template = None
+
+    def _num_lanes(self, ids) -> int:
+        if self.lanes != "balanced":
+            return round_up(int(self.lanes), self.devices)
+        bs, cap = self.batch_size, self.max_steps
+        steps = []
+        for cid in ids:
+            n = len(next(iter(self.dataset[cid].values())))
+            steps.append(min(-(-n // bs), cap) if cap is not None else -(-n // bs))
+        return balanced_lanes([s * self.algorithm.local_epochs for s in steps], self.devices, self.max_lanes)
+
+    def pack(self, ids: Sequence, rng: np.random.Generator | None = None) -> PackedCohort:
+        """Pack the cohort ``ids`` (may be empty: the round then releases only noise)."""
+        if self._template is None:
+            first = self.dataset[next(iter(self.dataset))]
+            self._template = {k: np.asarray(v[:1]) for k, v in first.items()}
+        cap = min(next_pow2(max(len(ids), 1)), self.capacity) if self.variable else self.capacity
+        cap = max(cap, len(ids))
+        lanes = self._num_lanes(ids)
+        subset = None
+        if self.mesh is not None and jax.process_count() > 1:
+            per = lanes // jax.process_count()
+            subset = range(jax.process_index() * per, (jax.process_index() + 1) * per)
+        return pack_cohort(self.dataset, ids, self.batch_size, lanes=lanes, capacity=cap,
+                           max_steps=self.max_steps, local_epochs=self.algorithm.local_epochs,
+                           rng=rng, example_template=self._template, lane_subset=subset)
+
+    def run(self, state, packed: PackedCohort, key):
+        """One round: ``(state, metrics)``; counts real and executed local steps."""
+        lanes = _put(packed.lanes, self.mesh, P("clients"))
+        cmask = _put(packed.client_mask, self.mesh, P())
+        self.real_steps += packed.real_steps
+        self.executed_steps += packed.executed_steps
+        state, metrics = self.algorithm.apply_packed(state, lanes, cmask, key)
+        return state, metrics
+
+    @property
+    def executed_over_real(self) -> float:
+        return self.executed_steps / self.real_steps if self.real_steps else math.nan
