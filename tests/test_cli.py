@@ -1,5 +1,6 @@
 """``python -m fedpriv privacy ...``: the paper's numbers, JSON output, and error handling."""
 import json
+import math
 import subprocess
 import sys
 
@@ -110,3 +111,11 @@ def test_json_is_strict_for_infinite_epsilon():
 
     out = json.loads(p.stdout, parse_constant=refuse)
     assert out["epsilon"] == "inf"
+
+
+def test_strict_json_maps_every_non_finite_number():
+    from fedpriv.cli import strict_json
+
+    out = strict_json({"a": math.nan, "b": [-math.inf, 1.5], "c": {"d": math.inf}, "e": "x"})
+    assert out == {"a": None, "b": ["-inf", 1.5], "c": {"d": "inf"}, "e": "x"}
+    json.dumps(out, allow_nan=False)  # strict
