@@ -1,18 +1,32 @@
 """Command line: ``python -m fedpriv privacy ...`` answers "what epsilon did I get?".
 
-    python -m fedpriv privacy dp-ftrl --noise-multiplier 8.83 --rounds 1600 --delta 1e-6 [--epochs K]
+    python -m fedpriv privacy dp-ftrl --noise-multiplier 8.83 --rounds 1600 --delta 1e-6 [--rounds-per-epoch R]
     python -m fedpriv privacy dp-fedavg --noise-multiplier Z --sampling-rate Q --rounds T --delta D
-    python -m fedpriv privacy calibrate dp-ftrl --epsilon E --rounds T --delta D [--epochs K]
+    python -m fedpriv privacy calibrate dp-ftrl --epsilon E --rounds T --delta D [--rounds-per-epoch R]
     python -m fedpriv privacy calibrate dp-fedavg --epsilon E --sampling-rate Q --rounds T --delta D
 
-``--json`` prints one JSON object (mechanism, epsilon, delta, noise_multiplier, accountant, ...).
-Bad arguments print a one-line error and exit with status 2. Unit of privacy: the user.
+DP-FTRL's event is built by ``fedpriv.dp.accounting.dp_ftrl_event(z, T, R)``, the function the
+engine uses (``ShuffledPassSampler``): ``T // R`` full trees of ``R`` rounds (one per epoch,
+each user at most once per epoch) plus a remainder tree of ``T % R``; without
+``--rounds-per-epoch`` one pass, one tree. (There is no ``--epochs``: K equal trees are not what
+the engine runs unless K divides T, and then it is ``--rounds-per-epoch T/K``.)
+
+``--json`` prints one strict JSON object (mechanism, epsilon, delta, noise_multiplier,
+accountant, ...): an infinite epsilon (e.g. noise multiplier 0) is the string ``"inf"``, a NaN
+is ``null`` — never the bare ``Infinity``/``NaN`` that strict parsers reject.
+Bad arguments, and questions the accountants cannot answer (an epsilon too large to calibrate,
+PLD at a tiny noise multiplier, more than ``accounting.MAX_ROUNDS`` rounds), print a one-line
+``error: ...`` and exit with status 2. Unit of privacy: the user.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import re
 import sys
+
+import dp_accounting as dpa
 
 from fedpriv.dp import accounting
 
@@ -33,8 +47,9 @@ def _common(p, calibrate: bool, fedavg: bool):
     p.add_argument("--rounds", type=int, required=True)
     p.add_argument("--delta", type=float, required=True)
     if not fedavg:
-        p.add_argument("--epochs", type=int, default=1,
-                       help="passes over the users; the tree restarts every epoch")
+        p.add_argument("--rounds-per-epoch", type=int, default=None,
+                       help="R: rounds per epoch; the tree restarts every epoch (default: one "
+                            "pass, one tree)")
     p.add_argument("--accountant", choices=["best", "rdp", "pld"], default="best")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -53,21 +68,40 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+_NEGATIVE_NUMBER = re.compile(r"^-(\d|\.\d)")
+
+
+def _join_negative_values(argv):
+    """``--delta -1e-6`` -> ``--delta=-1e-6``: argparse takes ``-1e-6`` for an option (its
+    negative-number test misses exponents) and says "expected one argument"; joined, the value
+    reaches the validators, which name the problem."""
+    out = []
+    for tok in argv:
+        if (out and _NEGATIVE_NUMBER.match(tok) and out[-1].startswith("--")
+                and "=" not in out[-1]):
+            out[-1] = f"{out[-1]}={tok}"
+        else:
+            out.append(tok)
+    return out
+
+
 def _event_fn(mech: str, args):
     if mech == "dp-ftrl":
-        steps = accounting.tree_steps_per_epoch(args.rounds, args.epochs)
-        return lambda z: accounting.dp_ftrl_event(z, args.rounds, steps_per_tree=steps)
+        return lambda z: accounting.dp_ftrl_event(z, args.rounds, args.rounds_per_epoch)
     return lambda z: accounting.dp_fedavg_poisson_event(z, args.sampling_rate, args.rounds)
 
 
-def run(argv=None) -> dict:
-    args = build_parser().parse_args(argv)
+def run(argv=None) -> tuple[dict, bool]:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = build_parser().parse_args(_join_negative_values(argv))
     calibrate = args.what == "calibrate"
     mech = args.mechanism if calibrate else args.what
     accounting.check_rounds(args.rounds)
     accounting.check_delta(args.delta)
     if mech == "dp-fedavg":
         accounting.check_sampling_rate(args.sampling_rate)
+    else:
+        accounting.epoch_lengths(args.rounds, args.rounds_per_epoch)  # validates R
     make = _event_fn(mech, args)
     if calibrate:
         accounting.check_epsilon(args.epsilon)
@@ -75,11 +109,18 @@ def run(argv=None) -> dict:
                                                   accountant=args.accountant)
     else:
         z = accounting.check_noise_multiplier(args.noise_multiplier)
-    eps, acc = accounting.compute_epsilon(make(z), args.delta, accountant=args.accountant)
+    try:
+        eps, acc = accounting.compute_epsilon(make(z), args.delta, accountant=args.accountant)
+    except dpa.UnsupportedEventError as err:
+        hint = " (PLD needs noise multiplier >= 0.3: use --accountant rdp or best)" \
+            if args.accountant == "pld" else ""
+        raise ValueError(f"the {args.accountant} accountant cannot account for {mech} at noise "
+                         f"multiplier {z:g}{hint}") from err
     out = {"mechanism": mech, "epsilon": eps, "delta": args.delta, "noise_multiplier": z,
            "accountant": acc, "rounds": args.rounds, "unit": "user", "neighboring": "add_remove"}
     if mech == "dp-ftrl":
-        out["epochs"] = args.epochs
+        out["rounds_per_epoch"] = args.rounds_per_epoch
+        out["trees"] = accounting.epoch_lengths(args.rounds, args.rounds_per_epoch)
     else:
         out["sampling_rate"] = args.sampling_rate
     if calibrate:
@@ -87,14 +128,26 @@ def run(argv=None) -> dict:
     return out, args.json
 
 
+def strict_json(value):
+    """``value`` with non-finite floats made strict-JSON safe: +-inf -> "inf"/"-inf", NaN -> None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(v) for v in value]
+    return value
+
+
 def main(argv=None) -> int:
     try:
         out, as_json = run(argv)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
+    except (ValueError, dpa.UnsupportedEventError) as err:
+        msg = " ".join(str(err).split()) or type(err).__name__
+        print(f"error: {msg}", file=sys.stderr)
         return 2
     if as_json:
-        print(json.dumps(out))
+        print(json.dumps(strict_json(out), allow_nan=False))
     elif "target_epsilon" in out:
         print(f"{out['mechanism']}: noise multiplier z = {out['noise_multiplier']:.4f} gives "
               f"epsilon = {out['epsilon']:.4f} (target {out['target_epsilon']}) at delta = "

@@ -51,7 +51,7 @@ import numpy as np
 from dp_accounting import dp_event
 
 from fedpriv.data.federated import FederatedDataset, encode_examples
-from fedpriv.dp import geometric
+from fedpriv.dp import geometric, keys
 
 __all__ = [
     "PAD_ID", "UNK_ID", "BOS_ID", "EOS_ID", "SOURCE", "TARGET", "DEFAULT_IGNORE_IDS",
@@ -96,7 +96,8 @@ def unigram_sensitivity(max_sequences: int = UNIGRAM_MAX_SEQUENCES,
     Each user adds at most ``max_sequences * max_tokens_per_sequence`` unit increments to the
     vector of token counts (`bounded_user_counts`), and users are independent, so adding or
     removing one user changes the sum by a non-negative vector of L1 norm at most that product:
-    5 * 10 = 50 in the paper. (Under replace-one-user it would be twice that.)
+    5 * 10 = 50 in the paper. Under replace-one-user it is twice that (100): one user's 50
+    counts leave, another's 50 arrive (`private_unigram_frequencies` uses the ledger's relation).
     """
     for v, nm in ((max_sequences, "max_sequences"),
                   (max_tokens_per_sequence, "max_tokens_per_sequence")):
@@ -225,7 +226,7 @@ def private_unigram_frequencies(
     clients: Mapping[Hashable, Any] | Iterable[Any],
     vocab_size: int,
     epsilon: float,
-    rng: np.random.Generator,
+    rng: "np.random.Generator | jax.Array | int",
     *,
     population: str,
     ledger: Ledger | None = None,
@@ -236,10 +237,11 @@ def private_unigram_frequencies(
     smoothing: float = 1.0,
     ignore_ids: Sequence[int] = DEFAULT_IGNORE_IDS,
     targets_only: bool = True,
+    neighboring: str | None = None,
 ) -> np.ndarray:
     """(epsilon, 0)-DP unigram frequencies of one domain's population: u_hat float64[vocab_size].
 
-    Steps: (0) ``ledger.spend(name, DiscreteLaplaceDpEvent(eps/50, 50), populations=(population,))``
+    Steps: (0) ``ledger.spend(name, DiscreteLaplaceDpEvent(eps/Delta, Delta), populations=(population,))``
     before ``clients`` is read (a refusal, e.g. ``PrivacyBudgetExceeded``, propagates and no data
     is touched); (1) per-user bounded counts (<= 5 sequences x 10 tokens, `bounded_user_counts`),
     summed; (2) two-sided Geometric noise with a = exp(-eps/Delta), Delta = 50, added to every
@@ -247,7 +249,11 @@ def private_unigram_frequencies(
     so releasing them exactly is free); (3) clip at 0, add-``smoothing`` floor, normalise
     (`normalise_counts`).
 
-    Unit of privacy: the user; neighbouring = add/remove one user of ``population``. The S and T
+    Unit of privacy: the user. Neighbouring relation: the ledger's ``neighboring`` (else
+    ``neighboring``, default "add_remove"; the two must agree). Delta = 50 under add/remove one
+    user of ``population``, 100 under replace-one (`unigram_sensitivity`); the noise is
+    calibrated to that Delta, so the release is eps-DP under the relation the ledger composes.
+    The S and T
     populations are disjoint sets of users (`assemble_domain_dataset`), so releasing u_hat_S and
     u_hat_T at eps0 each costs eps0 per user by parallel composition (each user is in one).
 
@@ -256,24 +262,45 @@ def private_unigram_frequencies(
         domain's examples are counted.
       epsilon: eps0 of the release (the paper: 0.8). delta0 = 0.
       population: ledger label of the population the users belong to.
-      ledger: object with ``spend(name, event, populations)``; None = no ledger.
+      ledger: object with ``spend(name, event, populations)`` (and ``neighboring``); None = no
+        ledger.
+      rng: a ``np.random.Generator`` (its stream chooses the bounded rows, then draws the
+        noise), or a JAX PRNG key / int seed: then the row choice and the noise come from
+        ``keys.numpy_generator(key, "unigram", population, "rows" | "noise")`` — keys carrying
+        their purpose (DESIGN.md), so no other release ever draws the same noise.
+      neighboring: "add_remove" or "replace_one"; default: the ledger's, else "add_remove".
     """
     if isinstance(vocab_size, bool) or int(vocab_size) != vocab_size or vocab_size < 1:
         raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
+    ledger_rel = getattr(ledger, "neighboring", None) if ledger is not None else None
+    if neighboring is None:
+        neighboring = ledger_rel or "add_remove"
+    if neighboring not in ("add_remove", "replace_one"):
+        raise ValueError(f"neighboring must be 'add_remove' or 'replace_one', got {neighboring!r}")
+    if ledger_rel is not None and ledger_rel != neighboring:
+        raise ValueError(f"release relation {neighboring!r} differs from the ledger's "
+                         f"{ledger_rel!r}: the noise would be calibrated to the wrong sensitivity")
     sensitivity = unigram_sensitivity(max_sequences, max_tokens_per_sequence)
+    if neighboring == "replace_one":
+        sensitivity *= 2  # one user's counts leave and another's arrive
     event = geometric.geometric_dp_event(epsilon, sensitivity)
+    if isinstance(rng, np.random.Generator):
+        rows_rng = noise_rng = rng
+    else:
+        rows_rng = keys.numpy_generator(rng, "unigram", population, "rows")
+        noise_rng = keys.numpy_generator(rng, "unigram", population, "noise")
     if ledger is not None:
         ledger.spend(name or f"unigram_frequencies[{population}]", event,
                      populations=(population,))
     counts = unigram_counts(
-        clients, vocab_size, rng, example_domain=example_domain, max_sequences=max_sequences,
+        clients, vocab_size, rows_rng, example_domain=example_domain, max_sequences=max_sequences,
         max_tokens_per_sequence=max_tokens_per_sequence, ignore_ids=ignore_ids,
         targets_only=targets_only)
     live = np.ones(vocab_size, bool)
     ignored = [i for i in ignore_ids if 0 <= i < vocab_size]
     live[ignored] = False
     noisy = counts.copy()
-    noisy[live] = geometric.geometric_mechanism(counts[live], rng, epsilon, sensitivity)
+    noisy[live] = geometric.geometric_mechanism(counts[live], noise_rng, epsilon, sensitivity)
     return normalise_counts(noisy, smoothing=smoothing, zero_ids=ignored)
 
 
@@ -281,7 +308,7 @@ def domain_unigram_frequencies(
     ds: "DomainDataset",
     vocab_size: int,
     epsilon: float,
-    rng: np.random.Generator,
+    rng: "np.random.Generator | jax.Array | int",
     *,
     ledger: Ledger | None = None,
     labels: Mapping[int, str] | None = None,

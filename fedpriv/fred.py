@@ -92,6 +92,8 @@ import jax.numpy as jnp
 import numpy as np
 from dp_accounting import pld, rdp
 
+from fedpriv.dp.keys import tagged_key
+
 UNITS = ("sample", "user")
 RELATIONS = ("add_remove", "replace_one")
 CALIBRATIONS = ("analytic", "classic")
@@ -593,6 +595,14 @@ class PrivateStats:
         )
 
 
+def fred_noise_keys(key, name: str = "fred") -> tuple[jax.Array, jax.Array]:
+    """The keys of FreD's two releases: ``tagged_key(key, "fred", name, "mean-noise")`` and
+    ``(..., "cov-noise")`` — keys carry their purpose (DESIGN.md), so the mean's and the
+    covariance's shares, and any other release from the same root key (FL training, unigrams),
+    never draw the same noise. Client ``i``'s share key is ``fold_in(k, i)``."""
+    return (tagged_key(key, "fred", name, "mean-noise"), tagged_key(key, "fred", name, "cov-noise"))
+
+
 def private_stats(
     client_embeddings: Sequence[np.ndarray],
     clip: float,
@@ -618,7 +628,8 @@ def private_stats(
       clip: ``c`` > 0, per-embedding clip norm for the mean (and first clip before centring).
       epsilon, delta: (eps, delta) of *each* of the two releases (eps > 0, 0 < delta < 1).
       unit: "sample" (the paper) or "user" (each user's contribution bounded; see module doc).
-      key: PRNG key (``jax.random.key``) for the noise shares; required.
+      key: PRNG key (``jax.random.key``) for the noise shares; required. The two releases use
+        ``fred_noise_keys(key, name)`` (purpose-tagged), never ``key`` itself.
       relation: "add_remove" or "replace_one"; default: the ledger's ``neighboring`` if a
         ledger is given, else "add_remove".  Must match the ledger's.
       cov_clip: clip norm of the centred embeddings (default ``clip``).
@@ -691,7 +702,7 @@ def private_stats(
         check_embeddings(a, f"client {i} embeddings")
     packed = pack_clients(arrays, unit, max_samples_per_user, chunk_size)
     divisor = float(n_public) if n_public is not None else float(packed.count)
-    k_mean, k_cov = jax.random.split(key)
+    k_mean, k_cov = fred_noise_keys(key, name)
     args = (
         jnp.asarray(packed.emb),
         jnp.asarray(packed.mask),

@@ -1,5 +1,6 @@
 """``python -m fedpriv privacy ...``: the paper's numbers, JSON output, and error handling."""
 import json
+import math
 import subprocess
 import sys
 
@@ -23,9 +24,9 @@ def test_dp_ftrl_epsilon_json(z, eps):
 
 def test_epochs_and_fedavg_and_calibration(capsys):
     assert main(["privacy", "dp-ftrl", "--noise-multiplier", "8.83", "--rounds", "1600", "--delta", "1e-6",
-                 "--epochs", "4", "--json"]) == 0
+                 "--rounds-per-epoch", "400", "--json"]) == 0
     restarted = json.loads(capsys.readouterr().out)
-    assert restarted["epsilon"] > 1.78 and restarted["epochs"] == 4
+    assert restarted["epsilon"] > 1.78 and restarted["trees"] == [400] * 4
     assert main(["privacy", "dp-fedavg", "--noise-multiplier", "1.0", "--sampling-rate", "0.01",
                  "--rounds", "100", "--delta", "1e-6", "--json"]) == 0
     fed = json.loads(capsys.readouterr().out)
@@ -49,9 +50,72 @@ def test_epochs_and_fedavg_and_calibration(capsys):
     (["privacy", "dp-fedavg", "--noise-multiplier", "1", "--sampling-rate", "1.5", "--rounds", "5", "--delta", "1e-6"], "sampling rate"),
     (["privacy", "dp-ftrl", "--noise-multiplier", "abc", "--rounds", "5", "--delta", "1e-6"], "invalid float"),
     (["privacy", "dp-ftrl", "--rounds", "5", "--delta", "1e-6"], "required"),
+    # issue 14 item 9: each of these used to give a traceback, a hang or a misleading message
+    (["privacy", "calibrate", "dp-ftrl", "--epsilon", "1000", "--rounds", "100", "--delta", "1e-6"],
+     "epsilon 1000 is too large to calibrate"),
+    (["privacy", "dp-ftrl", "--noise-multiplier", "0.01", "--rounds", "100", "--delta", "1e-6",
+      "--accountant", "pld"], "pld accountant cannot account for dp-ftrl at noise multiplier 0.01"),
+    (["privacy", "dp-fedavg", "--noise-multiplier", "0.01", "--sampling-rate", "0.01", "--rounds", "100",
+      "--delta", "1e-6", "--accountant", "pld"], "PLD needs noise multiplier >= 0.3"),
+    (["privacy", "calibrate", "dp-fedavg", "--epsilon", "1000", "--sampling-rate", "0.5", "--rounds", "10",
+      "--delta", "1e-6", "--accountant", "pld"], "no pld accountant supports"),
+    (["privacy", "dp-fedavg", "--noise-multiplier", "1", "--sampling-rate", "0.01", "--rounds", "1000000000",
+      "--delta", "1e-6"], "rounds must be <= 1,000,000"),
+    (["privacy", "dp-ftrl", "--noise-multiplier", "1", "--rounds", "10", "--delta", "-1e-6"],
+     "delta must be in (0, 1), got -1e-06"),
+    (["privacy", "calibrate", "dp-ftrl", "--epsilon", "-.5", "--rounds", "10", "--delta", "1e-6"],
+     "epsilon must be a finite number > 0"),
+    (["privacy", "dp-ftrl", "--noise-multiplier", "1", "--rounds", "10", "--rounds-per-epoch", "0",
+      "--delta", "1e-6"], "rounds_per_epoch must be an integer >= 1"),
+    (["privacy", "dp-ftrl", "--noise-multiplier", "1", "--rounds", "10", "--epochs", "3", "--delta", "1e-6"],
+     "unrecognized arguments: --epochs"),
 ])
 def test_bad_arguments_one_line_exit_2(args, msg):
     p = _run(args)
+    assert "Traceback" not in p.stderr
     assert p.returncode == 2
     lines = [l for l in p.stderr.splitlines() if l.strip()]
     assert len(lines) == 1 and lines[0].startswith("error:") and msg in lines[0], p.stderr
+
+
+@pytest.mark.parametrize("rounds, per_epoch", [(9, 4), (13, 6)])
+def test_cli_dp_ftrl_epsilon_is_the_engines(rounds, per_epoch, capsys):
+    """One function builds DP-FTRL's event: full epochs of R rounds plus a remainder tree, the
+    trees the engine's ShuffledPassSampler runs (issue 16 item 4)."""
+    from fedpriv.dp.accounting import compute_epsilon
+    from fedpriv.fl.algorithms import DPConfig, privacy_event
+    from fedpriv.fl.samplers import ShuffledPassSampler
+
+    sampler = ShuffledPassSampler(10 * per_epoch, 10)
+    assert sampler.rounds_per_epoch == per_epoch
+    engine = compute_epsilon(privacy_event(DPConfig(1.0, 1.0, "tree", per_epoch), sampler, rounds), 1e-6)[0]
+    assert main(["privacy", "dp-ftrl", "--noise-multiplier", "1", "--rounds", str(rounds),
+                 "--rounds-per-epoch", str(per_epoch), "--delta", "1e-6", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["epsilon"] == pytest.approx(engine, rel=1e-12)
+    assert out["trees"] == sampler.steps_per_epoch(rounds)
+    # calibrating to that epsilon gives back z = 1
+    assert main(["privacy", "calibrate", "dp-ftrl", "--epsilon", str(engine), "--rounds", str(rounds),
+                 "--rounds-per-epoch", str(per_epoch), "--delta", "1e-6", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["noise_multiplier"] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_json_is_strict_for_infinite_epsilon():
+    p = _run(["privacy", "dp-fedavg", "--noise-multiplier", "0", "--sampling-rate", "0.1", "--rounds", "10",
+              "--delta", "1e-6", "--json"])
+    assert p.returncode == 0, p.stderr
+    assert "Infinity" not in p.stdout and "NaN" not in p.stdout
+
+    def refuse(name):
+        raise ValueError(f"non-strict JSON constant {name}")
+
+    out = json.loads(p.stdout, parse_constant=refuse)
+    assert out["epsilon"] == "inf"
+
+
+def test_strict_json_maps_every_non_finite_number():
+    from fedpriv.cli import strict_json
+
+    out = strict_json({"a": math.nan, "b": [-math.inf, 1.5], "c": {"d": math.inf}, "e": "x"})
+    assert out == {"a": None, "b": ["-inf", 1.5], "c": {"d": "inf"}, "e": "x"}
+    json.dumps(out, allow_nan=False)  # strict

@@ -4,16 +4,29 @@ Conventions (DESIGN.md): the unit of privacy is the user; the noise multiplier `
 noise std on a *sum* over the clip norm (per tree node for DP-FTRL).
 
 Events:
-* DP-FTRL, one pass (each client at most once in ``rounds`` rounds, Kairouz et al. 2021):
-  ``SingleEpochTreeAggregationDpEvent(z, rounds)``; with ``epochs=K`` restarts (a client at
-  most once per tree) one tree per epoch, composed (App. D of Kairouz et al.).
+* DP-FTRL (Kairouz et al. 2021): each client at most once per tree; the tree restarts every
+  epoch of ``R`` rounds, so ``T`` rounds are ``T // R`` full trees of ``R`` leaves plus a
+  remainder tree of ``T % R`` leaves (``epoch_lengths``), composed (App. D):
+  ``dp_ftrl_event(z, T, rounds_per_epoch=R)`` — the one function the engine
+  (``ShuffledPassSampler``) and the CLI both use.
 * DP-FedAvg with Poisson sampling (McMahan et al. 2018): ``rounds`` x
-  ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` (add/remove-one-user).
+  ``PoissonSampledDpEvent(q, inner)`` (add/remove-one user), ``inner`` = what one round
+  releases about its cohort, e.g. ``GaussianDpEvent(z)`` or, with adaptive clipping, the pair
+  ``ComposedDpEvent([GaussianDpEvent(z), GaussianDpEvent(2 sigma_b)])`` computed on the *same*
+  sampled cohort — one subsampled mechanism, never two independently sampled ones
+  (``poisson_sampled_event``).
 * DP-FedAvg with fixed-size sampling without replacement: ``rounds`` x
-  ``SampledWithoutReplacementDpEvent(N, m, GaussianDpEvent(z / 2))`` under *replace-one*
-  neighbouring (Wang, Balle, Kasiviswanathan 2019, Thm. 27): replacing one user moves a
-  sum of updates clipped to C by up to 2C, so the multiplier relative to that sensitivity
-  is z/2.
+  ``SampledWithoutReplacementDpEvent(N, m, inner')`` under *replace-one* neighbouring (Wang,
+  Balle, Kasiviswanathan 2019, Thm. 27), ``inner'`` = ``inner`` with every Gaussian multiplier
+  halved (``replace_one_event``): replacing one user moves a sum of updates clipped to C by up
+  to 2C, and a centred clip count by 1 = 2 x 1/2 (``wor_sampled_event``).
+
+A sampled composition of Gaussians is, exactly, one Gaussian with multiplier
+``(sum_i z_i^-2)^-1/2`` (the pair's joint L2 sensitivity over its noise); ``compute_epsilon``
+rewrites it so before calling ``dp_accounting`` (``canonical_event``). That lets PLD account for
+it, and avoids a ``dp_accounting`` 0.6 pitfall: its own reduction returns the *first*
+multiplier when one of them is a Python ``int`` (``Composed([Gaussian(1), Gaussian(1)])``
+counted as ``Gaussian(1)``, not ``Gaussian(0.707)``).
 
 Add/remove-one neighbouring is accounted with RDP under ``REPLACE_SPECIAL`` (the relation
 ``dp_accounting`` requires for tree aggregation; for Gaussian and Poisson-sampled Gaussian
@@ -23,11 +36,13 @@ are added by basic composition. The reported epsilon is the smallest of the vali
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Callable, Iterable, Sequence
 
 import dp_accounting as dpa
 from dp_accounting import pld, rdp
+from dp_accounting.mechanism_calibration import NoBracketIntervalFoundError
 
 NeighborRel = dpa.NeighboringRelation
 NEIGHBORING = ("add_remove", "replace_one")
@@ -46,9 +61,19 @@ def check_delta(delta: float) -> float:
     return float(delta)
 
 
+MAX_ROUNDS = 10**6  # far beyond any FL run; PLD composition of 1e9 rounds does not finish
+
+
+class CalibrationError(ValueError):
+    """No noise multiplier can be calibrated for the requested (epsilon, delta)."""
+
+
 def check_rounds(rounds: int) -> int:
-    if int(rounds) != rounds or rounds < 1:
+    if isinstance(rounds, bool) or int(rounds) != rounds or rounds < 1:
         raise ValueError(f"rounds must be an integer >= 1, got {rounds!r}")
+    if rounds > MAX_ROUNDS:
+        raise ValueError(f"rounds must be <= {MAX_ROUNDS:,} (accounting for more is not "
+                         f"supported), got {int(rounds):,}")
     return int(rounds)
 
 
@@ -65,61 +90,167 @@ def check_noise_multiplier(z: float) -> float:
 
 
 # ----------------------------------------------------------------------------- events
-def tree_steps_per_epoch(rounds: int, epochs: int = 1) -> list[int]:
-    """Split ``rounds`` into ``epochs`` trees of (nearly) equal size, earlier trees larger."""
-    rounds, epochs = check_rounds(rounds), int(epochs)
-    if epochs < 1 or epochs > rounds:
-        raise ValueError(f"epochs must be in [1, rounds={rounds}], got {epochs}")
-    base, extra = divmod(rounds, epochs)
-    return [base + (1 if i < extra else 0) for i in range(epochs)]
+def epoch_lengths(rounds: int, rounds_per_epoch: int | None = None) -> list[int]:
+    """Rounds of each epoch (tree) in a run of ``rounds`` rounds with epochs of
+    ``rounds_per_epoch`` rounds: ``[R] * (T // R) + [T % R]`` (no empty tail); ``None`` = one
+    epoch of all ``rounds``."""
+    rounds = check_rounds(rounds)
+    if rounds_per_epoch is None:
+        return [rounds]
+    r = rounds_per_epoch
+    if isinstance(r, bool) or int(r) != r or r < 1:
+        raise ValueError(f"rounds_per_epoch must be an integer >= 1, got {r!r}")
+    r = int(r)
+    return [r] * (rounds // r) + ([rounds % r] if rounds % r else [])
 
 
-def dp_ftrl_event(noise_multiplier: float, rounds: int, epochs: int = 1,
-                  steps_per_tree: Sequence[int] | None = None) -> dpa.DpEvent:
-    """DP-FTRL with tree aggregation; one tree per epoch, each client at most once per tree.
+def dp_ftrl_event(noise_multiplier: float, rounds: int, rounds_per_epoch: int | None = None, *,
+                  epochs: int | None = None) -> dpa.DpEvent:
+    """DP-FTRL with tree aggregation: one tree per epoch, each client at most once per tree.
+
+    The single builder of DP-FTRL's event (engine and CLI): trees of ``epoch_lengths(rounds,
+    rounds_per_epoch)`` leaves, composed.
 
     Args:
       noise_multiplier: per-node noise std / clip norm.
       rounds: total rounds T.
-      epochs: number of passes K over the clients (trees restart every epoch).
-      steps_per_tree: explicit tree sizes (overrides ``rounds``/``epochs``), e.g. from the
-        sampler's real epoch lengths.
+      rounds_per_epoch: R, rounds per epoch (= leaves per tree); None = one pass, one tree.
+      epochs: K equal epochs; accepted only when K divides T (then it is R = T / K exactly),
+        since otherwise no engine run has that tree layout.
     """
-    z = check_noise_multiplier(noise_multiplier)
-    steps = list(steps_per_tree) if steps_per_tree is not None else tree_steps_per_epoch(rounds, epochs)
+    z = float(check_noise_multiplier(noise_multiplier))
+    rounds = check_rounds(rounds)
+    if epochs is not None:
+        if rounds_per_epoch is not None:
+            raise ValueError("give rounds_per_epoch or epochs, not both")
+        if isinstance(epochs, bool) or int(epochs) != epochs or not 1 <= epochs <= rounds \
+                or rounds % int(epochs):
+            raise ValueError(f"epochs must divide rounds={rounds} (epochs of R = rounds/epochs "
+                             f"rounds); got {epochs!r}: give rounds_per_epoch instead")
+        rounds_per_epoch = rounds // int(epochs)
+    steps = epoch_lengths(rounds, rounds_per_epoch)
     if len(steps) == 1:
         return dpa.SingleEpochTreeAggregationDpEvent(z, steps[0])
     return dpa.ComposedDpEvent([dpa.SingleEpochTreeAggregationDpEvent(z, s) for s in steps])
 
 
+def replace_one_event(event: dpa.DpEvent) -> dpa.DpEvent:
+    """``event`` (Gaussians in add/remove-one sensitivity units) re-expressed under replace-one:
+    every Gaussian multiplier halved (replacing one user moves the query by up to twice its
+    add/remove sensitivity). Anything but Gaussians and their compositions fails closed."""
+    if isinstance(event, dpa.GaussianDpEvent):
+        return dpa.GaussianDpEvent(float(event.noise_multiplier) / 2.0)
+    if isinstance(event, dpa.ComposedDpEvent):
+        return dpa.ComposedDpEvent([replace_one_event(e) for e in event.events])
+    if isinstance(event, dpa.SelfComposedDpEvent):
+        return dpa.SelfComposedDpEvent(replace_one_event(event.event), event.count)
+    raise ValueError(f"no replace-one form of {type(event).__name__}: only Gaussian releases "
+                     "can be amplified by sampling without replacement here")
+
+
+def poisson_sampled_event(inner: dpa.DpEvent, sampling_rate: float, rounds: int) -> dpa.DpEvent:
+    """``rounds`` x ``PoissonSampledDpEvent(q, inner)``: ``inner`` is everything one round
+    releases about its (one) sampled cohort (add/remove one user)."""
+    return dpa.SelfComposedDpEvent(
+        dpa.PoissonSampledDpEvent(check_sampling_rate(sampling_rate), inner), check_rounds(rounds))
+
+
+def wor_sampled_event(inner: dpa.DpEvent, population: int, cohort: int, rounds: int) -> dpa.DpEvent:
+    """``rounds`` x ``SampledWithoutReplacementDpEvent(N, m, replace_one_event(inner))``
+    (replace-one users); ``inner`` in add/remove units, as for ``poisson_sampled_event``."""
+    if not (1 <= cohort <= population):
+        raise ValueError(f"need 1 <= cohort ({cohort}) <= population ({population})")
+    return dpa.SelfComposedDpEvent(
+        dpa.SampledWithoutReplacementDpEvent(int(population), int(cohort), replace_one_event(inner)),
+        check_rounds(rounds))
+
+
 def dp_fedavg_poisson_event(noise_multiplier: float, sampling_rate: float, rounds: int) -> dpa.DpEvent:
     """DP-FedAvg: ``rounds`` Poisson-sampled Gaussian sums (add/remove one user)."""
-    return dpa.SelfComposedDpEvent(
-        dpa.PoissonSampledDpEvent(check_sampling_rate(sampling_rate),
-                                  dpa.GaussianDpEvent(check_noise_multiplier(noise_multiplier))),
-        check_rounds(rounds))
+    z = float(check_noise_multiplier(noise_multiplier))
+    return poisson_sampled_event(dpa.GaussianDpEvent(z), sampling_rate, rounds)
 
 
 def dp_fedavg_wor_event(noise_multiplier: float, population: int, cohort: int, rounds: int) -> dpa.DpEvent:
     """DP-FedAvg with fixed-size cohorts sampled without replacement (replace-one users)."""
-    if not (1 <= cohort <= population):
-        raise ValueError(f"need 1 <= cohort ({cohort}) <= population ({population})")
-    z = check_noise_multiplier(noise_multiplier)
-    return dpa.SelfComposedDpEvent(
-        dpa.SampledWithoutReplacementDpEvent(int(population), int(cohort), dpa.GaussianDpEvent(z / 2.0)),
-        check_rounds(rounds))
+    z = float(check_noise_multiplier(noise_multiplier))
+    return wor_sampled_event(dpa.GaussianDpEvent(z), population, cohort, rounds)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoundRelease:
+    """What one round of an FL algorithm releases about its cohort, in add/remove-one units.
+
+    A sampler turns it into the event of a run (``sampler.amplified_event(release, rounds)``).
+
+    Attributes:
+      fresh: the event of everything released with fresh noise each round, computed on the
+        round's cohort — e.g. ``GaussianDpEvent(z)`` for DP-FedAvg's noisy sum, plus
+        ``GaussianDpEvent(2 sigma_b)`` for the adaptive clip count (one composed event: both are
+        computed on the same cohort). None if nothing is.
+      tree_noise_multiplier: DP-FTRL: the sum goes through a tree whose noise is correlated
+        across the rounds of the tree (per-node multiplier); None otherwise.
+      restart_every: DP-FTRL: leaves per tree.
+    """
+    fresh: dpa.DpEvent | None = None
+    tree_noise_multiplier: float | None = None
+    restart_every: int | None = None
+
+    def __post_init__(self):
+        if self.fresh is None and self.tree_noise_multiplier is None:
+            raise ValueError("a round release must release something (fresh or tree noise)")
+        if self.tree_noise_multiplier is not None and self.restart_every is None:
+            raise ValueError("a tree release needs restart_every")
+
+    @property
+    def is_tree(self) -> bool:
+        return self.tree_noise_multiplier is not None
 
 
 # ----------------------------------------------------------------------------- epsilon
+def _effective_multiplier(event: dpa.DpEvent) -> float | None:
+    """Multiplier of the one Gaussian equivalent to a composition of Gaussians on the same data
+    (``(sum_i z_i^-2)^-1/2``), or None if ``event`` is not made of Gaussians only."""
+    if isinstance(event, dpa.GaussianDpEvent):
+        return float(event.noise_multiplier)
+    if isinstance(event, dpa.SelfComposedDpEvent):
+        z = _effective_multiplier(event.event)
+        return None if z is None else z / math.sqrt(event.count)
+    if isinstance(event, dpa.ComposedDpEvent) and event.events:
+        zs = [_effective_multiplier(e) for e in event.events]
+        if any(z is None for z in zs):
+            return None
+        if any(z == 0 for z in zs):
+            return 0.0
+        return sum(z ** -2 for z in zs) ** -0.5
+    return None
+
+
+def canonical_event(event: dpa.DpEvent) -> dpa.DpEvent:
+    """``event`` with float multipliers, and a sampled composition of Gaussians replaced by its
+    exactly equivalent single Gaussian (see the module docstring); anything else unchanged."""
+    if isinstance(event, dpa.GaussianDpEvent):
+        return dpa.GaussianDpEvent(float(event.noise_multiplier))
+    if isinstance(event, (dpa.PoissonSampledDpEvent, dpa.SampledWithoutReplacementDpEvent)):
+        z = _effective_multiplier(event.event)
+        if z is None:
+            return event  # left to the accountants, which refuse what they cannot account
+        if isinstance(event, dpa.PoissonSampledDpEvent):
+            return dpa.PoissonSampledDpEvent(event.sampling_probability, dpa.GaussianDpEvent(z))
+        return dpa.SampledWithoutReplacementDpEvent(event.source_dataset_size, event.sample_size,
+                                                    dpa.GaussianDpEvent(z))
+    return event
+
+
 def _flatten(event: dpa.DpEvent, count: int = 1):
-    """Yield (leaf_event, count) pairs through Composed/SelfComposed wrappers."""
+    """Yield (canonical leaf_event, count) pairs through Composed/SelfComposed wrappers."""
     if isinstance(event, dpa.SelfComposedDpEvent):
         yield from _flatten(event.event, count * event.count)
     elif isinstance(event, dpa.ComposedDpEvent):
         for e in event.events:
             yield from _flatten(e, count)
     else:
-        yield event, count
+        yield canonical_event(event), count
 
 
 def pure_epsilon(event: dpa.DpEvent) -> float | None:
@@ -229,9 +360,12 @@ def compute_epsilon(events: dpa.DpEvent | Iterable[dpa.DpEvent], delta: float,
         if eps is not None:
             results.append((float(eps), fn.__name__.split("_")[1]))
     if not results:
+        kinds = ", ".join(sorted({type(leaf).__name__ for ev in events for leaf, _ in _flatten(ev)}))
+        hint = (" (PLD here: add/remove only, Gaussian noise multipliers >= "
+                f"{_PLD_MIN_Z}; try accountant 'rdp' or 'best')" if accountant == "pld" else "")
         raise dpa.UnsupportedEventError(
             f"no {accountant} accountant supports these events under {neighboring} "
-            f"neighbouring: {events}")
+            f"neighbouring: {kinds}{hint}")
     if len(_EPSILON_CACHE) >= _EPSILON_CACHE_SIZE:
         _EPSILON_CACHE.clear()
     _EPSILON_CACHE[key] = min(results)
@@ -264,7 +398,17 @@ def calibrate_noise_multiplier(make_event: Callable[[float], dpa.DpEvent], epsil
         def get_epsilon(self, target_delta):
             return compute_epsilon(self.events, target_delta, neighboring, accountant)[0]
 
-    bracket = dpa.LowerEndpointAndGuess(0.1, 1.0)
-    z = dpa.calibrate_dp_mechanism(_Acc, make_event, epsilon, delta, bracket, tol=tol)
+    lowest = 0.1
+    bracket = dpa.LowerEndpointAndGuess(lowest, 1.0)
+    try:
+        z = dpa.calibrate_dp_mechanism(_Acc, make_event, epsilon, delta, bracket, tol=tol)
+    except NoBracketIntervalFoundError as err:
+        eps_low = compute_epsilon(make_event(lowest), delta, neighboring, accountant)[0]
+        if eps_low <= epsilon:
+            raise CalibrationError(
+                f"epsilon {epsilon:g} is too large to calibrate: even the smallest noise "
+                f"multiplier tried ({lowest}) gives epsilon {eps_low:.4g}") from err
+        raise CalibrationError(f"no noise multiplier reaches epsilon {epsilon:g} at delta "
+                               f"{delta:g}") from err
     # The bisection returns the upper end of its final interval: epsilon(z) <= target.
     return float(z)

@@ -8,9 +8,13 @@ under add/remove-one-user), estimates the unclipped fraction
 
     C <- C * exp(-eta_C * (b_bar - gamma))
 
-with target quantile ``gamma``. The count release is its own Gaussian mechanism with noise
-multiplier ``sigma_b / (1/2) = 2 sigma_b``; its privacy cost is composed in the accounting
-(``fedpriv.fl.algorithms.privacy_event``) — it is not free.
+with target quantile ``gamma``. The count release is a Gaussian mechanism with noise
+multiplier ``sigma_b / (1/2) = 2 sigma_b`` (``sigma_b`` under replace-one, sensitivity 1). It is
+computed on the same sampled cohort as the noisy sum, so the accounting
+(``fedpriv.fl.algorithms.privacy_event``) charges the pair as ONE subsampled mechanism,
+``PoissonSampled(q, Composed([Gaussian(z), Gaussian(2 sigma_b)]))`` per round — equivalent to a
+single Gaussian with ``z_eff = (z^-2 + (2 sigma_b)^-2)^-1/2`` — not as two independently sampled
+events. It is not free.
 """
 from __future__ import annotations
 

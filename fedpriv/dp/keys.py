@@ -10,6 +10,7 @@ from __future__ import annotations
 import zlib
 
 import jax
+import numpy as np
 
 
 def tag_value(tag) -> int:
@@ -27,3 +28,10 @@ def tagged_key(key_or_seed, *tags):
     for t in tags:
         key = jax.random.fold_in(key, tag_value(t))
     return key
+
+
+def numpy_generator(key_or_seed, *tags) -> np.random.Generator:
+    """A NumPy ``Generator`` for host-side releases (e.g. Geometric noise), seeded from
+    ``tagged_key(key_or_seed, *tags)``'s key data: tagged like every JAX release."""
+    data = np.asarray(jax.random.key_data(tagged_key(key_or_seed, *tags)), np.uint32).ravel()
+    return np.random.default_rng(np.random.SeedSequence([int(x) for x in data]))

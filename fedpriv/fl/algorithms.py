@@ -219,57 +219,44 @@ def privacy_event(dp: DPConfig, sampler, rounds: int, simulated: bool = True) ->
         as the cohort — the McMahan et al. 2018 convention; say so in results); False
         accounts for the run actually executed (multiplier ``z * s``).
 
-    Returns a ``NonPrivateDpEvent`` for a non-private configuration (the ledger refuses it).
+    The event is derived from what runs: the round's release (``accounting.RoundRelease``: the
+    noisy sum at multiplier z — fresh Gaussian noise, or DP-FTRL's tree — and, with adaptive
+    clipping, the noisy clip count at ``2 sigma_b``, both computed on the same cohort) is
+    handed to the sampler, which knows its own amplification (``sampler.amplified_event``):
+    Poisson -> ``PoissonSampled(q, Composed([G(z), G(2 sigma_b)]))`` per round, one subsampled
+    mechanism; fixed-size -> its without-replacement analogue (replace-one); shuffled passes ->
+    one tree and one count per epoch. A sampler without ``amplified_event`` is refused.
+
+    Returns a ``NonPrivateDpEvent`` for a non-private configuration, including adaptive
+    clipping with a noise-free count (the ledger refuses it).
     """
     rounds = accounting.check_rounds(rounds)
+    amplify = getattr(sampler, "amplified_event", None)
+    if not callable(amplify):
+        raise ValueError(f"no privacy accounting for sampler {type(sampler).__name__}: it has no "
+                         "amplified_event(release, rounds)")
     if not dp.is_private:
         return dpa.NonPrivateDpEvent()
-    z = dp.noise_multiplier
-    expected = sampler.expected_cohort_size
+    z = float(dp.noise_multiplier)
     if dp.noise_cohort_size is not None and not simulated:
-        z = z * expected / dp.noise_cohort_size
-    events = []
-    if dp.mechanism == "tree":
-        if not isinstance(sampler, samplers_lib.ShuffledPassSampler):
-            raise ValueError("DP-FTRL's tree accounting needs each client at most once per tree: "
-                             "use ShuffledPassSampler")
-        if dp.restart_every != sampler.rounds_per_epoch:
-            raise ValueError(f"tree restarts every {dp.restart_every} rounds but an epoch has "
-                             f"{sampler.rounds_per_epoch}: a client could appear twice in one tree")
-        steps = sampler.steps_per_epoch(rounds)
-        events.append(accounting.dp_ftrl_event(z, rounds, steps_per_tree=steps))
-        if dp.adaptive is not None and dp.adaptive.count_stddev > 0:
-            # each client is in one round per epoch: one count release per client per epoch
-            events.append(dpa.SelfComposedDpEvent(
-                dpa.GaussianDpEvent(dp.adaptive.count_noise_multiplier), len(steps)))
-        elif dp.adaptive is not None:
-            events.append(dpa.NonPrivateDpEvent())
-    elif isinstance(sampler, samplers_lib.PoissonSampler):
-        q = sampler.sampling_rate
-        events.append(accounting.dp_fedavg_poisson_event(z, q, rounds))
-        if dp.adaptive is not None:
-            events.append(accounting.dp_fedavg_poisson_event(dp.adaptive.count_noise_multiplier, q, rounds)
-                          if dp.adaptive.count_stddev > 0 else dpa.NonPrivateDpEvent())
-    elif isinstance(sampler, samplers_lib.UniformSampler):
-        n = sampler.num_clients
-        events.append(accounting.dp_fedavg_wor_event(z, n, sampler.cohort_size, rounds))
-        if dp.adaptive is not None:
-            # replace-one: a count changes by at most 1 (= 2 x 1/2), like the updates' 2C
-            events.append(accounting.dp_fedavg_wor_event(dp.adaptive.count_noise_multiplier, n,
-                                                          sampler.cohort_size, rounds)
-                          if dp.adaptive.count_stddev > 0 else dpa.NonPrivateDpEvent())
-    elif isinstance(sampler, samplers_lib.ShuffledPassSampler):
-        # each client in one round per epoch; rounds of one epoch touch disjoint clients
-        epochs = len(sampler.steps_per_epoch(rounds))
-        events.append(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(z), epochs))
-        if dp.adaptive is not None:
-            events.append(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(dp.adaptive.count_noise_multiplier), epochs)
-                          if dp.adaptive.count_stddev > 0 else dpa.NonPrivateDpEvent())
-    else:
-        raise ValueError(f"no privacy accounting for sampler {type(sampler).__name__}")
-    return events[0] if len(events) == 1 else dpa.ComposedDpEvent(events)
+        z = z * sampler.expected_cohort_size / dp.noise_cohort_size
+    fresh = [] if dp.mechanism == "tree" else [dpa.GaussianDpEvent(z)]
+    if dp.adaptive is not None:
+        if not dp.adaptive.count_stddev > 0:
+            return dpa.NonPrivateDpEvent()  # the exact clip count is released
+        fresh.append(dpa.GaussianDpEvent(float(dp.adaptive.count_noise_multiplier)))
+    release = accounting.RoundRelease(
+        fresh=None if not fresh else fresh[0] if len(fresh) == 1 else dpa.ComposedDpEvent(fresh),
+        tree_noise_multiplier=z if dp.mechanism == "tree" else None,
+        restart_every=dp.restart_every if dp.mechanism == "tree" else None)
+    return amplify(release, rounds)
 
 
 def neighboring_for(sampler) -> str:
-    """The neighbouring relation the sampler's accounting uses."""
-    return "replace_one" if isinstance(sampler, samplers_lib.UniformSampler) else "add_remove"
+    """The neighbouring relation the sampler's accounting uses (``sampler.neighboring``);
+    a sampler that does not declare one is refused."""
+    rel = getattr(sampler, "neighboring", None)
+    if rel not in accounting.NEIGHBORING:
+        raise ValueError(f"no neighbouring relation for sampler {type(sampler).__name__}: it "
+                         f"declares {rel!r}, expected one of {accounting.NEIGHBORING}")
+    return rel

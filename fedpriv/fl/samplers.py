@@ -9,16 +9,48 @@ a resumed run samples exactly the cohorts an uninterrupted run would.
 * ``ShuffledPassSampler``: disjoint cohorts from a fresh permutation per epoch, so each client
   participates at most once per epoch — what DP-FTRL's accounting needs (Kairouz et al. 2021);
   ``rounds_per_epoch = N // m`` (the remainder of each permutation sits out that epoch).
+
+Every sampler also knows what its sampling does to privacy: ``neighboring`` (the relation its
+accounting uses) and ``amplified_event(release, rounds)``, which turns what one round releases
+about its cohort (``fedpriv.dp.accounting.RoundRelease``, or a plain ``DpEvent`` of fresh
+noise) into the ``dp_accounting`` event of ``rounds`` rounds:
+
+* Poisson: ``rounds`` x ``PoissonSampledDpEvent(q, release)`` (add/remove);
+* uniform without replacement: ``rounds`` x ``SampledWithoutReplacementDpEvent(N, m,
+  release at the replace-one multiplier)`` (replace-one);
+* shuffled passes: one release per client per epoch, composed over the epochs (no
+  amplification): the DP-FTRL trees (``accounting.dp_ftrl_event``) and the fresh releases
+  once per epoch (add/remove; REPLACE_SPECIAL for the trees).
+
+Only shuffled passes accept a tree release (each client at most once per tree).
 """
 from __future__ import annotations
 
 import dataclasses
 
+import dp_accounting as dpa
 import numpy as np
+
+from fedpriv.dp import accounting
 
 
 def _rng(seed: int, *stream: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([int(seed), *map(int, stream)]))
+
+
+def _as_release(release) -> accounting.RoundRelease:
+    if isinstance(release, accounting.RoundRelease):
+        return release
+    if isinstance(release, dpa.DpEvent):
+        return accounting.RoundRelease(fresh=release)
+    raise TypeError(f"expected a RoundRelease or a DpEvent, got {type(release).__name__}")
+
+
+def _no_tree(release: accounting.RoundRelease, sampler) -> None:
+    if release.is_tree:
+        raise ValueError(f"DP-FTRL's tree accounting needs each client at most once per tree; "
+                         f"{type(sampler).__name__} can sample a client twice: use "
+                         f"ShuffledPassSampler")
 
 
 def _check(num_clients, cohort_size=None):
@@ -48,6 +80,18 @@ class UniformSampler:
     def sample(self, round_idx: int) -> np.ndarray:
         return np.sort(_rng(self.seed, 0, round_idx).choice(self.num_clients, self.cohort_size, replace=False))
 
+    @property
+    def neighboring(self) -> str:
+        return "replace_one"  # fixed-size sampling: the population size is public
+
+    def amplified_event(self, release, rounds: int) -> dpa.DpEvent:
+        """``rounds`` x ``SampledWithoutReplacementDpEvent(N, m, inner)``, ``inner`` = the
+        round's fresh release with every Gaussian multiplier halved (replace-one)."""
+        release = _as_release(release)
+        _no_tree(release, self)
+        return accounting.wor_sampled_event(release.fresh, self.num_clients, self.cohort_size,
+                                            rounds)
+
 
 @dataclasses.dataclass(frozen=True)
 class PoissonSampler:
@@ -73,6 +117,17 @@ class PoissonSampler:
     def sample(self, round_idx: int) -> np.ndarray:
         u = _rng(self.seed, 1, round_idx).random(self.num_clients)
         return np.flatnonzero(u < self.sampling_rate)
+
+    @property
+    def neighboring(self) -> str:
+        return "add_remove"
+
+    def amplified_event(self, release, rounds: int) -> dpa.DpEvent:
+        """``rounds`` x ``PoissonSampledDpEvent(q, fresh release)``: one subsampled mechanism
+        per round on everything the round computes from its cohort."""
+        release = _as_release(release)
+        _no_tree(release, self)
+        return accounting.poisson_sampled_event(release.fresh, self.sampling_rate, rounds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,8 +156,28 @@ class ShuffledPassSampler:
 
     def steps_per_epoch(self, rounds: int) -> list[int]:
         """Rounds in each epoch (tree) for a run of ``rounds`` rounds."""
-        r = self.rounds_per_epoch
-        return [r] * (rounds // r) + ([rounds % r] if rounds % r else [])
+        return accounting.epoch_lengths(rounds, self.rounds_per_epoch)
+
+    @property
+    def neighboring(self) -> str:
+        return "add_remove"
+
+    def amplified_event(self, release, rounds: int) -> dpa.DpEvent:
+        """Each client is in one round per epoch: per epoch, one tree (DP-FTRL, restarting
+        every epoch) and one fresh release; composed over the epochs of ``rounds``."""
+        release = _as_release(release)
+        epochs = len(self.steps_per_epoch(rounds))
+        parts = []
+        if release.is_tree:
+            if release.restart_every != self.rounds_per_epoch:
+                raise ValueError(
+                    f"tree restarts every {release.restart_every} rounds but an epoch has "
+                    f"{self.rounds_per_epoch}: a client could appear twice in one tree")
+            parts.append(accounting.dp_ftrl_event(release.tree_noise_multiplier, rounds,
+                                                  self.rounds_per_epoch))
+        if release.fresh is not None:
+            parts.append(dpa.SelfComposedDpEvent(release.fresh, epochs))
+        return parts[0] if len(parts) == 1 else dpa.ComposedDpEvent(parts)
 
     def sample(self, round_idx: int) -> np.ndarray:
         epoch, pos = divmod(round_idx, self.rounds_per_epoch)

@@ -25,7 +25,9 @@ def test_dp_ftrl_equals_raw_dp_accounting_and_restarts_cost_more():
     one = acc.compute_epsilon(acc.dp_ftrl_event(2.0, 1000, epochs=1), 1e-5)[0]
     four = acc.compute_epsilon(acc.dp_ftrl_event(2.0, 1000, epochs=4), 1e-5)[0]
     assert four > one
-    assert acc.tree_steps_per_epoch(10, 3) == [4, 3, 3]
+    assert acc.epoch_lengths(10, 4) == [4, 4, 2] and acc.epoch_lengths(8, 4) == [4, 4]
+    with pytest.raises(ValueError, match="divide"):
+        acc.dp_ftrl_event(2.0, 10, epochs=3)  # no engine run has trees [4, 3, 3]
 
 
 def test_dp_fedavg_poisson_is_min_of_rdp_and_pld():
