@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable
 
 import dp_accounting as dpa
 from dp_accounting import pld, rdp

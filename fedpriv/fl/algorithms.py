@@ -34,7 +34,6 @@ from flax import struct
 from fedpriv.dp import accounting
 from fedpriv.dp.adaptive import AdaptiveClipping, ClipState
 from fedpriv.dp.noise import NoiseMechanism, NoiseState
-from fedpriv.fl import samplers as samplers_lib
 from fedpriv.fl.aggregate import WEIGHTINGS, packed_sum
 from fedpriv.fl.client import make_local_step
 from fedpriv.fl.cohort import Lanes, pack_padded
