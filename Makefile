@@ -24,8 +24,14 @@ demo: setup
 test: setup
 	$(PY) -m pytest -q tests
 
+# CPU-sized (< 10 min on 2 cores): engine vs per-client loop on the StackOverflow-sized LSTM
+# (cohort 16, packing at 16/100/1000, ceiling, noise overhead, teacher top-k), then cohort
+# scaling 100 -> 1000 on the tiny LSTM. Writes runs/bench/{so,tiny}/round.{json,md}.
 bench: setup
-	$(PY) -m benchmarks.vmap_vs_loop
+	$(PY) -m benchmarks.round --workload so --clients 16 --rounds 3 --packing-cohorts 16,100,1000 \
+	    --teacher --workdir runs/bench/so
+	$(PY) -m benchmarks.round --workload tiny --clients 16 --rounds 2 --no-ceiling \
+	    --scaling 100,400,1000 --workdir runs/bench/tiny
 
 clean-venv:
 	rm -rf $(VENV)

@@ -116,16 +116,19 @@ class FederatedAlgorithm:
 def build_algorithm(loss_fn: Callable, client_optimizer: optax.GradientTransformation,
                     server_optimizer: optax.GradientTransformation, dp: DPConfig,
                     expected_cohort_size: float, local_epochs: int = 1,
-                    chunk_size: int | None = None, jit: bool = True) -> FederatedAlgorithm:
+                    chunk_size: int | None = None, jit: bool = True,
+                    compute_dtype=None) -> FederatedAlgorithm:
     """Build a (DP-)federated algorithm. See the module docstring for the round.
 
     ``chunk_size``: vmap at most this many lanes (clients of a padded cohort) at once.
+    ``compute_dtype``: e.g. ``jnp.bfloat16`` for mixed-precision client forward/backward passes
+    (``client.make_local_step``); clipping, sums and noise are always float32.
     """
     if expected_cohort_size <= 0:
         raise ValueError("expected_cohort_size must be > 0")
     if local_epochs < 1:
         raise ValueError(f"local_epochs must be >= 1, got {local_epochs}")
-    local_step = make_local_step(loss_fn, client_optimizer)
+    local_step = make_local_step(loss_fn, client_optimizer, compute_dtype)
     scale = 1.0 if dp.noise_cohort_size is None else expected_cohort_size / dp.noise_cohort_size
     restart = dp.restart_every if dp.mechanism == "tree" else 1
     mechanism = NoiseMechanism(std=dp.noise_multiplier * scale, restart_every=restart)

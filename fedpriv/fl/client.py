@@ -61,10 +61,26 @@ def make_client_update(loss_fn: Callable, optimizer: optax.GradientTransformatio
     return update
 
 
-def make_local_step(loss_fn: Callable, optimizer: optax.GradientTransformation):
+def cast_floats(tree, dtype):
+    """``tree`` with its floating-point leaves cast to ``dtype`` (others untouched)."""
+    return jax.tree_util.tree_map(
+        lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
+def make_local_step(loss_fn: Callable, optimizer: optax.GradientTransformation,
+                    compute_dtype=None):
     """One local step of ``optimizer`` on ``loss_fn``: ``(params, opt_state, batch[B, ...], rng)
-    -> (params, opt_state, aux_sums)``. Identical math to one step of ``make_client_update``."""
-    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    -> (params, opt_state, aux_sums)``. Identical math to one step of ``make_client_update``.
+
+    ``compute_dtype`` (e.g. ``jnp.bfloat16``): the forward/backward pass runs on parameters cast
+    to it (mixed precision); the parameters, their gradients (the cast's transpose returns them
+    in float32), the optimizer update, and everything after (clipping, sums, noise) stay float32.
+    """
+    if compute_dtype is None:
+        grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    else:
+        grad_fn = jax.value_and_grad(
+            lambda p, b, r: loss_fn(cast_floats(p, compute_dtype), b, r), has_aux=True)
 
     def step(params, opt_state, batch, rng):
         (_, aux), g = grad_fn(params, batch, rng)

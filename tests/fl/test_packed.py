@@ -121,3 +121,21 @@ def test_compiled_shapes_stay_bounded_over_variable_cohorts():
     assert all(c & (c - 1) == 0 or c == sampler.max_cohort_size for _, c in shapes)
     assert alg.apply_packed._cache_size() == len(shapes) <= 12
     assert ex.executed_steps == ex.real_steps > 0
+
+
+def test_bf16_client_compute_keeps_float32_sums_and_tracks_float32():
+    data = lognormal_dataset(12, seed=4)
+    ids = list(data)[:8]
+    kw = dict(clip_norm=1.0, noise_multiplier=0.0, expected_cohort_size=8)
+    ref = dp_fedavg(loss_fn, optax.sgd(0.05), server_optimizer("sgd", 1.0), **kw)
+    half = dp_fedavg(loss_fn, optax.sgd(0.05), server_optimizer("sgd", 1.0), compute_dtype=jnp.bfloat16, **kw)
+    packed = pack_cohort(data, ids, B)
+    outs = []
+    for alg in (ref, half):
+        st = alg.init(init_params(), jax.random.key(0))
+        st, _ = alg.apply_packed(st, packed.lanes, packed.client_mask, jax.random.key(1))
+        outs.append(st.params)
+    assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(outs[1]))
+    moved = np.asarray(outs[0]["w"])
+    np.testing.assert_allclose(np.asarray(outs[1]["w"]), moved, rtol=0.05, atol=0.02 * np.abs(moved).max())
+    assert not np.array_equal(np.asarray(outs[1]["w"]), moved)  # bf16 really ran
