@@ -179,6 +179,8 @@ def measure(args) -> dict:
     alg, alg0 = algorithm(Z), algorithm(0.0)
     ex = CohortExecutor(alg, data, batch_size=B, capacity=args.clients, lanes=args.lanes)
     ex0 = CohortExecutor(alg0, data, batch_size=B, capacity=args.clients, lanes=args.lanes)
+    ex.set_params_size(params)
+    ex0.set_params_size(params)
     loop = Loop(task, 0.1, 1.0, Z, None)
     state = alg.init(params, jax.random.key(1))
     cohorts = [[ids_all[i] for i in sampler.sample(r)] for r in range(args.rounds)]
@@ -266,6 +268,7 @@ def measure(args) -> dict:
             s = UniformSampler(population, min(k, population), seed=args.seed + 1)
             a = algorithm(Z)
             e = CohortExecutor(a, data, batch_size=B, capacity=k, lanes=args.lanes)
+            e.set_params_size(params)
             ids = [ids_all[i] for i in s.sample(0)]
             st = a.init(params, jax.random.key(1))
             block(e.run(st, e.pack(ids), jax.random.key(0))[0].params)

@@ -26,7 +26,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from fedpriv.dp.clipping import clip_update
-from fedpriv.fl.cohort import Lanes
+from fedpriv.fl.cohort import FirstSteps, Lanes
 
 WEIGHTINGS = ("uniform", "num_examples")
 
@@ -98,39 +98,46 @@ def cohort_sum(client_update, params, batches, client_mask, rng, clip_norm,
 STAT_NAMES = ("weight_sum", "norm_sum", "num_clipped", "num_nonfinite", "num_clients")
 
 
-def _lane_sum(local_step, opt_init, params, lane: Lanes, rng, clip_norm, weighting,
-              weight_cap, capacity, aux_template):
-    """One lane (arrays without the lane axis): ``(sum, aux, stats, norms[capacity])``."""
+def _finish_client(params, p, nex, clip_norm, weighting, weight_cap, real=1.0):
+    """Clip one client's delta ``p - params`` and weight it: ``(w * clipped, stats, norm)``."""
+    tmap = jax.tree_util.tree_map
+    clipped, norm, finite = clip_update(tmap(jnp.subtract, p, params), clip_norm)
+    w = client_weight(nex, weighting, weight_cap) * finite.astype(jnp.float32) * real
+    contrib = tmap(lambda x: (w * x).astype(jnp.float32), clipped)
+    stats = {"weight_sum": w, "norm_sum": jnp.where(finite, norm, 0.0) * real,
+             "num_clipped": (finite & (norm > clip_norm)).astype(jnp.float32) * real,
+             "num_nonfinite": (~finite).astype(jnp.float32) * real,
+             "num_clients": jnp.asarray(real, jnp.float32)}
+    return contrib, stats, norm
+
+
+def _lane_sum(local_step, starting_point, params, lane: Lanes, rng, clip_norm, weighting,
+              weight_cap, capacity, aux_template, opt0):
+    """One lane (arrays without the lane axis): ``(sum, aux, stats, norms[capacity])``.
+
+    ``starting_point(slot) -> (params, opt_state)``: where a client's first lane step starts.
+    """
     tmap = jax.tree_util.tree_map
     acc0 = tmap(lambda x: jnp.zeros(x.shape, jnp.float32), params)
     aux0 = tmap(lambda a: jnp.zeros(a.shape, a.dtype), aux_template)
     stats0 = {k: jnp.zeros((), jnp.float32) for k in STAT_NAMES}
     norms0 = jnp.zeros((capacity,), jnp.float32)
-    opt0 = opt_init(params)
 
     def body(t, carry):
         p, s, acc, aux, stats, norms = carry
-        batch = {k: v[lane.src[t]] for k, v in lane.data.items()}
         slot = lane.slot[t]
+        p, s = jax.lax.cond(lane.start[t], lambda _: starting_point(slot), lambda ps: ps, (p, s))
+        batch = {k: v[lane.src[t]] for k, v in lane.data.items()}
         key = jax.random.fold_in(jax.random.fold_in(rng, slot), lane.step[t])
         p, s, step_aux = local_step(p, s, batch, key)
         aux = tmap(jnp.add, aux, step_aux)
 
         def finish(c):
-            p, s, acc, stats, norms = c
-            delta = tmap(jnp.subtract, p, params)
-            clipped, norm, finite = clip_update(delta, clip_norm)
-            w = client_weight(lane.num_examples[t], weighting, weight_cap) * finite.astype(jnp.float32)
-            acc = tmap(lambda a, x: a + (w * x).astype(a.dtype), acc, clipped)
-            one = jnp.ones((), jnp.float32)
-            stats = {"weight_sum": stats["weight_sum"] + w,
-                     "norm_sum": stats["norm_sum"] + jnp.where(finite, norm, 0.0),
-                     "num_clipped": stats["num_clipped"] + (finite & (norm > clip_norm)).astype(jnp.float32),
-                     "num_nonfinite": stats["num_nonfinite"] + (~finite).astype(jnp.float32),
-                     "num_clients": stats["num_clients"] + one}
-            return params, opt0, acc, stats, norms.at[slot].set(norm)
+            acc, stats, norms = c
+            contrib, st, norm = _finish_client(params, p, lane.num_examples[t], clip_norm, weighting, weight_cap)
+            return (tmap(jnp.add, acc, contrib), tmap(jnp.add, stats, st), norms.at[slot].set(norm))
 
-        p, s, acc, stats, norms = jax.lax.cond(lane.last[t], finish, lambda c: c, (p, s, acc, stats, norms))
+        acc, stats, norms = jax.lax.cond(lane.last[t], finish, lambda c: c, (acc, stats, norms))
         return p, s, acc, aux, stats, norms
 
     carry = (params, opt0, acc0, aux0, stats0, norms0)
@@ -138,8 +145,13 @@ def _lane_sum(local_step, opt_init, params, lane: Lanes, rng, clip_norm, weighti
     return acc, aux, stats, norms
 
 
+def _divisor_at_most(n: int, cap: int) -> int:
+    return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
+
+
 def packed_sum(local_step, opt_init, params, lanes: Lanes, capacity: int, rng, clip_norm,
-               weighting: str = "uniform", weight_cap: float = 256.0, lane_chunk: int | None = None):
+               weighting: str = "uniform", weight_cap: float = 256.0, lane_chunk: int | None = None,
+               first: FirstSteps | None = None, first_chunk: int = 16):
     """Sum of clipped, weighted client updates over a packed cohort (see module docstring).
 
     Args:
@@ -153,6 +165,9 @@ def packed_sum(local_step, opt_init, params, lanes: Lanes, capacity: int, rng, c
         ``fold_in(fold_in(rng, k), j)`` — as the padded path does.
       clip_norm: scalar C (``inf`` = no clipping).
       lane_chunk: vmap at most this many lanes at once (``lax.scan`` over chunks).
+      first: every client's first step, batched over the K slots with the shared server
+        weights (``cohort.FirstSteps``), in chunks of ``first_chunk`` clients; the lanes then
+        start each client from its first step's result. ``None``: lanes run every step.
 
     Returns:
       ``(sum_tree, stats)``: ``sum_tree = sum_k w_k clip(delta_k)`` over real clients (float32);
@@ -161,16 +176,43 @@ def packed_sum(local_step, opt_init, params, lanes: Lanes, capacity: int, rng, c
     """
     tmap = jax.tree_util.tree_map
     W = lanes.length.shape[0]
-    first = tmap(lambda a: a[0], lanes)
-    batch0 = {k: v[0] for k, v in first.data.items()}
-    aux_template = jax.eval_shape(lambda: local_step(params, opt_init(params), batch0, rng)[2])
+    opt0 = opt_init(params)
+    lane0 = tmap(lambda a: a[0], lanes)
+    batch0 = {k: v[0] for k, v in lane0.data.items()}
+    aux_template = jax.eval_shape(lambda: local_step(params, opt0, batch0, rng)[2])
+    extra = None
+    if first is None:
+        def starting_point(slot):
+            return params, opt0
+    else:
+        K = first.single.shape[0]
+        c = _divisor_at_most(K, first_chunk)
+
+        def first_step(k, batch):
+            key = jax.random.fold_in(jax.random.fold_in(rng, k), 0)
+            return local_step(params, opt0, batch, key)  # shared weights: one big batch
+
+        chunked = tmap(lambda a: a.reshape((K // c, c) + a.shape[1:]), (jnp.arange(K), first.data))
+        p1, s1, aux1 = jax.lax.map(lambda xs: jax.vmap(first_step)(*xs), chunked)
+        p1, s1, aux1 = tmap(lambda a: a.reshape((K,) + a.shape[2:]), (p1, s1, aux1))
+
+        def starting_point(slot):
+            return tmap(lambda a: a[slot], p1), tmap(lambda a: a[slot], s1)
+
+        # clients whose only step was the first one are finished here, vmapped over the slots
+        contrib, st, norm = jax.vmap(lambda p, n, r: _finish_client(
+            params, p, n, clip_norm, weighting, weight_cap, r))(p1, first.num_examples, first.single)
+        real = (jnp.sum(first.data["mask"], axis=1) > 0).astype(jnp.float32)  # [K] real slots
+        aux1 = tmap(lambda a: a * real.reshape((K,) + (1,) * (a.ndim - 1)).astype(a.dtype), aux1)
+        extra = (tmap(lambda a: jnp.sum(a, axis=0), contrib), tmap(lambda a: jnp.sum(a, axis=0), aux1),
+                 tmap(lambda a: jnp.sum(a, axis=0), st), jnp.where(first.single > 0, norm, 0.0))
 
     def run(lane):
-        return _lane_sum(local_step, opt_init, params, lane, rng, clip_norm, weighting, weight_cap,
-                         capacity, aux_template)
+        return _lane_sum(local_step, starting_point, params, lane, rng, clip_norm, weighting, weight_cap,
+                         capacity, aux_template, opt0)
 
     if W == 1:
-        total = run(first)
+        total = run(lane0)
     elif lane_chunk is None or lane_chunk >= W:
         total = tmap(lambda a: jnp.sum(a, axis=0), jax.vmap(run)(lanes))
     else:
@@ -182,8 +224,10 @@ def packed_sum(local_step, opt_init, params, lanes: Lanes, capacity: int, rng, c
             part = tmap(lambda a: jnp.sum(a, axis=0), jax.vmap(run)(chunk))
             return tmap(jnp.add, carry, part), None
 
-        zero = tmap(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(run, first))
+        zero = tmap(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(run, lane0))
         total, _ = jax.lax.scan(body, zero, chunked)
+    if extra is not None:
+        total = tmap(jnp.add, total, extra)
     acc, aux, stats, norms = total
     return acc, dict(stats, norms=norms, aux=aux)
 

@@ -99,9 +99,10 @@ class FederatedAlgorithm:
     """A (DP-)federated algorithm; both ``apply`` functions are jit-compiled.
 
     * ``init(params, key) -> ServerState``;
-    * ``apply_packed(state, lanes, client_mask, key) -> (state, metrics)``: one round on a
-      cohort packed into lanes (``fedpriv.fl.cohort.pack_cohort``: only real steps run) —
-      what the round loop uses;
+    * ``apply_packed(state, lanes, client_mask, key, first=None) -> (state, metrics)``: one
+      round on a cohort packed into lanes (``fedpriv.fl.cohort.pack_cohort``: only real steps
+      run; ``first``: the clients' first steps batched with shared weights) — what the round
+      loop uses;
     * ``apply(state, batches, client_mask, key) -> (state, metrics)``: the same round on a
       padded cohort (``build_cohort``: ``batches`` of ``[K, S, B, ...]``), one lane per client.
     """
@@ -142,11 +143,11 @@ def build_algorithm(loss_fn: Callable, client_optimizer: optax.GradientTransform
         return ServerState(params, server_optimizer.init(params), mechanism.init(k_noise),
                            clip_state, jnp.zeros((), jnp.int32))
 
-    def apply_packed(state: ServerState, lanes: Lanes, client_mask, key):
+    def apply_packed(state: ServerState, lanes: Lanes, client_mask, key, first=None):
         clip = state.clip_state.clip_norm
         total, stats = packed_sum(local_step, client_optimizer.init, state.params, lanes,
                                   client_mask.shape[0], key, clip, dp.weighting, dp.weight_cap,
-                                  chunk_size)
+                                  chunk_size, first)
         total = jax.tree_util.tree_map(lambda t, p: t.astype(p.dtype), total, state.params)
         if normalise:
             unit = jax.tree_util.tree_map(lambda x: x / clip, total)

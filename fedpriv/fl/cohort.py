@@ -128,24 +128,45 @@ def build_cohort(dataset: Mapping[Any, Mapping[str, np.ndarray]], client_ids: Se
 # ----------------------------------------------------------------------------- packed lanes
 @struct.dataclass
 class Lanes:
-    """Device arrays of packed lanes; every field has the lane axis W first."""
+    """Device arrays of packed lanes; every field has the lane axis W first.
+
+    ``start[W, D]`` marks a client's first step in the lane (the lane loads that client's
+    starting point: the server model, or its batched first step, see ``FirstSteps``).
+    """
     data: dict
     src: Any
     slot: Any
     step: Any
+    start: Any
     last: Any
     num_examples: Any
     length: Any
 
 
+@struct.dataclass
+class FirstSteps:
+    """Every client's first local step, batched over the cohort's K slots.
+
+    All clients of a round start from the same server model, so their first steps can run as
+    ONE batch with shared weights (large matmuls) instead of K small ones. ``data``:
+    ``[K, B, ...]`` (+ ``mask``); ``single[K]``: 1 for real clients whose only step this is
+    (they never enter a lane); ``num_examples[K]``.
+    """
+    data: dict
+    single: Any
+    num_examples: Any
+
+
 @dataclasses.dataclass
 class PackedCohort:
-    """A cohort packed into lanes (host side): ``lanes`` go to the engine with ``client_mask``."""
+    """A cohort packed into lanes (host side): ``lanes`` (and ``first``) go to the engine with
+    ``client_mask``."""
     lanes: Lanes
     client_mask: np.ndarray
     client_ids: list
     real_steps: int
     lane_loads: list          # steps of every lane (also those another process holds)
+    first: FirstSteps | None = None
 
     @property
     def num_lanes(self) -> int:
@@ -157,10 +178,12 @@ class PackedCohort:
 
     @property
     def executed_steps(self) -> int:
-        """Local steps the engine executes: the sum of lane lengths for one lane, else
-        ``W * max(length)`` (vmapped lanes run in lockstep)."""
+        """Local steps the engine executes: the batched first steps (one per real client)
+        plus the sum of lane lengths for one lane, else ``W * max(length)`` (vmapped lanes run
+        in lockstep)."""
         loads = self.lane_loads
-        return int(sum(loads)) if len(loads) == 1 else len(loads) * max(loads, default=0)
+        lanes = int(sum(loads)) if len(loads) == 1 else len(loads) * max(loads, default=0)
+        return lanes + (len(self.client_ids) if self.first is not None else 0)
 
 
 def _client_examples(dataset, cid, rng):
@@ -183,11 +206,14 @@ def assign_lanes(steps: Sequence[int], lanes: int) -> list[list[int]]:
     """Longest-processing-time assignment of clients (by local steps) to ``lanes`` lanes.
 
     Returns, per lane, the indices of its clients in ascending order (so one lane keeps the
-    cohort's order). Lane loads differ by at most the largest client.
+    cohort's order). Lane loads differ by at most the largest client. Clients with 0 steps
+    are left out.
     """
     loads = [0] * lanes
     members: list[list[int]] = [[] for _ in range(lanes)]
     for i in sorted(range(len(steps)), key=lambda i: (-steps[i], i)):
+        if steps[i] == 0:
+            continue
         lane = min(range(lanes), key=lambda w: (loads[w], w))
         loads[lane] += steps[i]
         members[lane].append(i)
@@ -198,7 +224,7 @@ def pack_cohort(dataset: Mapping[Any, Mapping[str, np.ndarray]], client_ids: Seq
                 batch_size: int, *, lanes: int = 1, capacity: int | None = None,
                 max_steps: int | None = None, local_epochs: int = 1,
                 rng: np.random.Generator | None = None, example_template: Mapping | None = None,
-                lane_subset: Sequence[int] | None = None) -> PackedCohort:
+                lane_subset: Sequence[int] | None = None, first_steps: bool = False) -> PackedCohort:
     """Pack ``client_ids`` of ``dataset`` into ``lanes`` lanes of real local steps.
 
     Args:
@@ -216,6 +242,8 @@ def pack_cohort(dataset: Mapping[Any, Mapping[str, np.ndarray]], client_ids: Seq
         cohort is empty.
       lane_subset: materialise only these lanes' data (multi-process: each process builds its
         own lanes; all processes compute the same assignment).
+      first_steps: batch every client's first step over the cohort (``FirstSteps``); the lanes
+        then hold the remaining steps only.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -227,7 +255,7 @@ def pack_cohort(dataset: Mapping[Any, Mapping[str, np.ndarray]], client_ids: Seq
     capacity = k if capacity is None else int(capacity)
     if k > capacity:
         raise ValueError(f"cohort of {k} clients exceeds capacity {capacity}")
-    examples, steps = [], []
+    examples, steps, sizes = [], [], []
     for cid in client_ids:
         ex, n = _client_examples(dataset, cid, rng)
         s = -(-n // batch_size)
@@ -235,58 +263,82 @@ def pack_cohort(dataset: Mapping[Any, Mapping[str, np.ndarray]], client_ids: Seq
             s = min(s, int(max_steps))
         examples.append(ex)
         steps.append(s)
+        sizes.append(min(n, s * batch_size))
     template = examples[0] if examples else example_template
     if template is None:
         raise ValueError("an empty cohort needs example_template (one example's fields)")
-    members = assign_lanes(steps, lanes)
-    loads = [sum(steps[i] for i in m) * local_epochs for m in members]
-    depth = next_pow2(max(max(loads, default=0), 1))
+    skip = 1 if first_steps else 0                       # steps run outside the lanes
+    members = assign_lanes([s * local_epochs - skip for s in steps], lanes)
+    loads = [sum(steps[i] * local_epochs - skip for i in m) for m in members]
+    rows = [sum(steps[i] for i in m) for m in members]    # data rows a lane holds
+    depth = next_pow2(max(max(rows, default=0), max(loads, default=0), 1))
     shown = list(range(lanes)) if lane_subset is None else list(lane_subset)
     W = len(shown)
-    data = {f: np.zeros((W, depth, batch_size) + np.shape(v)[1:], np.asarray(v).dtype)
-            for f, v in template.items()}
-    mask = np.zeros((W, depth, batch_size), np.float32)
-    src = np.zeros((W, depth), np.int32)
-    slot = np.zeros((W, depth), np.int32)
-    step = np.zeros((W, depth), np.int32)
-    last = np.zeros((W, depth), bool)
+
+    def zeros(lead):
+        return {f: np.zeros(lead + (batch_size,) + np.shape(v)[1:], np.asarray(v).dtype)
+                for f, v in template.items()}
+
+    def batches(i):
+        """Client i's examples as ``[s_i, B, ...]`` arrays plus the mask ``[s_i, B]``."""
+        ex, s, n = examples[i], steps[i], sizes[i]
+        out = {}
+        for f, v in ex.items():
+            if f not in template or np.shape(v)[1:] != np.shape(template[f])[1:]:
+                raise ValueError(f"client {client_ids[i]!r}: field {f!r} has shape {np.shape(v)[1:]}, "
+                                 f"expected {np.shape(template[f])[1:] if f in template else 'absent'}")
+            flat = np.zeros((s * batch_size,) + np.shape(v)[1:], np.asarray(template[f]).dtype)
+            flat[:n] = v[:n]
+            out[f] = flat.reshape((s, batch_size) + flat.shape[1:])
+        m = np.zeros(s * batch_size, np.float32)
+        m[:n] = 1.0
+        out["mask"] = m.reshape(s, batch_size)
+        return out
+
+    data = zeros((W, depth))
+    data["mask"] = np.zeros((W, depth, batch_size), np.float32)
+    src, slot, step = (np.zeros((W, depth), np.int32) for _ in range(3))
+    start, last = np.zeros((W, depth), bool), np.zeros((W, depth), bool)
     nex = np.zeros((W, depth), np.float32)
     for row, lane in enumerate(shown):
         d = t = 0
         for i in members[lane]:
-            ex, s = examples[i], steps[i]
-            n = min(len(next(iter(ex.values()))), s * batch_size)
-            for f, v in ex.items():
-                if f not in data or np.shape(v)[1:] != data[f].shape[3:]:
-                    raise ValueError(f"client {client_ids[i]!r}: field {f!r} has shape {np.shape(v)[1:]}, "
-                                     f"expected {data[f].shape[3:] if f in data else 'absent'}")
-                flat = np.zeros((s * batch_size,) + np.shape(v)[1:], data[f].dtype)
-                flat[:n] = v[:n]
-                data[f][row, d:d + s] = flat.reshape((s, batch_size) + flat.shape[1:])
-            m = np.zeros(s * batch_size, np.float32)
-            m[:n] = 1.0
-            mask[row, d:d + s] = m.reshape(s, batch_size)
-            for e in range(local_epochs):
-                src[row, t:t + s] = np.arange(d, d + s)
-                step[row, t:t + s] = np.arange(e * s, (e + 1) * s)
-                slot[row, t:t + s] = i
-                nex[row, t:t + s] = n
-                t += s
-            last[row, t - 1] = True
+            s, b = steps[i], batches(i)
+            for f, v in b.items():
+                data[f][row, d:d + s] = v
+            order = np.arange(skip, s * local_epochs)       # the client's steps in the lane
+            n_t = len(order)
+            src[row, t:t + n_t] = d + order % s
+            step[row, t:t + n_t] = order
+            slot[row, t:t + n_t] = i
+            nex[row, t:t + n_t] = sizes[i]
+            start[row, t] = last[row, t + n_t - 1] = True
+            t += n_t
             d += s
-    data["mask"] = mask
+    first = None
+    if first_steps:
+        fdata = zeros((capacity,))
+        fdata["mask"] = np.zeros((capacity, batch_size), np.float32)
+        single = np.zeros((capacity,), np.float32)
+        fnex = np.zeros((capacity,), np.float32)
+        for i in range(k):
+            for f, v in batches(i).items():
+                fdata[f][i] = v[0]
+            single[i] = float(steps[i] * local_epochs == 1)
+            fnex[i] = sizes[i]
+        first = FirstSteps(fdata, single, fnex)
     length = np.asarray([loads[w] for w in shown], np.int32)
     cmask = np.zeros((capacity,), np.float32)
     cmask[:k] = 1.0
-    return PackedCohort(Lanes(data, src, slot, step, last, nex, length), cmask, list(client_ids),
-                        int(sum(steps)) * local_epochs, list(loads))
+    return PackedCohort(Lanes(data, src, slot, step, start, last, nex, length), cmask, list(client_ids),
+                        int(sum(steps)) * local_epochs, list(loads), first)
 
 
-def pack_padded(batches: Mapping[str, np.ndarray], client_mask, local_epochs: int = 1):
+def pack_padded(batches: Mapping[str, np.ndarray], client_mask, local_epochs: int = 1) -> Lanes:
     """The lanes of a padded ``[K, S, B, ...]`` cohort (``build_cohort``): one client per lane.
 
-    Works on traced arrays (used inside ``jit`` by the algorithms' padded ``apply``); returns
-    ``Lanes`` (the padded clients' lanes have length 0).
+    Works on traced arrays (used inside ``jit`` by the algorithms' padded ``apply``); the
+    padded clients' lanes have length 0.
     """
     import jax.numpy as jnp
 
@@ -298,7 +350,8 @@ def pack_padded(batches: Mapping[str, np.ndarray], client_mask, local_epochs: in
     safe = jnp.maximum(real, 1)[:, None]
     src = jnp.where(t < real[:, None] * local_epochs, t % safe, 0)
     step = t + jnp.zeros((K, 1), jnp.int32)
+    start = step == 0
     last = t == real[:, None] * local_epochs - 1
     slot = jnp.broadcast_to(jnp.arange(K, dtype=jnp.int32)[:, None], (K, S * local_epochs))
     nex = jnp.broadcast_to(jnp.sum(mask, axis=(1, 2))[:, None], (K, S * local_epochs))
-    return Lanes(dict(batches), src, slot, step, last, nex, real * local_epochs)
+    return Lanes(dict(batches), src, slot, step, start, last, nex, real * local_epochs)

@@ -15,6 +15,11 @@ Backend-aware defaults (``lanes="auto"``):
   device, at most ``max_lanes`` (memory: each lane holds a copy of the model, its optimizer
   state and a running sum). Lanes are a multiple of the device count.
 
+Every client of a round starts from the same server model, so by default (one device, and the
+K model copies within ``first_steps_budget``) the clients' FIRST local steps run as one batch
+with shared weights (large matmuls: measured 0.66x the time per client-step of separate steps
+for the 4M-parameter LSTM at K = 16 on CPU) and the lanes start each client from its result.
+
 Compiled shapes are bounded: lanes W and lane depth D are powers of two and the cohort
 capacity K is the sampler's fixed size (or a power of two for Poisson sampling), so a run
 compiles at most ``log2(max lanes) x log2(max depth) x log2(max capacity)`` shapes.
@@ -88,7 +93,8 @@ class CohortExecutor:
 
     def __init__(self, algorithm, dataset: Mapping, *, batch_size: int, capacity: int,
                  max_steps: int | None = None, variable_cohort: bool = False,
-                 lanes: str | int = "auto", mesh: Mesh | None = None, max_lanes: int = 256):
+                 lanes: str | int = "auto", mesh: Mesh | None = None, max_lanes: int = 256,
+                 first_steps: bool | str = "auto", first_steps_budget: float = 2 * 2**30):
         self.algorithm, self.dataset = algorithm, dataset
         self.batch_size, self.max_steps = int(batch_size), max_steps
         self.capacity, self.variable = int(capacity), bool(variable_cohort)
@@ -100,9 +106,14 @@ class CohortExecutor:
         if not (self.lanes == "balanced" or (isinstance(self.lanes, int) and self.lanes >= 1)):
             raise ValueError(f"lanes must be 'auto', 'balanced' or an int >= 1, got {lanes!r}")
         self.max_lanes = int(max_lanes)
+        if first_steps not in ("auto", True, False):
+            raise ValueError(f"first_steps must be 'auto', True or False, got {first_steps!r}")
+        self.first_steps = first_steps
+        self.first_steps_budget = float(first_steps_budget)
         self.real_steps = 0
         self.executed_steps = 0
         self._template = None
+        self.param_bytes = 0
 
     def _num_lanes(self, ids) -> int:
         if self.lanes != "balanced":
@@ -128,7 +139,22 @@ class CohortExecutor:
             subset = range(jax.process_index() * per, (jax.process_index() + 1) * per)
         return pack_cohort(self.dataset, ids, self.batch_size, lanes=lanes, capacity=cap,
                            max_steps=self.max_steps, local_epochs=self.algorithm.local_epochs,
-                           rng=rng, example_template=self._template, lane_subset=subset)
+                           rng=rng, example_template=self._template, lane_subset=subset,
+                           first_steps=self._batch_first_steps(cap))
+
+    def _batch_first_steps(self, capacity: int) -> bool:
+        """Batch the clients' first steps (shared weights) unless sharded over a mesh (each
+        device would repeat them) or the K model copies they produce exceed the budget."""
+        if self.first_steps != "auto":
+            return bool(self.first_steps)
+        if self.mesh is not None or not self.param_bytes:  # unknown model size: do not
+            return False
+        return capacity * self.param_bytes <= self.first_steps_budget
+
+    def set_params_size(self, params) -> None:
+        """Tell the executor the model size (bytes) for the first-steps memory budget."""
+        self.param_bytes = sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize
+                               for x in jax.tree_util.tree_leaves(params))
 
     def run(self, state, packed: PackedCohort, key):
         """One round: ``(state, metrics)``; counts real and executed local steps."""
@@ -136,7 +162,8 @@ class CohortExecutor:
         cmask = _put(packed.client_mask, self.mesh, P())
         self.real_steps += packed.real_steps
         self.executed_steps += packed.executed_steps
-        state, metrics = self.algorithm.apply_packed(state, lanes, cmask, key)
+        first = None if packed.first is None else _put(packed.first, self.mesh, P())
+        state, metrics = self.algorithm.apply_packed(state, lanes, cmask, key, first)
         return state, metrics
 
     @property

@@ -27,9 +27,10 @@ def lognormal_dataset(num_clients, seed=0, dim=5):
     return data
 
 
-@pytest.mark.parametrize("lanes,epochs,weighting", [(1, 1, "uniform"), (3, 1, "num_examples"),
-                                                    (1, 2, "num_examples"), (4, 2, "uniform")])
-def test_packed_sum_equals_padded_cohort_sum(lanes, epochs, weighting):
+@pytest.mark.parametrize("lanes,epochs,weighting,first", [
+    (1, 1, "uniform", False), (3, 1, "num_examples", False), (1, 2, "num_examples", False),
+    (4, 2, "uniform", False), (1, 1, "num_examples", True), (3, 2, "uniform", True)])
+def test_packed_sum_equals_padded_cohort_sum(lanes, epochs, weighting, first):
     data = lognormal_dataset(11, seed=lanes + epochs)
     ids = list(data)[:9]
     params = {"w": jnp.full((5,), 0.3), "b": jnp.asarray(-0.2)}
@@ -41,10 +42,12 @@ def test_packed_sum_equals_padded_cohort_sum(lanes, epochs, weighting):
     clip = float(np.median(norms))  # clipping active for about half the clients
     ref, ref_stats = ref_fn(padded.batches, padded.client_mask, clip)
     packed = pack_cohort(data, ids, B, lanes=lanes, capacity=12, max_steps=8, local_epochs=epochs,
-                         rng=np.random.default_rng(3))
+                         rng=np.random.default_rng(3), first_steps=first)
+    if first and epochs == 1:
+        assert 0 < float(packed.first.single.sum()) < 9  # some clients have only their first step
     opt = optax.sgd(0.05)
-    got, stats = jax.jit(lambda ln: packed_sum(make_local_step(loss_fn, opt), opt.init, params, ln, 12,
-                                               rng, clip, weighting, 20.0))(packed.lanes)
+    got, stats = jax.jit(lambda ln, f: packed_sum(make_local_step(loss_fn, opt), opt.init, params, ln, 12,
+                                                  rng, clip, weighting, 20.0, first=f))(packed.lanes, packed.first)
     for k in ref:
         np.testing.assert_allclose(np.asarray(got[k]), np.asarray(ref[k]), rtol=1e-5, atol=1e-6)
     assert 0 < float(stats["num_clipped"]) < 9  # clipping is active for some clients only
