@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from configs.common import apply_overrides
+from configs.common import ConfigError, apply_overrides, check, split_spec
 from configs.lm_fl import get_config as lm_config
 
 
@@ -29,6 +29,13 @@ class FredPipelineConfig:
     compare_all: bool = True            # also carry the non-chosen candidates through stages 2-3
     seed: int = 0
 
+    def __post_init__(self):
+        check(self, positive=("max_per_user", "num_sentences", "fred_epsilon", "fred_clip",
+                              "pca_dims", "total_epsilon", "prefinetune_steps",
+                              "prefinetune_batch", "prefinetune_lr", "embed_batch"),
+              non_negative=("seed",), open_unit=("private_fraction",),
+              choices={"fred_unit": ("user", "sample")})
+
 
 SCALES = {
     "smoke": dict(max_per_user=4, num_sentences=64, prefinetune_steps=3, prefinetune_batch=16,
@@ -42,11 +49,11 @@ LM_SCALE = {"smoke": "smoke,max_clients=80", "small": "small,rounds=60,eval_ever
 
 
 def get_config(arg: str = "small") -> FredPipelineConfig:
-    scale, _, rest = (arg or "small").partition(",")
+    scale, overrides = split_spec(arg, "small")
     if scale not in SCALES:
-        raise ValueError(f"unknown scale {scale!r}; choose one of {sorted(SCALES)}")
-    overrides = [o for o in rest.split(",") if o]
-    if any(o.partition("=")[0] == "lm" for o in overrides):
-        raise ValueError("set the FL stage through configs/lm_fl.py fields, not 'lm'")
+        raise ConfigError(f"unknown scale {scale!r}; choose one of {sorted(SCALES)} "
+                          "(the spec is scale[,field=value,...])")
+    if any(o.partition("=")[0].strip() == "lm" for o in overrides):
+        raise ConfigError("set the FL stage through configs/lm_fl.py fields, not 'lm'")
     cfg = apply_overrides(FredPipelineConfig(lm=lm_config(LM_SCALE[scale]), **SCALES[scale]), overrides)
     return dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, target_epsilon=cfg.total_epsilon))

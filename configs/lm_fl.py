@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 
-from configs.common import from_scale
+from configs.common import ConfigError, check, from_scale
+
+CORPORA = ("chitchat", "shakespeare", "simpsons")
+TOKENIZERS = ("sentencepiece", "word")
+ARCHS = ("lstm", "transformer")
+ALGORITHMS = ("fedavg", "dp_fedavg", "dp_ftrl")
+SERVER_OPTIMIZERS = ("sgd", "sgdm", "adam")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +57,32 @@ class LMFLConfig:
     lanes: str = "auto"
     seed: int = 0
 
+    def __post_init__(self):
+        check(self, positive=("max_clients", "seq_len", "max_examples_per_client", "batch_size",
+                              "max_local_steps", "embed_dim", "hidden_dim", "rounds",
+                              "cohort_size", "noise_cohort_size", "target_epsilon", "clip_norm",
+                              "client_lr", "server_lr", "eval_every", "eval_batch_size",
+                              "max_eval_examples", "checkpoint_every", "chunk_size"),
+              non_negative=("noise_multiplier", "server_momentum", "seed"), open_unit=("delta",),
+              choices={"corpus": CORPORA, "tokenizer": TOKENIZERS, "arch": ARCHS,
+                       "algorithm": ALGORITHMS, "server_optimizer": SERVER_OPTIMIZERS},
+              fractions=("split",))
+        if self.vocab_size <= 4:
+            raise ConfigError(f"vocab_size must be > 4 (the 4 special tokens), got {self.vocab_size}")
+        if not self.server_momentum < 1:
+            raise ConfigError(f"server_momentum must be in [0, 1), got {self.server_momentum}")
+        if self.noise_cohort_size is not None and self.noise_cohort_size < self.cohort_size:
+            raise ConfigError(f"noise_cohort_size ({self.noise_cohort_size}) must be >= cohort_size "
+                              f"({self.cohort_size}): it simulates the noise of a larger cohort")
+
+
+def check_run(cfg: LMFLConfig) -> LMFLConfig:
+    """Cross-field checks of a config about to run (not of the bare defaults)."""
+    if cfg.algorithm != "fedavg" and cfg.noise_multiplier is None and cfg.target_epsilon is None:
+        raise ConfigError(f"{cfg.algorithm} needs noise_multiplier or target_epsilon (set one, "
+                          "e.g. target_epsilon=18.7)")
+    return cfg
+
 
 BASE = LMFLConfig()
 
@@ -71,4 +103,4 @@ SCALES = {
 
 
 def get_config(arg: str = "small") -> LMFLConfig:
-    return from_scale(BASE, SCALES, arg)
+    return check_run(from_scale(BASE, SCALES, arg))

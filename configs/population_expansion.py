@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from configs.common import from_scale
+from configs.common import ConfigError, check, from_scale
 
 from fedpriv import domain
 
@@ -60,19 +60,28 @@ class PopulationExpansionConfig:
     progress: bool = True
 
     def __post_init__(self):
+        check(self, positive=("min_words_per_client", "max_chitchat_messages", "max_source_clients",
+                              "max_target_clients", "vocab_words", "seq_len",
+                              "max_tokens_per_client", "embed_dim", "hidden_dim", "rounds",
+                              "noise_cohort", "train_cohort", "clip_norm", "client_lr",
+                              "server_lr", "batch_size", "max_local_steps", "weight_max",
+                              "eval_every", "eval_batch_size", "max_eval_examples",
+                              "checkpoint_every"),
+              non_negative=("data_seed",), open_unit=("alpha",),
+              choices={"weight_mode": ("none", "scale", "clip"),
+                       "accountant": ("best", "rdp", "pld")},
+              fractions=("split",))
         unknown = set(self.datasets) - set(DATASETS)
         if unknown:
-            raise ValueError(f"unknown datasets {sorted(unknown)}; choose from {DATASETS}")
+            raise ConfigError(f"unknown datasets {sorted(unknown)}; choose from {DATASETS}")
         unknown = set(self.schemes) - set(SCHEME_NAMES)
         if unknown:
-            raise ValueError(f"unknown schemes {sorted(unknown)}; choose from {SCHEME_NAMES}")
-        if not 0 < self.alpha < 1:
-            raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
+            raise ConfigError(f"unknown schemes {sorted(unknown)}; choose from {SCHEME_NAMES}")
         if not 1 <= self.train_cohort <= self.noise_cohort:
-            raise ValueError("need 1 <= train_cohort <= noise_cohort (the noise simulates the "
-                             "larger cohort)")
+            raise ConfigError("need 1 <= train_cohort <= noise_cohort (the noise simulates the "
+                              "larger cohort)")
         if not self.seeds:
-            raise ValueError("need at least one seed")
+            raise ConfigError("need at least one seed")
 
 
 BASE = PopulationExpansionConfig()

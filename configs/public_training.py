@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from configs.common import from_scale
+from configs.common import ConfigError, check, from_scale
 
 ROWS = ("none", "pretrain_lm", "pretrain_distill", "mid_random", "mid_dm", "mid_dm_priv_only")
 
@@ -79,6 +79,29 @@ class PublicTrainingConfig:
     target_epsilon: float | None = None
     noise_multiplier: float | None = None
 
+    def __post_init__(self):
+        check(self, positive=("max_clients", "seq_len", "max_examples_per_client", "batch_size",
+                              "max_local_steps", "vocab_kept", "vocab_texts", "topk",
+                              "teacher_batch_size", "pool_size", "embed_dim", "hidden_dim",
+                              "rounds", "cohort_size", "noise_cohort_size",
+                              "clip_norm", "client_lr", "server_lr", "chunk_size", "q",
+                              "pretrain_fraction", "central_batch_size", "central_lr",
+                              "temperature", "eval_every", "eval_batch_size",
+                              "max_eval_examples", "checkpoint_every", "target_epsilon"),
+              non_negative=("split_seed", "pool_seed", "t_prime", "server_momentum", "pretrain_steps",
+                            "distill_steps", "kd_beta", "seed", "noise_multiplier"),
+              open_unit=("delta",),
+              choices={"corpus": ("chitchat", "shakespeare", "simpsons"),
+                       "arch": ("lstm", "transformer"),
+                       "algorithm": ("fedavg", "dp_fedavg", "dp_ftrl"),
+                       "server_optimizer": ("sgd", "sgdm", "adam")},
+              fractions=("split",))
+        unknown = set(self.rows) - set(ROWS)
+        if unknown:
+            raise ConfigError(f"unknown rows {sorted(unknown)}; choose from {ROWS}")
+        if any(not (isinstance(e, (int, float)) and e > 0) for e in self.epsilons):
+            raise ConfigError(f"epsilons must be positive numbers, got {self.epsilons}")
+
     @property
     def t_prime_rounds(self) -> int:
         return self.rounds // 2 if self.t_prime is None else self.t_prime
@@ -108,8 +131,4 @@ SCALES = {
 
 
 def get_config(arg: str = "small") -> PublicTrainingConfig:
-    cfg = from_scale(BASE, SCALES, arg)
-    unknown = set(cfg.rows) - set(ROWS)
-    if unknown:
-        raise ValueError(f"unknown rows {sorted(unknown)}; choose from {ROWS}")
-    return cfg
+    return from_scale(BASE, SCALES, arg)

@@ -1,8 +1,10 @@
 """Shared plumbing for experiment modules: config loading, tables, plots, run records."""
 from __future__ import annotations
 
+import argparse
 import csv
 import dataclasses
+import importlib
 import importlib.util
 import json
 import os
@@ -11,24 +13,112 @@ import subprocess
 import sys
 import time
 
+from fedpriv.data.errors import ConfigError, FedprivError, MissingResourceError
+from fedpriv.dp.ledger import PrivacyBudgetExceeded
+
 
 def load_config(spec: str):
-    """``"configs/demo.py:small,rounds=10"`` -> ``get_config("small,rounds=10")`` of that file."""
+    """``"configs/demo.py:small,rounds=10"`` -> ``get_config("small,rounds=10")`` of that file.
+
+    Raises :class:`ConfigError` (a ``ValueError``) for a spec that is not ``path.py[:arg]``, a
+    file that fails to import or has no ``get_config``, and any invalid scale / override;
+    :class:`MissingResourceError` (a ``FileNotFoundError``) for a missing file.
+    """
     path, _, arg = spec.partition(":")
+    if not path:
+        raise ConfigError(f"--config {spec!r} names no file (expected path/to/config.py:scale[,field=value,...])")
     if not os.path.exists(path):
-        raise FileNotFoundError(f"config file {path!r} does not exist")
+        raise MissingResourceError(f"config file {path!r}",
+                                   "check the --config path (expected path/to/config.py:scale)")
+    if not path.endswith(".py") or not os.path.isfile(path):
+        raise ConfigError(f"config file {path!r} is not a Python file (expected "
+                          "--config path/to/config.py:scale[,field=value,...])")
     rel = os.path.relpath(os.path.abspath(path))
-    if not rel.startswith("..") and rel.endswith(".py"):  # a module of this repository
-        module = importlib.import_module(rel[:-3].replace(os.sep, "."))
-    else:
-        name = f"_fedpriv_config_{abs(hash(os.path.abspath(path)))}"
-        module_spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[name] = module  # dataclasses need their module registered
-        module_spec.loader.exec_module(module)
-    if not hasattr(module, "get_config"):
-        raise AttributeError(f"{path} has no get_config(arg)")
+    try:
+        if not rel.startswith("..") and rel.endswith(".py"):  # a module of this repository
+            module = importlib.import_module(rel[:-3].replace(os.sep, "."))
+        else:
+            name = f"_fedpriv_config_{abs(hash(os.path.abspath(path)))}"
+            module_spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(module_spec)
+            sys.modules[name] = module  # dataclasses need their module registered
+            module_spec.loader.exec_module(module)
+    except (FedprivError, ValueError):
+        raise
+    except Exception as e:  # noqa: BLE001 - a config file is user code: say which file failed
+        raise ConfigError(f"cannot load config file {path!r}: {type(e).__name__}: {e}") from e
+    if not callable(getattr(module, "get_config", None)):
+        raise ConfigError(f"config file {path!r} has no get_config(arg)")
     return module.get_config(arg)
+
+
+# What an entry point reports as a user error (one line, exit 2) rather than a traceback:
+# fedpriv's error classes (bad data, tokenizer, config, clip norm), ValueError (config and
+# argument validation), missing files, and the ledger refusing a run over its budget.
+USER_ERRORS = (FedprivError, PrivacyBudgetExceeded, ValueError, FileNotFoundError,
+               NotADirectoryError, IsADirectoryError, PermissionError)
+
+
+def cli(main, argv=None) -> None:
+    """Run an experiment's ``main(argv)`` as a command: a user error (:data:`USER_ERRORS`) is
+    printed as ONE line ``<module>: error: <message>`` on stderr and exits with status 2; nothing
+    already written in the work directory is deleted. Other exceptions (genuine bugs) keep their
+    traceback. ``FEDPRIV_TRACEBACK=1`` shows the traceback of user errors too.
+
+    Every ``experiments/*.py`` ends with ``if __name__ == "__main__": common.cli(main)``.
+    """
+    module = sys.modules.get(main.__module__)
+    spec = getattr(module, "__spec__", None)
+    prog = spec.name if spec is not None and spec.name else main.__module__
+    try:
+        main(argv)
+    except USER_ERRORS as e:
+        if os.environ.get("FEDPRIV_TRACEBACK"):
+            raise
+        msg = " ".join(str(e).split()) or type(e).__name__
+        if not isinstance(e, (FedprivError, PrivacyBudgetExceeded)):
+            msg = f"{type(e).__name__}: {msg}"
+        print(f"{prog}: error: {msg}", file=sys.stderr)
+        sys.exit(2)
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose usage errors are one line (exit 2), like :func:`cli`."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see --help)\n")
+
+
+def _typed(kind, check, what):
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not check(v):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return v
+    return parse
+
+
+positive_int = _typed(int, lambda v: v >= 1, "an integer >= 1")
+non_negative_int = _typed(int, lambda v: v >= 0, "an integer >= 0")
+positive_float = _typed(float, lambda v: v > 0, "a number > 0")
+probability = _typed(float, lambda v: 0 < v < 1, "a number in (0, 1)")
+
+
+def csv_of(parse_one, what: str):
+    """argparse type: ``"a,b,c"`` -> tuple, each element parsed by ``parse_one``."""
+    def parse(text: str):
+        parts = [p.strip() for p in text.split(",")]
+        if not parts or any(not p for p in parts):
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {what}, got {text!r}")
+        try:
+            return tuple(parse_one(p) for p in parts)
+        except (ValueError, argparse.ArgumentTypeError):
+            raise argparse.ArgumentTypeError(
+                f"expected a comma-separated list of {what}, got {text!r}") from None
+    return parse
 
 
 def run_record(config, seed: int) -> dict:

@@ -8,13 +8,12 @@ with the same work directory resumes from the last checkpoint.
 """
 from __future__ import annotations
 
-import argparse
 
 from experiments import common, lm_fl
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description="fedpriv demo: DP-FTRL LSTM on chitchat")
+    ap = common.ArgumentParser(description="fedpriv demo: DP-FTRL LSTM on chitchat")
     ap.add_argument("--config", default="configs/demo.py:small")
     ap.add_argument("--workdir", default="runs/demo")
     args = ap.parse_args(argv)
@@ -35,4 +34,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    common.cli(main)

@@ -15,7 +15,6 @@ runs under the pipeline's own ledger, the others under copies (counterfactual ru
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import pathlib
@@ -138,7 +137,7 @@ def run(cfg, workdir: str, progress: bool = True) -> dict:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = common.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/fred_pipeline.py:small")
     ap.add_argument("--workdir", default="runs/fred_pipeline")
     args = ap.parse_args(argv)
@@ -148,4 +147,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    common.cli(main)

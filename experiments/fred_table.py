@@ -19,7 +19,6 @@ Writes ``fred_table.md`` and ``fred_table.csv`` (and an embedding cache) to ``--
 
 from __future__ import annotations
 
-import argparse
 import csv
 import hashlib
 import json
@@ -29,6 +28,7 @@ import time
 import jax
 import numpy as np
 
+from experiments import common
 from fedpriv import fred as F
 from fedpriv.data import loaders
 from fedpriv.data.text import split_client_ids
@@ -91,16 +91,16 @@ def embed_all(embedder, private, candidates, batch_size, cache: pathlib.Path):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--num-sentences", type=int, default=3000, help="per candidate dataset")
-    ap.add_argument("--max-per-user", type=int, default=8, help="private messages per sender")
-    ap.add_argument("--seeds", type=int, default=5)
-    ap.add_argument("--epsilon", type=float, default=0.6, help="per release")
-    ap.add_argument("--delta", type=float, default=1e-6, help="per release")
-    ap.add_argument("--clip", type=float, default=1.0)
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--data-seed", type=int, default=0)
-    ap.add_argument("--pca-dims", type=int, default=32,
+    ap = common.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--num-sentences", type=common.positive_int, default=3000, help="per candidate dataset")
+    ap.add_argument("--max-per-user", type=common.positive_int, default=8, help="private messages per sender")
+    ap.add_argument("--seeds", type=common.positive_int, default=5)
+    ap.add_argument("--epsilon", type=common.positive_float, default=0.6, help="per release")
+    ap.add_argument("--delta", type=common.probability, default=1e-6, help="per release")
+    ap.add_argument("--clip", type=common.positive_float, default=1.0)
+    ap.add_argument("--batch-size", type=common.positive_int, default=64)
+    ap.add_argument("--data-seed", type=common.non_negative_int, default=0)
+    ap.add_argument("--pca-dims", type=common.non_negative_int, default=32,
                     help="also score in a k-dim PCA basis of the public data (0: off)")
     ap.add_argument("--workdir", type=str, default="runs/fred_table")
     args = ap.parse_args(argv)
@@ -200,4 +200,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    common.cli(main)

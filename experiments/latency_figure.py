@@ -22,15 +22,14 @@ assumption q >= C/N of the upper bound holds. Usage:
 
 from __future__ import annotations
 
-import argparse
 import csv
 import math
 import os
-import sys
 import time
 
 import numpy as np
 
+from experiments import common
 from fedpriv import domain
 
 # (N, C, p, q, lambda, Monte Carlo method). The first rows use the literal simulator (m
@@ -178,10 +177,10 @@ def _plot(path: str, curves: list[dict], mc: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = common.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default="runs/latency")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--trials", type=int, default=2000)
+    parser.add_argument("--seed", type=common.non_negative_int, default=0)
+    parser.add_argument("--trials", type=common.positive_int, default=2000)
     args = parser.parse_args(argv)
     start = time.time()
     os.makedirs(args.workdir, exist_ok=True)
@@ -202,4 +201,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    common.cli(main)

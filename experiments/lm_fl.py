@@ -14,7 +14,6 @@ executed is reported next to it.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import time
@@ -213,7 +212,7 @@ def _write_summary_md(s: dict, workdir: str) -> None:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = common.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/lm_fl.py:small")
     ap.add_argument("--workdir", default="runs/lm_fl")
     args = ap.parse_args(argv)
@@ -225,4 +224,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    common.cli(main)

@@ -48,7 +48,6 @@ rerun skips it.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 import hashlib
@@ -685,7 +684,7 @@ def run(cfg, workdir: str, log: Callable[[str], None] = print) -> dict:
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = common.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/population_expansion.py:small")
     ap.add_argument("--workdir", default="runs/population_expansion")
     args = ap.parse_args(argv)
@@ -697,4 +696,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    common.cli(main)

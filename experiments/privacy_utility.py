@@ -10,7 +10,6 @@ most frequent training token. Same data, model, seeds and rounds for every row.
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 
@@ -78,18 +77,25 @@ def aggregate(rows):
     return table
 
 
+def _tokenizer_name(text: str) -> str:
+    if text not in ("sentencepiece", "word"):
+        raise ValueError(text)
+    return text
+
+
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = common.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/lm_fl.py:small")
     ap.add_argument("--workdir", default="runs/privacy_utility")
-    ap.add_argument("--tokenizers", default="sentencepiece")
-    ap.add_argument("--seeds", default="0")
-    ap.add_argument("--server-lrs", default=None, help="grid of server learning rates for the DP rows, e.g. 1,0.3,0.1")
+    ap.add_argument("--tokenizers", default=("sentencepiece",),
+                    type=common.csv_of(_tokenizer_name, "tokenizers (sentencepiece, word)"))
+    ap.add_argument("--seeds", default=(0,), type=common.csv_of(common.non_negative_int, "seeds >= 0"))
+    ap.add_argument("--server-lrs", default=None, type=common.csv_of(common.positive_float, "numbers > 0"),
+                    help="grid of server learning rates for the DP rows, e.g. 1,0.3,0.1")
     args = ap.parse_args(argv)
     cfg = common.load_config(args.config)
-    lrs = tuple(float(x) for x in args.server_lrs.split(",")) if args.server_lrs else None
-    rows = run(cfg, args.workdir, tuple(args.tokenizers.split(",")), tuple(int(s) for s in args.seeds.split(",")),
-               server_lrs=lrs)
+    lrs = args.server_lrs
+    rows = run(cfg, args.workdir, args.tokenizers, args.seeds, server_lrs=lrs)
     table = aggregate(rows)
     notes = [f"{cfg.corpus}, {cfg.arch} (embed {cfg.embed_dim}, hidden {cfg.hidden_dim}), {cfg.rounds} rounds, "
              f"cohort {cfg.cohort_size}, delta {cfg.delta:g}, unit of privacy: user",
@@ -107,4 +113,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    common.cli(main)

@@ -23,7 +23,6 @@ post-processing. Rows resume from their workdirs; a row whose summary exists is 
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -424,7 +423,7 @@ def _plot_bars(cfg, runs, path):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = common.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/public_training.py:small")
     ap.add_argument("--workdir", default="runs/public_training")
     args = ap.parse_args(argv)
@@ -435,4 +434,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    common.cli(main)

@@ -12,11 +12,14 @@ tensorflow_datasets).
 """
 
 from fedpriv.data.errors import (
+    ConfigError,
     DataError,
+    FedprivError,
     EmptyClientError,
     EmptyCorpusError,
     MalformedDataError,
     MissingResourceError,
+    TokenizerError,
     VocabularyMismatchError,
 )
 from fedpriv.data.federated import (
@@ -64,8 +67,8 @@ from fedpriv.data.tokenizers import (
 )
 
 __all__ = [
-    "DataError", "EmptyClientError", "EmptyCorpusError", "MalformedDataError",
-    "MissingResourceError", "VocabularyMismatchError",
+    "FedprivError", "ConfigError", "DataError", "EmptyClientError", "EmptyCorpusError",
+    "MalformedDataError", "MissingResourceError", "VocabularyMismatchError", "TokenizerError",
     "DEFAULT_BATCH_SIZE", "DEFAULT_MAX_EXAMPLES_PER_CLIENT", "DEFAULT_SEQ_LEN",
     "FederatedDataset", "encode_examples",
     "PUBLIC_SOURCES", "load_chitchat", "load_jsonl", "load_public_pool", "load_shakespeare",

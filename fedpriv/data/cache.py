@@ -109,8 +109,13 @@ def write_json_atomic(path: pathlib.Path, obj: Any) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, ensure_ascii=False, separators=(",", ":"))
+        try:
+            text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+            data = text.encode("utf-8")
+        except UnicodeEncodeError:  # lone surrogates (e.g. an undecodable file name): escape
+            data = json.dumps(obj, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -9,18 +9,32 @@ is empty, how many records were malformed, ...).
 from __future__ import annotations
 
 __all__ = [
+    "FedprivError",
+    "ConfigError",
     "DataError",
     "MissingResourceError",
     "EmptyCorpusError",
     "EmptyClientError",
     "MalformedDataError",
     "VocabularyMismatchError",
+    "TokenizerError",
 ]
 
 SETUP_HINT = "run `make setup` in the fedpriv checkout (it installs the data packages into .venv)"
 
 
-class DataError(Exception):
+class FedprivError(Exception):
+    """Base class of the errors fedpriv raises for bad *input* (a user error, not a bug): data
+    files, tokenizer files, configs, parameters. Its message is one line naming the problem.
+    Experiment entry points (``experiments.common.cli``) print it on stderr and exit 2."""
+
+
+class ConfigError(FedprivError, ValueError):
+    """A config, a ``--config`` spec or a ``field=value`` override is invalid (wrong type, out of
+    range, unknown field, fractions that do not sum to 1, ...)."""
+
+
+class DataError(FedprivError):
     """Base class of all fedpriv.data errors."""
 
 
@@ -65,3 +79,8 @@ class MalformedDataError(DataError, ValueError):
 
 class VocabularyMismatchError(DataError, ValueError):
     """A token id is outside ``[0, vocab_size)`` of the tokenizer / model it is used with."""
+
+
+class TokenizerError(DataError, ValueError):
+    """A tokenizer cannot be trained or loaded: ``vocab_size`` too small for the corpus, a corrupt
+    or foreign vocabulary / model file (the message names the file)."""

@@ -70,7 +70,7 @@ __all__ = [
 ]
 
 # Bump when a parser's output changes, so old cache entries are ignored.
-_FORMAT_VERSION = 8
+_FORMAT_VERSION = 9  # 9: strict UTF-8 / id checks in jsonl, text_dir, stackoverflow, simpsons
 
 PUBLIC_SOURCES = ("wikipedia", "lee_news", "film_quotes")
 
@@ -172,6 +172,20 @@ def _require_file(path: str | os.PathLike, what: str) -> pathlib.Path:
     return p
 
 
+def _is_text(s: Any) -> bool:
+    """True for a ``str`` that is valid Unicode. JSON escapes (``"\\udc80"``) and undecodable file
+    names (``os.fsdecode``) give strings with lone surrogates: they cannot be written as UTF-8
+    and stand for raw bytes, so loaders count them as malformed instead of using them as client
+    ids or text."""
+    if not isinstance(s, str):
+        return False
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 _BRACKETED = re.compile(r"\[[^\]]*(?:\]|$)")
 _BRACKETED_CURLY = re.compile(r"[\[{][^\]}]*(?:[\]}]|$)")
 _UNOPENED = re.compile(r"^[^\[\]]*\]")   # tail of a direction opened in an earlier paragraph
@@ -215,8 +229,11 @@ def load_chitchat(*, path: str | os.PathLike | None = None,
     def parse(progress: bool) -> _Parsed:
         out = _Parsed()
         try:
-            with open(src, encoding="utf-8") as f:
-                data = json.load(f)
+            raw = src.read_bytes().decode("utf-8")  # strict: invalid bytes are never replaced
+        except UnicodeDecodeError as e:
+            raise MalformedDataError(f"chitchat: {src} is not valid UTF-8 JSON ({e})") from e
+        try:
+            data = json.loads(raw)
         except ValueError as e:
             raise MalformedDataError(f"chitchat: {src} is not valid JSON: {e}") from e
         if not isinstance(data, dict):
@@ -235,8 +252,8 @@ def load_chitchat(*, path: str | os.PathLike | None = None,
                     continue
                 for u in turn:
                     out.records += 1
-                    if (not isinstance(u, dict) or not isinstance(u.get("text"), str)
-                            or not isinstance(u.get("sender"), str) or not u["sender"]):
+                    if (not isinstance(u, dict) or not _is_text(u.get("text"))
+                            or not _is_text(u.get("sender")) or not u["sender"]):
                         out.malformed += 1
                         continue
                     text = normalize_whitespace(u["text"])
@@ -418,8 +435,8 @@ def load_simpsons(*, path: str | os.PathLike | None = None,
     """The Simpsons lines of ``popquotes`` (table ``quotes(quoteid, library, quote)``, library
     ``'simpsons'``; 37K lines ``Speaker: text``) as federated text: client = speaker, example =
     the line's text (bracketed directions such as ``[_sigh_]`` removed if ``strip_directions``).
-    A line without a ``Speaker:`` prefix is counted as malformed; one with an empty text is
-    filtered. A small "target domain" in the sense of Koga et al. 2023.
+    A line without a ``Speaker:`` prefix, or not valid UTF-8, is counted as malformed; one with an
+    empty text is filtered. A small "target domain" in the sense of Koga et al. 2023.
     """
     src = _src.popquotes_path() if path is None else _require_file(path, "popquotes sqlite")
 
@@ -427,12 +444,18 @@ def load_simpsons(*, path: str | os.PathLike | None = None,
         out = _Parsed()
         try:
             with _connect_ro(src) as con:
+                con.text_factory = bytes  # decoded strictly below, one row at a time
                 rows = con.execute("SELECT quote FROM quotes WHERE library = 'simpsons' "
                                    "ORDER BY quoteid").fetchall()
         except sqlite3.Error as e:
             raise MalformedDataError(f"simpsons: cannot read table `quotes` of {src}: {e}") from e
         for (quote,) in tqdm(rows, desc="simpsons lines", disable=not progress, leave=False):
             out.records += 1
+            if isinstance(quote, bytes):
+                try:  # a line with invalid UTF-8 is malformed: its speaker is never guessed
+                    quote = quote.decode("utf-8")
+                except UnicodeDecodeError:
+                    quote = None
             m = _QUOTE_LINE.match(quote) if isinstance(quote, str) else None
             if m is None:
                 out.malformed += 1
@@ -662,6 +685,8 @@ def load_stackoverflow_sqlite(path: str | os.PathLike, split: str = "train", *,
     Client = ``client_id``; example = the ``field`` feature (default ``tokens``). Records that do
     not parse as an Example or lack the field are counted as malformed. ``max_clients`` keeps the
     first clients in ``client_id`` order (via ``client_metadata``), for quick experiments.
+    A ``client_id`` that is not valid UTF-8 text (invalid bytes, a BLOB, a number) makes its
+    record malformed: ids are never decoded with replacement characters, which would merge users.
     """
     src = _require_file(path, "StackOverflow SQLite file")
     db = _decompress_lzma(src, cache_dir) if src.suffix == ".lzma" else src
@@ -676,25 +701,32 @@ def load_stackoverflow_sqlite(path: str | os.PathLike, split: str = "train", *,
                     raise MalformedDataError(f"stackoverflow: {db} has no `examples` table "
                                              f"(tables: {sorted(tables)}); not a TFF SQLite file")
                 params: list[Any] = [split]
-                query = ("SELECT client_id, serialized_example_proto FROM examples "
-                         "WHERE split_name = ?")
+                where = " FROM examples WHERE split_name = ?"
                 if max_clients is not None:
                     meta = "client_metadata" if "client_metadata" in tables else "examples"
-                    query += (f" AND client_id IN (SELECT DISTINCT client_id FROM {meta} "
+                    where += (f" AND client_id IN (SELECT DISTINCT client_id FROM {meta} "
                               "WHERE split_name = ? ORDER BY client_id LIMIT ?)")
                     params += [split, int(max_clients)]
-                n = con.execute(query.replace("client_id, serialized_example_proto", "COUNT(*)"),
-                                params).fetchone()[0]
-                for cid, blob in tqdm(con.execute(query + " ORDER BY rowid", params), total=n,
-                                      desc=f"stackoverflow {split}", disable=not progress,
-                                      leave=False):
+                n = con.execute("SELECT COUNT(*)" + where, params).fetchone()[0]
+                # Client ids are read as raw bytes and decoded strictly, row by row: an id that
+                # is not valid UTF-8 TEXT (or is a BLOB/number) is a malformed record, never
+                # decoded with replacement characters (that would merge different users).
+                con.text_factory = bytes
+                rows = con.execute("SELECT typeof(client_id), client_id, serialized_example_proto"
+                                   + where + " ORDER BY rowid", params)
+                for kind, raw_cid, blob in tqdm(rows, total=n, desc=f"stackoverflow {split}",
+                                                disable=not progress, leave=False):
                     out.records += 1
                     text = (_example_feature_text(bytes(blob), field)
                             if isinstance(blob, (bytes, memoryview)) else None)
+                    try:
+                        cid = raw_cid.decode("utf-8") if kind == b"text" else None
+                    except UnicodeDecodeError:
+                        cid = None
                     if cid is None:
                         out.malformed += 1
                         continue
-                    out.clients.setdefault(str(cid), [])  # dropped if it stays empty
+                    out.clients.setdefault(cid, [])  # dropped if it stays empty
                     if text is None:
                         out.malformed += 1
                         continue
@@ -702,7 +734,7 @@ def load_stackoverflow_sqlite(path: str | os.PathLike, split: str = "train", *,
                     if not text:
                         out.filtered += 1
                         continue
-                    out.clients[str(cid)].append(text)
+                    out.clients[cid].append(text)
         except sqlite3.Error as e:
             raise MalformedDataError(f"stackoverflow: cannot read {db}: {e}") from e
         return out
@@ -720,34 +752,65 @@ def load_jsonl(path: str | os.PathLike, *, user_key: str = "user", text_key: str
                seed: int = 0, cache_dir: str | os.PathLike | None = None, use_cache: bool = True,
                progress: bool = True, max_malformed: int | None = None) -> FederatedText:
     """Federated text from a JSON-lines file with one example per line,
-    ``{"user": <id>, "text": <string>}`` (key names configurable). Blank lines are skipped;
-    lines that are not JSON objects, lack a key, or have a non-string text are counted as
-    malformed; whitespace-only texts are filtered. User ids are converted to ``str``."""
+    ``{"user": <id>, "text": <string>}`` (key names configurable). Blank lines are skipped.
+
+    The user id is the unit of privacy, so two different users must never become one client:
+
+    - each line is decoded as strict UTF-8; a line with invalid bytes (in the id or the text) is
+      counted as malformed and dropped, never decoded with replacement characters (which would
+      map different byte strings to the same id);
+    - ids must be JSON strings or integers (``7`` -> ``"7"``); floats, booleans, null, objects and
+      lists are malformed, as are strings holding lone surrogates (``"\\udc80"``);
+    - an id that occurs both as a number and as a string (``7`` and ``"7"``) is refused with
+      :class:`MalformedDataError` (they may be two users).
+
+    Lines that are not JSON objects, lack a key or have a non-string text are malformed;
+    whitespace-only texts are filtered.
+    """
     src = _require_file(path, "JSONL file")
 
     def parse(progress: bool) -> _Parsed:
         out = _Parsed()
-        with open(src, encoding="utf-8", errors="replace") as f:
-            for line in tqdm(f, desc=f"{src.name}", disable=not progress, leave=False):
-                if not line.strip():
+        invalid_utf8 = 0
+        id_kind: dict[str, tuple[type, int]] = {}  # client id -> (JSON type, first line)
+        with open(src, "rb") as f:
+            for lineno, raw in enumerate(tqdm(f, desc=f"{src.name}", disable=not progress,
+                                              leave=False), start=1):
+                if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                    raw = raw[3:]  # UTF-8 byte order mark
+                if not raw.strip():
                     continue
                 out.records += 1
                 try:
-                    rec = json.loads(line)
+                    rec = json.loads(raw.decode("utf-8"))
+                except UnicodeDecodeError:
+                    invalid_utf8 += 1
+                    out.malformed += 1
+                    continue
                 except ValueError:
                     out.malformed += 1
                     continue
-                if (not isinstance(rec, dict) or rec.get(user_key) is None
-                        or isinstance(rec.get(user_key), (dict, list))
-                        or not isinstance(rec.get(text_key), str)):
+                uid = rec.get(user_key) if isinstance(rec, dict) else None
+                text = rec.get(text_key) if isinstance(rec, dict) else None
+                if (not (_is_text(uid) or (isinstance(uid, int) and not isinstance(uid, bool)))
+                        or not _is_text(text)):
                     out.malformed += 1
                     continue
-                text = normalize_whitespace(rec[text_key])
+                cid = str(uid)
+                kind = id_kind.setdefault(cid, (type(uid), lineno))
+                if kind[0] is not type(uid):
+                    raise MalformedDataError(
+                        f"jsonl: user id {cid!r} appears both as a number and as a string in "
+                        f"{src} (lines {kind[1]} and {lineno}); they may be two users, refusing "
+                        "to merge them (write every id as a string)")
+                text = normalize_whitespace(text)
                 if not text:
                     out.filtered += 1
-                    out.clients.setdefault(str(rec[user_key]), [])  # dropped if it stays empty
+                    out.clients.setdefault(cid, [])  # dropped if it stays empty
                     continue
-                out.clients[str(rec[user_key])].append(text)
+                out.clients[cid].append(text)
+        if invalid_utf8:
+            out.extra["invalid_utf8_lines"] = invalid_utf8
         return out
 
     return _load_federated("jsonl", [src], {"user_key": user_key, "text_key": text_key}, parse,
@@ -763,18 +826,32 @@ def load_text_dir(directory: str | os.PathLike, *, pattern: str = "*.txt",
                   use_cache: bool = True, progress: bool = True,
                   max_malformed: int | None = None) -> FederatedText:
     """Federated text from a directory of plain-text files, one file per user: client id = file
-    name without extension, one example per non-blank line. A file that is not valid UTF-8 is
-    counted as one malformed record (and skipped)."""
+    name without extension, one example per non-blank line. A file that is not valid UTF-8, or
+    whose name is not (so its client id would hold raw bytes), is counted as one malformed record
+    (and skipped). Two files with the same client id (``alice.txt``, ``alice.md``) are refused
+    with :class:`MalformedDataError` rather than merged."""
     d = pathlib.Path(directory)
     if not d.is_dir():
         raise MissingResourceError(f"text directory {str(d)!r}", "check the path")
     files = sorted(p for p in d.glob(pattern) if p.is_file())
     if not files:
         raise EmptyCorpusError(f"text_dir: no files matching {pattern!r} in {d}")
+    by_id: dict[str, list[str]] = collections.defaultdict(list)
+    for p in files:
+        by_id[p.stem].append(p.name)
+    clash = next(((cid, names) for cid, names in by_id.items() if len(names) > 1), None)
+    if clash is not None:
+        raise MalformedDataError(
+            f"text_dir: client id {clash[0]!r} would come from {len(clash[1])} files in {d} "
+            f"({', '.join(sorted(clash[1]))}); one file per user (narrow `pattern`)")
 
     def parse(progress: bool) -> _Parsed:
         out = _Parsed()
         for p in tqdm(files, desc=f"{d.name}", disable=not progress, leave=False):
+            if not _is_text(p.stem):  # an undecodable file name
+                out.records += 1
+                out.malformed += 1
+                continue
             try:
                 content = p.read_text(encoding="utf-8")
             except UnicodeDecodeError:

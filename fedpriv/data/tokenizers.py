@@ -31,7 +31,9 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from fedpriv.data import cache as cache_lib
-from fedpriv.data.errors import EmptyCorpusError, MissingResourceError, VocabularyMismatchError
+from fedpriv.data.text import logger
+from fedpriv.data.errors import (EmptyCorpusError, MissingResourceError, TokenizerError,
+                                 VocabularyMismatchError)
 
 __all__ = [
     "PAD_ID",
@@ -135,10 +137,14 @@ class SentencePieceTokenizer(_SpecialsMixin):
     Construct with :func:`train_sentencepiece` or :meth:`load`; persist with :meth:`save`.
     """
 
-    def __init__(self, model_proto: bytes, name: str = "sentencepiece"):
+    def __init__(self, model_proto: bytes, name: str = "sentencepiece", *, source: str = "model proto"):
         spm = _spm()
         self._proto = bytes(model_proto)
-        self._sp = spm.SentencePieceProcessor(model_proto=self._proto)
+        try:
+            self._sp = spm.SentencePieceProcessor(model_proto=self._proto)
+        except RuntimeError as e:  # sentencepiece says only "INTERNAL: ... ParseFromArray"
+            raise TokenizerError(f"{source} is not a valid SentencePiece model "
+                                 f"({len(self._proto)} bytes that do not parse)") from e
         got = (self._sp.pad_id(), self._sp.unk_id(), self._sp.bos_id(), self._sp.eos_id())
         if got != SPECIAL_IDS.as_tuple():
             raise VocabularyMismatchError(
@@ -152,7 +158,7 @@ class SentencePieceTokenizer(_SpecialsMixin):
         if not p.is_file():
             raise MissingResourceError(f"SentencePiece model file {str(p)!r}",
                                        "train one with fedpriv.data.tokenizers.train_sentencepiece")
-        return cls(p.read_bytes(), name=p.stem)
+        return cls(p.read_bytes(), name=p.stem, source=f"SentencePiece model file {str(p)!r}")
 
     def save(self, path: str | os.PathLike) -> pathlib.Path:
         p = pathlib.Path(path)
@@ -206,6 +212,10 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int = 8000, *,
     fail; the actual size is ``tokenizer.vocab_size``.
     """
     spm = _spm()
+    if int(vocab_size) <= len(_SPECIAL_TOKENS):
+        raise TokenizerError(f"train_sentencepiece: vocab_size={vocab_size} leaves no room for "
+                             f"pieces beside the {len(_SPECIAL_TOKENS)} special tokens "
+                             "(PAD/UNK/BOS/EOS); use a few hundred or more")
     texts = [t for t in texts if t and t.strip()]
     if not texts:
         raise EmptyCorpusError("train_sentencepiece: no non-empty training sentences")
@@ -217,17 +227,28 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int = 8000, *,
         key = cache_lib.cache_key("spm", 1, [cache_lib.texts_digest(texts)], options)
         path = cache_lib.resolve_cache_dir(cache_dir) / "tokenizers" / f"{key}.model"
         if path.is_file():
-            return SentencePieceTokenizer(path.read_bytes(), name=f"spm{vocab_size}")
+            try:
+                return SentencePieceTokenizer(path.read_bytes(), name=f"spm{vocab_size}",
+                                              source=f"cached model {str(path)!r}")
+            except (TokenizerError, VocabularyMismatchError) as e:  # a corrupt entry: retrain
+                logger.warning("%s; training it again", e)
     model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts), model_writer=model, vocab_size=int(vocab_size),
-        model_type=model_type, character_coverage=float(character_coverage),
-        pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
-        pad_piece=_SPECIAL_TOKENS[0], unk_piece=_SPECIAL_TOKENS[1],
-        bos_piece=_SPECIAL_TOKENS[2], eos_piece=_SPECIAL_TOKENS[3],
-        hard_vocab_limit=False, input_sentence_size=0, shuffle_input_sentence=False,
-        max_sentence_length=int(max_sentence_length), num_threads=int(num_threads),
-        minloglevel=2)
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(texts), model_writer=model, vocab_size=int(vocab_size),
+            model_type=model_type, character_coverage=float(character_coverage),
+            pad_id=PAD_ID, unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID,
+            pad_piece=_SPECIAL_TOKENS[0], unk_piece=_SPECIAL_TOKENS[1],
+            bos_piece=_SPECIAL_TOKENS[2], eos_piece=_SPECIAL_TOKENS[3],
+            hard_vocab_limit=False, input_sentence_size=0, shuffle_input_sentence=False,
+            max_sentence_length=int(max_sentence_length), num_threads=int(num_threads),
+            minloglevel=2)
+    except RuntimeError as e:  # "INTERNAL: src/trainer_interface.cc(638) [...] <reason>"
+        reason = str(e).split("] ", 1)[-1].strip() or str(e).strip()
+        raise TokenizerError(
+            f"train_sentencepiece: vocab_size={vocab_size} is too small for these {len(texts):,} "
+            f"sentences or the options are invalid (SentencePiece: {' '.join(reason.split())})"
+        ) from e
     tok = SentencePieceTokenizer(model.getvalue(), name=f"spm{vocab_size}")
     if path is not None:
         tmp = path.with_suffix(".tmp")
@@ -285,9 +306,9 @@ class WordTokenizer(_SpecialsMixin):
     def __init__(self, words: Sequence[str], *, lowercase: bool = True, name: str = "word"):
         words = list(words)
         if len(set(words)) != len(words):
-            raise ValueError("WordTokenizer: duplicate words in the vocabulary")
+            raise TokenizerError("WordTokenizer: duplicate words in the vocabulary")
         if any(w in _SPECIAL_TOKENS for w in words):
-            raise ValueError(f"WordTokenizer: vocabulary words may not be one of {_SPECIAL_TOKENS}")
+            raise TokenizerError(f"WordTokenizer: vocabulary words may not be one of {_SPECIAL_TOKENS}")
         self._itos = list(_SPECIAL_TOKENS) + words
         self._stoi = {w: i for i, w in enumerate(self._itos)}
         self.lowercase = lowercase
@@ -297,6 +318,9 @@ class WordTokenizer(_SpecialsMixin):
     def fit(cls, texts: Iterable[str], k: int = 10_000, *, lowercase: bool = True,
             min_count: int = 1) -> WordTokenizer:
         """The top-``k`` words (by count, ``>= min_count``) of ``texts``."""
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise TokenizerError(f"WordTokenizer.fit: k must be >= 1, got {k!r} (vocab_size = k + 4 "
+                                 "special tokens)")
         counts: collections.Counter[str] = collections.Counter()
         for t in texts:
             counts.update(split_words(t, lowercase))
@@ -312,10 +336,23 @@ class WordTokenizer(_SpecialsMixin):
         if not p.is_file():
             raise MissingResourceError(f"word vocabulary file {str(p)!r}",
                                        "create one with WordTokenizer.fit(...).save(path)")
-        d = json.loads(p.read_text(encoding="utf-8"))
-        if d.get("type") != "word" or d.get("specials") != list(_SPECIAL_TOKENS):
-            raise VocabularyMismatchError(f"{p} is not a fedpriv word vocabulary")
-        return cls(d["words"], lowercase=d["lowercase"], name=d.get("name", p.stem))
+        try:
+            d = json.loads(p.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise TokenizerError(f"word vocabulary file {str(p)!r} is not valid JSON "
+                                 f"({type(e).__name__}: {e})") from e
+        if (not isinstance(d, dict) or d.get("type") != "word"
+                or d.get("specials") != list(_SPECIAL_TOKENS)
+                or not isinstance(d.get("words"), list)
+                or not all(isinstance(w, str) for w in d["words"])
+                or not isinstance(d.get("lowercase"), bool)):
+            raise TokenizerError(f"{p} is not a fedpriv word vocabulary (expected a JSON object "
+                                 "with type 'word', specials, words and lowercase; write one with "
+                                 "WordTokenizer.save)")
+        try:
+            return cls(d["words"], lowercase=d["lowercase"], name=str(d.get("name", p.stem)))
+        except ValueError as e:
+            raise TokenizerError(f"{p}: {e}") from e
 
     def save(self, path: str | os.PathLike) -> pathlib.Path:
         p = pathlib.Path(path)

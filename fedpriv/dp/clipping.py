@@ -4,11 +4,40 @@ A client's update is a pytree; it is clipped to global L2 norm ``C`` as one vect
 ``clip(v) = v * min(1, C / ||v||)``. Non-finite updates (NaN/inf anywhere) are replaced by
 zeros and flagged, so they are never summed (a zero update is always within the sensitivity).
 Clipping runs per client (unbatched) and is ``jax.vmap``-ped over a cohort by the engine.
+
+The clip norm must be a positive number (``inf`` = no clipping). A concrete bad value (``<= 0``
+or NaN) raises :class:`ClipNormError`; a traced one (adaptive clipping passes C as a traced
+scalar under ``jit``) cannot raise, so the update fails closed instead: it is zeroed and flagged
+not finite, exactly like a non-finite update. Without this, ``C = -1`` returned ``-u`` scaled to
+norm 1 and ``C = NaN`` a NaN update flagged finite.
 """
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from fedpriv.data.errors import FedprivError
+
+
+class ClipNormError(FedprivError, ValueError):
+    """The clip norm is not a positive number (zero, negative or NaN)."""
+
+
+def check_clip_norm(clip_norm) -> None:
+    """Raise :class:`ClipNormError` if ``clip_norm`` is concrete and not ``> 0`` (NaN, 0,
+    negative); a traced value is left to :func:`clip_update`'s in-graph check."""
+    if isinstance(clip_norm, jax.core.Tracer):
+        return
+    try:
+        c = float(np.asarray(clip_norm))
+    except (TypeError, ValueError) as e:
+        raise ClipNormError(f"clip_norm must be a positive number (inf = no clipping), got "
+                            f"{clip_norm!r}") from e
+    if not c > 0 or math.isnan(c):
+        raise ClipNormError(f"clip_norm must be a positive number (inf = no clipping), got {c}")
 
 
 def global_norm(tree) -> jax.Array:
@@ -24,16 +53,23 @@ def clip_update(update, clip_norm):
 
     Args:
       update: pytree of arrays (one client, no cohort axis).
-      clip_norm: scalar C > 0; ``jnp.inf`` disables clipping.
+      clip_norm: scalar C > 0; ``jnp.inf`` disables clipping. May be traced (adaptive C).
 
     Returns:
       ``(clipped, norm, finite)``: the clipped pytree (zeros if the update had a non-finite
-      entry), the pre-clip global norm (``inf`` for a non-finite update), and a bool scalar
-      that is False for non-finite updates.
+      entry or C is not a positive number), the pre-clip global norm (``inf`` for a non-finite
+      update), and a bool scalar that is False for non-finite updates and for a bad traced C:
+      the update is then never summed.
+
+    Raises:
+      ClipNormError: ``clip_norm`` is concrete and ``<= 0`` or NaN.
     """
+    check_clip_norm(clip_norm)
     norm = global_norm(update)
-    finite = jnp.isfinite(norm)
-    scale = jnp.where(finite, jnp.minimum(1.0, clip_norm / jnp.maximum(norm, 1e-30)), 0.0)
+    c = jnp.asarray(clip_norm, jnp.float32)
+    norm_finite = jnp.isfinite(norm)
+    finite = norm_finite & (c > 0)  # NaN > 0 is False: a NaN / non-positive C fails closed
+    scale = jnp.where(finite, jnp.minimum(1.0, c / jnp.maximum(norm, 1e-30)), 0.0)
     clipped = jax.tree_util.tree_map(
         lambda x: jnp.where(finite, x * scale.astype(x.dtype), jnp.zeros_like(x)), update)
-    return clipped, jnp.where(finite, norm, jnp.inf), finite
+    return clipped, jnp.where(norm_finite, norm, jnp.inf), finite

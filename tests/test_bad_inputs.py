@@ -1,0 +1,461 @@
+"""Bad input fails closed with a one-line error (issue 14, items 6-8).
+
+Every case feeds fedpriv one malformed or hostile input and asserts both the refusal (the
+exception class, or an experiment's exit status 2) and the message naming the problem. Nothing
+here trains a model: the experiment cases must fail before any training.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pathlib
+import sqlite3
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments import common
+from fedpriv.data import (EmptyCorpusError, MalformedDataError, MissingResourceError,
+                          SentencePieceTokenizer, WordTokenizer, load_chitchat, load_jsonl,
+                          load_stackoverflow_sqlite, load_text_dir, load_tokenizer,
+                          train_sentencepiece)
+from fedpriv.data.errors import ConfigError, FedprivError, TokenizerError
+from fedpriv.dp.clipping import clip_update
+from fedpriv.fl.cohort import build_cohort
+from fedpriv.fl.samplers import PoissonSampler, ShuffledPassSampler, UniformSampler
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDPRIV_CACHE", str(tmp_path / "cache"))
+
+
+def _jsonl(path: pathlib.Path, lines: list[bytes]) -> pathlib.Path:
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# Loaders: invalid bytes never merge users (item 6)
+# --------------------------------------------------------------------------------------------
+
+def test_jsonl_invalid_utf8_user_ids_are_not_merged(tmp_path):
+    """Two users whose ids are different invalid UTF-8 bytes must not become one client."""
+    p = _jsonl(tmp_path / "u.jsonl", [b'{"user": "\xff", "text": "secret of user ff"}',
+                                      b'{"user": "\xfe", "text": "secret of user fe"}',
+                                      b'{"user": "ok", "text": "a valid record"}'])
+    corpus = load_jsonl(p, progress=False)
+    assert list(corpus.client_ids) == ["ok"]
+    assert corpus.stats.malformed == 2
+    assert not any("\ufffd" in t for t in corpus.texts())
+
+
+def test_jsonl_invalid_utf8_text_is_counted_malformed(tmp_path):
+    p = _jsonl(tmp_path / "t.jsonl", [b'{"user": "a", "text": "caf\xe9 au lait"}',
+                                      b'{"user": "a", "text": "fine"}'])
+    corpus = load_jsonl(p, progress=False)
+    assert corpus.stats.malformed == 1 and corpus.texts() == ["fine"]
+
+
+def test_jsonl_only_invalid_bytes_is_refused(tmp_path):
+    p = _jsonl(tmp_path / "bad.jsonl", [b'{"user": "\xff", "text": "x"}',
+                                        b'{"user": "\xfe", "text": "y"}'])
+    with pytest.raises(EmptyCorpusError, match=r"2 malformed"):
+        load_jsonl(p, progress=False)
+
+
+def test_jsonl_invalid_bytes_count_against_max_malformed(tmp_path):
+    p = _jsonl(tmp_path / "m.jsonl", [b'{"user": "a", "text": "ok"}',
+                                      b'{"user": "b\x80", "text": "ok"}'])
+    with pytest.raises(MalformedDataError, match=r"1 malformed records out of 2 .*max_malformed=0"):
+        load_jsonl(p, progress=False, max_malformed=0)
+
+
+def test_jsonl_lone_surrogate_escape_is_malformed(tmp_path):
+    """``"\\udc80"`` is valid JSON but not Unicode text: counted, never a client id."""
+    p = _jsonl(tmp_path / "s.jsonl", [b'{"user": "\\udc80", "text": "x"}',
+                                      b'{"user": "a", "text": "\\ud800 lone"}',
+                                      b'{"user": "a", "text": "fine"}'])
+    corpus = load_jsonl(p, progress=False)  # default: cached, so the cache write must not crash
+    assert list(corpus.client_ids) == ["a"] and corpus.stats.malformed == 2
+
+
+def test_jsonl_number_and_string_ids_that_collide_are_refused(tmp_path):
+    p = _jsonl(tmp_path / "c.jsonl", [b'{"user": 7, "text": "from the number"}',
+                                      b'{"user": "7", "text": "from the string"}'])
+    with pytest.raises(MalformedDataError, match=r"user id '7' appears both as a number and as a string"):
+        load_jsonl(p, progress=False)
+
+
+def test_jsonl_float_and_bool_ids_are_malformed(tmp_path):
+    p = _jsonl(tmp_path / "f.jsonl", [b'{"user": 1.0, "text": "x"}', b'{"user": true, "text": "y"}',
+                                      b'{"user": 1, "text": "z"}'])
+    corpus = load_jsonl(p, progress=False)
+    assert list(corpus.client_ids) == ["1"] and corpus.stats.malformed == 2
+
+
+def test_jsonl_missing_file_names_the_path(tmp_path):
+    with pytest.raises(MissingResourceError, match=r"JSONL file '.*nope\.jsonl' not found"):
+        load_jsonl(tmp_path / "nope.jsonl", progress=False)
+
+
+def test_text_dir_two_files_of_one_user_are_refused(tmp_path):
+    (tmp_path / "alice.txt").write_text("hello\n")
+    (tmp_path / "alice.md").write_text("other file\n")
+    with pytest.raises(MalformedDataError, match=r"client id 'alice'.*alice\.md.*alice\.txt"):
+        load_text_dir(tmp_path, pattern="alice.*", progress=False)
+
+
+def test_text_dir_invalid_utf8_file_is_one_malformed_record(tmp_path):
+    (tmp_path / "bob.txt").write_bytes(b"caf\xe9\n")
+    (tmp_path / "eve.txt").write_text("fine line\n")
+    corpus = load_text_dir(tmp_path, progress=False)
+    assert list(corpus.client_ids) == ["eve"] and corpus.stats.malformed == 1
+
+
+def test_text_dir_undecodable_file_name_is_malformed(tmp_path):
+    os.close(os.open(os.path.join(os.fsencode(tmp_path), b"\xff.txt"), os.O_CREAT | os.O_WRONLY))
+    with open(os.path.join(os.fsencode(tmp_path), b"\xff.txt"), "w") as f:
+        f.write("text of an undecodable name\n")
+    (tmp_path / "eve.txt").write_text("fine line\n")
+    corpus = load_text_dir(tmp_path, progress=False)
+    assert list(corpus.client_ids) == ["eve"] and corpus.stats.malformed == 1
+
+
+def _so_db(path: pathlib.Path, rows) -> pathlib.Path:
+    from tests.data.test_formats import _SCHEMA
+    with sqlite3.connect(path) as con:
+        con.executescript(_SCHEMA)
+        for split, cid_sql, blob in rows:
+            con.execute(f"INSERT INTO examples VALUES (?, {cid_sql}, ?)", (split, blob))
+    return path
+
+
+def test_stackoverflow_invalid_utf8_client_ids_are_not_merged(tmp_path):
+    from tests.data.test_formats import _so_example
+    db = _so_db(tmp_path / "so.sqlite", [
+        ("train", "CAST(x'ff' AS TEXT)", _so_example("secret one .")),
+        ("train", "CAST(x'fe' AS TEXT)", _so_example("secret two .")),
+        ("train", "x'3031'", _so_example("a blob id is not a text id .")),
+        ("train", "'00000001'", _so_example("a valid sentence ."))])
+    corpus = load_stackoverflow_sqlite(db, progress=False, use_cache=False)
+    assert list(corpus.client_ids) == ["00000001"] and corpus.stats.malformed == 3
+
+
+def test_stackoverflow_file_that_is_not_sqlite(tmp_path):
+    p = tmp_path / "so.sqlite"
+    p.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(MalformedDataError, match=r"stackoverflow: cannot read .*so\.sqlite"):
+        load_stackoverflow_sqlite(p, progress=False, use_cache=False)
+
+
+def test_stackoverflow_without_examples_table(tmp_path):
+    p = tmp_path / "other.sqlite"
+    with sqlite3.connect(p) as con:
+        con.execute("CREATE TABLE t (x)")
+    with pytest.raises(MalformedDataError, match=r"no `examples` table.*not a TFF SQLite file"):
+        load_stackoverflow_sqlite(p, progress=False, use_cache=False)
+
+
+def test_chitchat_invalid_utf8_file_names_the_path(tmp_path):
+    p = tmp_path / "dataset.json"
+    p.write_bytes(b'{"c1": {"messages": [[{"sender": "\xff", "text": "hi"}]]}}')
+    with pytest.raises(MalformedDataError, match=r"chitchat: .*dataset\.json is not valid UTF-8 JSON"):
+        load_chitchat(path=p, progress=False)
+
+
+def test_chitchat_surrogate_sender_is_malformed(tmp_path):
+    p = tmp_path / "dataset.json"
+    p.write_text(json.dumps({"c1": {"messages": [[{"sender": "\udc80", "text": "hi"},
+                                                   {"sender": "ann", "text": "hello"}]]}}))
+    corpus = load_chitchat(path=p, progress=False)
+    assert list(corpus.client_ids) == ["ann"] and corpus.stats.malformed == 1
+
+
+# --------------------------------------------------------------------------------------------
+# Tokenizers: too-small vocabularies and corrupt files name the problem / the path
+# --------------------------------------------------------------------------------------------
+
+_TEXTS = ["the quick brown fox jumps over the lazy dog", "pack my box with five dozen jugs"] * 50
+
+
+def test_sentencepiece_vocab_size_below_specials():
+    with pytest.raises(TokenizerError, match=r"vocab_size=3 .*4 special tokens"):
+        train_sentencepiece(_TEXTS, vocab_size=3, use_cache=False)
+
+
+def test_sentencepiece_vocab_size_smaller_than_the_alphabet():
+    with pytest.raises(TokenizerError, match=r"vocab_size=10 is too small for .*100 sentences.*"
+                                             r"Vocabulary size is smaller than required_chars"):
+        train_sentencepiece(_TEXTS, vocab_size=10, use_cache=False)
+
+
+def test_corrupt_sentencepiece_model_file_names_the_path(tmp_path):
+    p = tmp_path / "spm.model"
+    p.write_bytes(b"\x00garbage, not a model proto")
+    with pytest.raises(TokenizerError, match=r"spm\.model.* not a valid SentencePiece model"):
+        SentencePieceTokenizer.load(p)
+
+
+def test_corrupt_word_vocabulary_json_names_the_path(tmp_path):
+    p = tmp_path / "vocab.json"
+    p.write_text('{"type": "word", "words": ["a", ')
+    with pytest.raises(TokenizerError, match=r"vocab\.json.* is not valid JSON"):
+        load_tokenizer(p)
+
+
+def test_word_vocabulary_of_the_wrong_shape_names_the_path(tmp_path):
+    p = tmp_path / "vocab.json"
+    p.write_text('["a", "b"]')
+    with pytest.raises(TokenizerError, match=r"vocab\.json is not a fedpriv word vocabulary"):
+        WordTokenizer.load(p)
+
+
+def test_missing_tokenizer_file_names_the_path(tmp_path):
+    with pytest.raises(MissingResourceError, match=r"SentencePiece model file '.*none\.model' not found"):
+        load_tokenizer(tmp_path / "none.model")
+
+
+def test_word_tokenizer_needs_a_positive_k():
+    with pytest.raises(TokenizerError, match=r"k must be >= 1, got -1"):
+        WordTokenizer.fit(_TEXTS, k=-1)
+
+
+def test_corrupt_cached_sentencepiece_model_is_retrained(tmp_path):
+    cache = tmp_path / "c"
+    tok = train_sentencepiece(_TEXTS, vocab_size=40, cache_dir=cache)
+    (model,) = (cache / "tokenizers").glob("*.model")
+    model.write_bytes(b"corrupted on disk")
+    again = train_sentencepiece(_TEXTS, vocab_size=40, cache_dir=cache)
+    assert again.encode(_TEXTS[:2]) == tok.encode(_TEXTS[:2])
+    assert model.read_bytes() == tok.model_proto  # the corrupt entry was replaced
+
+
+# --------------------------------------------------------------------------------------------
+# Configs and overrides (item 8)
+# --------------------------------------------------------------------------------------------
+
+LM = "configs/lm_fl.py"
+FP = "configs/fred_pipeline.py"
+
+
+@pytest.mark.parametrize("text", ["ture", "on", "y", "2"])
+def test_bool_override_must_be_a_boolean(text):
+    with pytest.raises(ConfigError, match=rf"override 'compare_all': expected a boolean "
+                                          rf"\(true/false/1/0/yes/no\), got '{text}'"):
+        common.load_config(f"{FP}:smoke,compare_all={text}")
+
+
+@pytest.mark.parametrize("text, value", [("TRUE", True), ("no", False), ("1", True), ("0", False),
+                                         ("Yes", True), ("false", False)])
+def test_bool_override_accepts_exactly_six_words(text, value):
+    assert common.load_config(f"{FP}:smoke,compare_all={text}").compare_all is value
+
+
+@pytest.mark.parametrize("text", ["2.5", "1e3", "ten"])
+def test_int_override_must_be_an_integer(text):
+    with pytest.raises(ConfigError, match=rf"override 'rounds': expected an integer, got '{text}'"):
+        common.load_config(f"{LM}:smoke,rounds={text}")
+
+
+def test_split_fractions_must_sum_to_one():
+    with pytest.raises(ConfigError, match=r"split must be fractions that sum to 1, got "
+                                          r"\(0\.3, 0\.1, 0\.1\) \(sum 0\.5\)"):
+        common.load_config(f"{LM}:smoke,split=0.3/0.1/0.1")
+
+
+def test_override_without_value():
+    with pytest.raises(ConfigError, match=r"override 'rounds' needs a value: rounds=\.\.\."):
+        common.load_config(f"{LM}:smoke,rounds")
+
+
+def test_none_for_a_required_field():
+    with pytest.raises(ConfigError, match=r"override 'rounds': None is not allowed \(type int\)"):
+        common.load_config(f"{LM}:smoke,rounds=None")
+
+
+def test_nan_float_override():
+    with pytest.raises(ConfigError, match=r"override 'clip_norm': expected a number, got 'nan'"):
+        common.load_config(f"{LM}:smoke,clip_norm=nan")
+
+
+def test_override_given_twice():
+    with pytest.raises(ConfigError, match=r"override 'rounds' is given twice"):
+        common.load_config(f"{LM}:smoke,rounds=3,rounds=4")
+
+
+def test_config_that_is_not_a_python_file():
+    with pytest.raises(ConfigError, match=r"config file 'README\.md' is not a Python file"):
+        common.load_config("README.md:smoke")
+
+
+def test_missing_config_file():
+    with pytest.raises(FileNotFoundError, match=r"config file 'configs/nope\.py' not found"):
+        common.load_config("configs/nope.py:smoke")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("vocab_size=3", r"vocab_size must be > 4 \(the 4 special tokens\), got 3"),
+    ("corpus=reddit", r"corpus must be one of \('chitchat', 'shakespeare', 'simpsons'\), got 'reddit'"),
+    ("algorithm=dpsgd", r"algorithm must be one of \('fedavg', 'dp_fedavg', 'dp_ftrl'\), got 'dpsgd'"),
+    ("cohort_size=0", r"cohort_size must be >= 1, got 0"),
+    ("delta=2", r"delta must be in \(0, 1\), got 2\.0"),
+    ("clip_norm=-1", r"clip_norm must be > 0, got -1\.0"),
+    ("noise_cohort_size=4", r"noise_cohort_size \(4\) must be >= cohort_size \(8\)"),
+    ("target_epsilon=None", r"dp_ftrl needs noise_multiplier or target_epsilon"),
+])
+def test_lm_config_values_are_validated(override, message):
+    with pytest.raises(ConfigError, match=message):
+        common.load_config(f"{LM}:smoke,{override}")
+
+
+def test_config_types_are_checked_on_replace():
+    cfg = common.load_config(f"{LM}:smoke")
+    with pytest.raises(ConfigError, match=r"rounds must be an int, got 2\.5"):
+        dataclasses.replace(cfg, rounds=2.5)
+
+
+# --------------------------------------------------------------------------------------------
+# Experiment entry points: exit 2, one line on stderr, workdir untouched (subprocesses)
+# --------------------------------------------------------------------------------------------
+
+def _run_entry(module: str, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONWARNINGS="ignore")
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("module, spec, message", [
+    ("experiments.lm_fl", "configs/lm_fl.py:smoke,rounds=2.5",
+     "experiments.lm_fl: error: override 'rounds': expected an integer, got '2.5'"),
+    ("experiments.demo", "README.md:smoke",
+     "experiments.demo: error: config file 'README.md' is not a Python file"),
+    ("experiments.fred_pipeline", "configs/fred_pipeline.py:smoke,compare_all=ture",
+     "experiments.fred_pipeline: error: override 'compare_all': expected a boolean"),
+])
+def test_experiment_user_error_exits_2_with_one_line(tmp_path, module, spec, message):
+    wd = tmp_path / "wd"
+    wd.mkdir()
+    (wd / "metrics.jsonl").write_text('{"round": 1}\n')
+    r = _run_entry(module, "--config", spec, "--workdir", str(wd))
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), r.stderr
+    assert "Traceback" not in r.stderr
+    assert sorted(p.name for p in wd.iterdir()) == ["metrics.jsonl"]
+    assert (wd / "metrics.jsonl").read_text() == '{"round": 1}\n'
+
+
+def test_cli_wrapper_keeps_bugs_as_tracebacks():
+    def buggy(argv):
+        raise ZeroDivisionError("a genuine bug")
+    with pytest.raises(ZeroDivisionError):
+        common.cli(buggy, [])
+
+
+def test_cli_wrapper_turns_user_errors_into_exit_2(capsys):
+    def bad(argv):
+        raise ConfigError("override 'x': expected an integer,\n got 'y'")
+    with pytest.raises(SystemExit) as e:
+        common.cli(bad, [])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "error: override 'x': expected an integer, got 'y'" in err
+
+
+@pytest.mark.parametrize("module, argv, message", [
+    ("privacy_utility", ["--seeds", "0,x"],
+     "argument --seeds: expected a comma-separated list of seeds >= 0, got '0,x'"),
+    ("privacy_utility", ["--tokenizers", "sentencepiece,bpe"],
+     "argument --tokenizers: expected a comma-separated list of tokenizers"),
+    ("latency_figure", ["--trials", "0"], "argument --trials: expected an integer >= 1, got '0'"),
+    ("fred_table", ["--delta", "2"], "argument --delta: expected a number in (0, 1), got '2'"),
+])
+def test_bad_command_line_argument_is_one_line(capsys, module, argv, message):
+    import importlib
+    main = importlib.import_module(f"experiments.{module}").main
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+
+
+# --------------------------------------------------------------------------------------------
+# clip_update (item 7): non-positive / NaN clip norms fail closed, also under jit
+# --------------------------------------------------------------------------------------------
+
+_U = {"w": jnp.array([3.0, 4.0]), "b": jnp.array([[12.0]])}   # global norm 13
+
+
+@pytest.mark.parametrize("c", [-1.0, 0.0, float("nan"), -float("inf")])
+def test_clip_update_refuses_bad_concrete_clip_norm(c):
+    with pytest.raises(FedprivError, match=r"clip_norm must be a positive number .*got "):
+        clip_update(_U, c)
+    with pytest.raises(ValueError, match=r"clip_norm"):
+        clip_update(_U, jnp.float32(c))
+
+
+@pytest.mark.parametrize("c", [-1.0, 0.0, float("nan")])
+def test_clip_update_traced_bad_clip_norm_zeroes_and_flags(c):
+    clipped, norm, finite = jax.jit(clip_update)(_U, jnp.float32(c))
+    assert not bool(finite)
+    assert all(float(jnp.abs(x).max()) == 0.0 for x in jax.tree_util.tree_leaves(clipped))
+    assert float(norm) == pytest.approx(13.0)
+
+
+def test_clip_update_traced_valid_clip_norm_still_clips():
+    clipped, norm, finite = jax.jit(clip_update)(_U, jnp.float32(1.3))
+    total = np.sqrt(sum(float(jnp.sum(x ** 2)) for x in jax.tree_util.tree_leaves(clipped)))
+    assert bool(finite) and total == pytest.approx(1.3, rel=1e-5) and float(norm) == pytest.approx(13.0)
+    # the direction is kept: clipped = u * 0.1
+    np.testing.assert_allclose(clipped["w"], np.array([0.3, 0.4]), rtol=1e-5)
+
+
+def test_clip_update_vmapped_over_clip_norms():
+    cs = jnp.array([26.0, -1.0, jnp.nan, 1.3])
+    clipped, _, finite = jax.vmap(clip_update, in_axes=(None, 0))(_U, cs)
+    assert finite.tolist() == [True, False, False, True]
+    np.testing.assert_allclose(clipped["w"][:, 0], [3.0, 0.0, 0.0, 0.3], rtol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------
+# build_cohort and samplers
+# --------------------------------------------------------------------------------------------
+
+def _ds():
+    return {"a": {"x": np.zeros((4, 3), np.int32)}, "b": {"x": np.zeros((2, 3), np.int32)},
+            "empty": {"x": np.zeros((0, 3), np.int32)},
+            "odd": {"x": np.zeros((3, 3), np.int32), "y": np.zeros((2,), np.int32)}}
+
+
+@pytest.mark.parametrize("ids, kw, message", [
+    (["a", "empty"], {}, r"client 'empty' has no examples"),
+    (["odd"], {}, r"client 'odd': fields have different numbers of examples"),
+    (["a", "b"], dict(capacity=1), r"cohort of 2 clients exceeds capacity 1"),
+    (["a"], dict(batch_size=0), r"batch_size must be >= 1, got 0"),
+    ([], {}, r"empty cohort"),
+])
+def test_build_cohort_refuses(ids, kw, message):
+    args = dict(batch_size=2, capacity=4) | kw
+    with pytest.raises(ValueError, match=message):
+        build_cohort(_ds(), ids, **args)
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: UniformSampler(3, 5), r"cohort size 5 must be in \[1, population=3\]"),
+    (lambda: UniformSampler(0, 1), r"the population is empty \(num_clients=0\)"),
+    (lambda: PoissonSampler(10, 0.0), r"sampling rate must be in \(0, 1\], got 0\.0"),
+    (lambda: PoissonSampler(10, 1.5), r"sampling rate must be in \(0, 1\], got 1\.5"),
+    (lambda: ShuffledPassSampler(4, 0), r"cohort size 0 must be in \[1, population=4\]"),
+])
+def test_samplers_refuse_bad_sizes_and_rates(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
