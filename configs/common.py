@@ -209,3 +209,10 @@ def check(cfg, *, positive=(), non_negative=(), open_unit=(), choices=None, frac
                               "they are not renormalised")
         if not fr[0] > 0:
             raise ConfigError(f"{name}: the first (training) fraction must be > 0, got {fr}")
+
+
+def check_lanes(value) -> None:
+    """``lanes`` (``fedpriv.fl.execution``): "auto", "balanced" or a positive integer."""
+    if value in ("auto", "balanced") or (str(value).isdigit() and int(value) >= 1):
+        return
+    raise ConfigError(f"lanes must be 'auto', 'balanced' or an integer >= 1, got {value!r}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from configs.common import ConfigError, check, from_scale
+from configs.common import ConfigError, check, check_lanes, from_scale
 
 CORPORA = ("chitchat", "shakespeare", "simpsons")
 TOKENIZERS = ("sentencepiece", "word")
@@ -62,11 +62,12 @@ class LMFLConfig:
                               "max_local_steps", "embed_dim", "hidden_dim", "rounds",
                               "cohort_size", "noise_cohort_size", "target_epsilon", "clip_norm",
                               "client_lr", "server_lr", "eval_every", "eval_batch_size",
-                              "max_eval_examples", "checkpoint_every", "chunk_size"),
+                              "max_eval_examples", "checkpoint_every"),
               non_negative=("noise_multiplier", "server_momentum", "seed"), open_unit=("delta",),
               choices={"corpus": CORPORA, "tokenizer": TOKENIZERS, "arch": ARCHS,
                        "algorithm": ALGORITHMS, "server_optimizer": SERVER_OPTIMIZERS},
               fractions=("split",))
+        check_lanes(self.lanes)
         if self.vocab_size <= 4:
             raise ConfigError(f"vocab_size must be > 4 (the 4 special tokens), got {self.vocab_size}")
         if not self.server_momentum < 1:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from configs.common import ConfigError, check, from_scale
+from configs.common import ConfigError, check, check_lanes, from_scale
 
 ROWS = ("none", "pretrain_lm", "pretrain_distill", "mid_random", "mid_dm", "mid_dm_priv_only")
 
@@ -84,7 +84,7 @@ class PublicTrainingConfig:
                               "max_local_steps", "vocab_kept", "vocab_texts", "topk",
                               "teacher_batch_size", "pool_size", "embed_dim", "hidden_dim",
                               "rounds", "cohort_size", "noise_cohort_size",
-                              "clip_norm", "client_lr", "server_lr", "chunk_size", "q",
+                              "clip_norm", "client_lr", "server_lr", "q",
                               "pretrain_fraction", "central_batch_size", "central_lr",
                               "temperature", "eval_every", "eval_batch_size",
                               "max_eval_examples", "checkpoint_every", "target_epsilon"),
@@ -96,6 +96,7 @@ class PublicTrainingConfig:
                        "algorithm": ("fedavg", "dp_fedavg", "dp_ftrl"),
                        "server_optimizer": ("sgd", "sgdm", "adam")},
               fractions=("split",))
+        check_lanes(self.lanes)
         unknown = set(self.rows) - set(ROWS)
         if unknown:
             raise ConfigError(f"unknown rows {sorted(unknown)}; choose from {ROWS}")
