@@ -23,13 +23,14 @@ import json
 import logging
 import math
 import os
-from typing import Any
+from typing import Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 FORMAT = "fedpriv-checkpoint-v2"
+EXTRA_PREFIX = "extra."  # fingerprint fields supplied by the caller
 CHECKPOINTS = "checkpoints"  # the subdirectory of a workdir holding the commits
 
 
@@ -84,6 +85,36 @@ def digest(host_state, meta: dict) -> str:
         h.update(a.tobytes())
     h.update(json.dumps({k: v for k, v in meta.items() if k != "digest"}, sort_keys=True).encode())
     return h.hexdigest()
+
+
+def _flatten(d: Mapping, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping) and v and not k.startswith(EXTRA_PREFIX):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def check_fingerprint(saved: Mapping, current: Mapping, resume_anyway: Sequence[str], where: str,
+                      overridable: Callable[[str], bool]) -> None:
+    """Raise ``ResumeMismatch`` naming every field that differs (dotted, e.g.
+    ``dp.noise_multiplier``) unless each is ``overridable`` and named (its top-level name, or
+    ``extra.<name>`` whole) in ``resume_anyway``."""
+    a, b = _flatten(saved), _flatten(current)
+    absent = "<absent>"
+    differ = sorted(k for k in set(a) | set(b) if a.get(k, absent) != b.get(k, absent))
+    if not differ:
+        return
+    top = lambda k: k if k.startswith(EXTRA_PREFIX) else k.split(".")[0]  # noqa: E731
+    bad = [k for k in differ if not overridable(k)]
+    unnamed = [k for k in differ if overridable(k) and top(k) not in set(resume_anyway)]
+    if bad or unnamed:
+        shown = ", ".join(f"{k}: {a.get(k, absent)!r} -> {b.get(k, absent)!r}" for k in bad + unnamed)
+        hint = ("; these change privacy: use another workdir" if bad else
+                f"; pass resume_anyway={sorted({top(k) for k in unnamed})!r} to continue anyway")
+        raise ResumeMismatch(f"{where} holds a run with another config ({shown}){hint}")
 
 
 class Checkpointer:

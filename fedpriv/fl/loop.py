@@ -48,8 +48,8 @@ from fedpriv.dp.keys import tagged_key
 from fedpriv.dp.ledger import PrivacyLedger, event_to_json
 from fedpriv.fl.aggregate import replicate, shard_cohort
 from fedpriv.fl.algorithms import FederatedAlgorithm, ServerState, privacy_event
-from fedpriv.fl.checkpoint import (CHECKPOINTS, Checkpointer, CheckpointError, ResumeMismatch,
-                                   json_safe)
+from fedpriv.fl.checkpoint import (CHECKPOINTS, EXTRA_PREFIX, Checkpointer, CheckpointError,
+                                   ResumeMismatch, check_fingerprint, json_safe)
 from fedpriv.fl.cohort import build_cohort, next_pow2, round_up
 from fedpriv.fl.samplers import PoissonSampler
 
@@ -61,7 +61,6 @@ LEGACY_FILES = ("checkpoint.msgpack", "checkpoint.json")  # the old two-file for
 # Every other loop field (stage, seed, dp, expected cohort, sampler, population, populations,
 # accounting) changes the mechanism or where it is charged and can never be overridden.
 TRAINING_FIELDS = ("batch_size", "max_steps", "client_sizes")
-EXTRA_PREFIX = "extra."
 
 
 class PrivacyAccountingError(CheckpointError):
@@ -113,33 +112,10 @@ def run_fingerprint(algorithm: FederatedAlgorithm, sampler, dataset: Mapping, cl
     return json_safe(fp)
 
 
-def _flatten(d: Mapping, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, Mapping) and v and not k.startswith(EXTRA_PREFIX):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
-
-
 def _check_fingerprint(saved: dict, current: dict, resume_anyway: Sequence[str], where: str):
-    """Raise ``ResumeMismatch`` naming every field that differs (dotted, e.g. ``dp.noise_multiplier``)
-    unless all are training fields named in ``resume_anyway``."""
-    a, b = _flatten(saved), _flatten(current)
-    differ = sorted(k for k in set(a) | set(b) if a.get(k, "<absent>") != b.get(k, "<absent>"))
-    if not differ:
-        return
-    top = lambda k: k if k.startswith(EXTRA_PREFIX) else k.split(".")[0]  # noqa: E731
-    overridable = lambda k: top(k) in TRAINING_FIELDS or k.startswith(EXTRA_PREFIX)  # noqa: E731
-    bad = [k for k in differ if not overridable(k)]
-    unnamed = [k for k in differ if overridable(k) and top(k) not in set(resume_anyway)]
-    if bad or unnamed:
-        shown = ", ".join(f"{k}: {a.get(k, '<absent>')!r} -> {b.get(k, '<absent>')!r}"
-                          for k in bad + unnamed)
-        hint = ("; these change privacy: use another workdir" if bad else
-                f"; pass resume_anyway={sorted({top(k) for k in unnamed})!r} to continue anyway")
-        raise ResumeMismatch(f"{where} holds a run with another config ({shown}){hint}")
+    def overridable(k):
+        return k.startswith(EXTRA_PREFIX) or k.split(".")[0] in TRAINING_FIELDS
+    check_fingerprint(saved, current, resume_anyway, where, overridable)
 
 
 # ----------------------------------------------------------------------------- checkpoints
