@@ -100,8 +100,8 @@ def _flatten(d: Mapping, prefix: str = "") -> dict:
 def check_fingerprint(saved: Mapping, current: Mapping, resume_anyway: Sequence[str], where: str,
                       overridable: Callable[[str], bool]) -> None:
     """Raise ``ResumeMismatch`` naming every field that differs (dotted, e.g.
-    ``dp.noise_multiplier``) unless each is ``overridable`` and named (its top-level name, or
-    ``extra.<name>`` whole) in ``resume_anyway``."""
+    ``dp.noise_multiplier``) unless each is ``overridable`` and named in ``resume_anyway`` (by
+    its top-level name; a caller field ``extra.<name>`` by ``<name>`` or ``extra.<name>``)."""
     a, b = _flatten(saved), _flatten(current)
     absent = "<absent>"
     differ = sorted(k for k in set(a) | set(b) if a.get(k, absent) != b.get(k, absent))
@@ -109,7 +109,8 @@ def check_fingerprint(saved: Mapping, current: Mapping, resume_anyway: Sequence[
         return
     top = lambda k: k if k.startswith(EXTRA_PREFIX) else k.split(".")[0]  # noqa: E731
     bad = [k for k in differ if not overridable(k)]
-    unnamed = [k for k in differ if overridable(k) and top(k) not in set(resume_anyway)]
+    named = set(resume_anyway) | {EXTRA_PREFIX + str(n) for n in resume_anyway}
+    unnamed = [k for k in differ if overridable(k) and top(k) not in named]
     if bad or unnamed:
         shown = ", ".join(f"{k}: {a.get(k, absent)!r} -> {b.get(k, absent)!r}" for k in bad + unnamed)
         hint = ("; these change privacy: use another workdir" if bad else
