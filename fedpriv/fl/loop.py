@@ -393,13 +393,17 @@ def train(algorithm: FederatedAlgorithm, init_params, dataset: Mapping, client_i
                 raise PrivacyAccountingError(f"checkpoint in {workdir!r}: its ledger has no entry "
                                              f"{stage!r}, so this run's cost is not recorded")
             before = recorded.spent()
-            if ledger is None:
-                ledger = recorded
-            else:
-                ledger.absorb(recorded, exclude=stage)
+            work = recorded  # merge and extend on a copy: a refusal leaves the caller's ledger as is
+            if ledger is not None:
+                work = PrivacyLedger.from_dict(ledger.to_dict())
+                work.absorb(recorded, exclude=stage)
             if rounds > saved.charged_rounds:  # more rounds: charge the new total schedule
-                ledger.replace(stage, event, populations, note=f"{rounds} rounds (extended on resume "
-                               f"from {saved.charged_rounds})", details=details(rounds))
+                work.replace(stage, event, populations, note=f"{rounds} rounds (extended on resume "
+                             f"from {saved.charged_rounds})", details=details(rounds))
+            if ledger is None:
+                ledger = work
+            else:
+                ledger.entries = work.entries
         if log is not None:
             cost = ("non-private algorithm" if not private else "unaccounted (nonprivate_ok)"
                     if ledger is None else
@@ -418,6 +422,9 @@ def train(algorithm: FederatedAlgorithm, init_params, dataset: Mapping, client_i
                                          "train() call its own stage")
         ledger.spend(stage, event, populations, note=f"{rounds} rounds", details=details(rounds))
     accounted = private and ledger is not None
+    if accounted and charged != rounds:  # resumed with fewer rounds than charged: report the charge
+        event = privacy_event(dp, sampler, charged)
+        executed = privacy_event(dp, sampler, charged, simulated=False) if executed is not None else None
     if accounted and charged < rounds:  # never, by construction: every round run is charged
         raise PrivacyAccountingError(f"stage {stage!r}: {rounds} rounds but {charged} charged")
     if workdir:
@@ -467,5 +474,7 @@ def train(algorithm: FederatedAlgorithm, init_params, dataset: Mapping, client_i
         if workdir and ((checkpoint_every and (r + 1) % checkpoint_every == 0) or r + 1 == end):
             _commit(ckpt, state, ledger, charged_rounds=charged, accounted=accounted, fingerprint=fp)
     bar.close()
+    if ckpt is not None:
+        ckpt.close()
     return TrainResult(state, ledger, history, evals, start, event if accounted else None,
                        executed if accounted else None, charged)

@@ -145,4 +145,6 @@ def train_central(loss_fn: Callable, params, data: Mapping[str, np.ndarray], *, 
     bar.close()
     if saved_at[0] != steps:
         save(steps)
+    if ckpt is not None:
+        ckpt.close()
     return params, history
