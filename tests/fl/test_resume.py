@@ -416,6 +416,11 @@ def test_kill9_anywhere_resumes_bit_identical_with_one_metrics_row_per_round(tmp
     for k in kills:
         rc, err = _child(script, wd, tmp_path / "x.npz", **k)
         assert rc == -signal.SIGKILL, (k, rc, err[-2000:])
+        if k.get("mode") == "self":  # row 1 was logged, no checkpoint yet
+            assert load_run(str(wd)) is None and len(_rows(wd)) == 1
+        if k.get("mode") == "in-save":  # the half-written commit of round 6 is not a checkpoint
+            assert any("tmp" in n for n in os.listdir(wd / CHECKPOINTS))
+            assert load_run(str(wd)).round == 3
     rc, err = _child(script, wd, tmp_path / "out.npz")
     assert rc == 0, err[-2000:]
     out = np.load(tmp_path / "out.npz")
