@@ -208,13 +208,14 @@ def measure(args) -> dict:
             block(e.run(e.algorithm.init(params, jax.random.key(1)), p, jax.random.key(r))[0].params)
     warmup = time.perf_counter() - t
     ex.real_steps = ex.executed_steps = 0
-    times = {"engine": [], "loop": [], "engine_z0": []}
+    times = {"engine": [], "engine_host_pack": [], "loop": [], "engine_z0": []}
     tokens = 0
     for r, ids in enumerate(cohorts):  # interleaved: engine, loop, engine without noise
         tokens += real_tokens(data, ids)
         rng_seed = [args.seed, r]
         t = time.perf_counter()
         packed = ex.pack(ids, rng=np.random.default_rng(rng_seed))
+        times["engine_host_pack"].append(time.perf_counter() - t)
         s, _ = ex.run(state, packed, jax.random.key(r))
         block(s.params)
         times["engine"].append(time.perf_counter() - t)
@@ -238,6 +239,7 @@ def measure(args) -> dict:
         "executed_over_real_steps": ex.executed_over_real,
         "real_steps_per_round": ex.real_steps / args.rounds,
         "noise_overhead": eng / e0 - 1.0,
+        "host_pack_share": sum(times["engine_host_pack"]) / eng,
         "compile_seconds": {"engine": compile_engine, "loop": compile_loop,
                             "engine_other_shapes_and_z0": warmup},
         "max_abs_param_diff_engine_vs_loop": agree,
@@ -305,7 +307,8 @@ def markdown(out: dict) -> str:
              f"- engine / loop: **{out['engine_over_loop']:.2f}x**; executed / real local steps: "
              f"{out['executed_over_real_steps']:.3f}; engine vs loop max |param diff| "
              f"{out['max_abs_param_diff_engine_vs_loop']:.2e}",
-             f"- DP noise overhead (z=1 vs z=0): {100 * out['noise_overhead']:+.1f}%",
+             f"- DP noise overhead (z=1 vs z=0): {100 * out['noise_overhead']:+.1f}%; host-side "
+             f"packing: {100 * out['host_pack_share']:.1f}% of the engine's round",
              "- compile: " + ", ".join(f"{k} {v:.1f} s" for k, v in out["compile_seconds"].items())]
     if "ceiling_tokens_per_s" in out:
         lines.append(f"- single-model ceiling (batch 256): {out['ceiling_tokens_per_s']:,.0f} tokens/s; "

@@ -113,7 +113,7 @@ def run(cfg, workdir: str, progress: bool = True) -> dict:
         else:
             led = PrivacyLedger.from_dict(after_fred)  # counterfactual copy: FreD spent, no FL yet
         s = lm_fl.run(lm, os.path.join(sub, "fl"), prepared=prepared, init_params=params, ledger=led,
-                      progress=progress, ledger_name=f"DP-FTRL FL-finetune ({name})")
+                      progress=progress, stage=f"DP-FTRL FL-finetune ({name})")
         rows.append({"prefinetune data": name, "fred_nonprivate": nonprivate.get(name),
                      "fred_private": dict(ranking).get(name), "private_rank": private_rank.get(name),
                      "chosen_by_fred": name == chosen,

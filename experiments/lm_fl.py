@@ -113,16 +113,29 @@ def build_algorithm(cfg, num_clients: int, loss_fn, prior_events=()):
     dp = algs.DPConfig(cfg.clip_norm, z, "tree" if cfg.algorithm == "dp_ftrl" else "gaussian",
                        getattr(sampler, "rounds_per_epoch", 1), cfg.noise_cohort_size)
     alg = algs.build_algorithm(loss_fn, client_opt, server_opt, dp, sampler.expected_cohort_size)
-    return alg, sampler, make(z), z
+    return alg, sampler, algs.privacy_event(alg.dp, sampler, cfg.rounds), z  # what the loop charges
+
+
+# config fields that do not identify a run (the loop fingerprints rounds-independent privacy
+# and data fields itself: DP config, sampler, seed, population)
+_NOT_FINGERPRINTED = ("rounds", "eval_every", "eval_batch_size", "max_eval_examples",
+                      "checkpoint_every", "lanes", "progress")
+
+
+def run_fingerprint(cfg) -> dict:
+    """The config fields a resumed run must match, beside the loop's own (rounds excluded)."""
+    d = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(vars(cfg))
+    return {k: v for k, v in d.items() if k not in _NOT_FINGERPRINTED}
 
 
 def run(cfg, workdir: str, *, prepared: Prepared | None = None, init_params=None,
         ledger: PrivacyLedger | None = None, progress: bool = True, log=print,
-        ledger_name: str = "fl-training") -> dict:
+        stage: str = "fl-training") -> dict:
     """Train per ``cfg``; write ``metrics.jsonl``, ``summary.{json,md}``, ``learning_curve.png``.
 
     ``init_params`` (e.g. a publicly pre-trained checkpoint) and ``ledger`` (a pipeline's
     shared budget) are optional; by default the ledger's budget is this run's epsilon.
+    ``stage`` names the run in the ledger and tags its PRNG keys (one per run on the same users).
     """
     t0 = time.time()
     os.makedirs(workdir, exist_ok=True)
@@ -162,8 +175,11 @@ def run(cfg, workdir: str, *, prepared: Prepared | None = None, init_params=None
     result = train(alg, params, prepared.train, ids, sampler, rounds=cfg.rounds, batch_size=cfg.batch_size,
                    seed=cfg.seed, workdir=workdir, max_steps=cfg.max_local_steps, eval_fn=eval_fn,
                    eval_every=cfg.eval_every, checkpoint_every=cfg.checkpoint_every, ledger=ledger,
-                   privacy_event=event, ledger_name=ledger_name, progress=progress, log_fn=log_row,
-                   lanes=cfg.lanes)
+                   stage=stage, fingerprint=run_fingerprint(cfg), progress=progress, log_fn=log_row,
+                   lanes=cfg.lanes, log=log)
+    if result.ledger is not None:  # the cost recorded for this run (more if a resume extended it)
+        mine = next(e for e in result.ledger.report()["entries"] if e["name"] == stage)
+        eps, eps_real = mine["epsilon_alone"], mine.get("epsilon_executed_alone", eps_real)
     final = (result.evals[-1] if result.evals and result.evals[-1]["round"] == cfg.rounds
              else {f"eval_{k}": v for k, v in eval_fn(result.state.params).items()})
     curve = _curve(workdir)

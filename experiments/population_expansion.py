@@ -417,10 +417,10 @@ def run_scheme(scheme: domain.TrainingScheme, prep: Prepared, cfg, seed: int, wo
                        workdir=os.path.join(workdir, f"stage{i}"), max_steps=cfg.max_local_steps,
                        eval_fn=eval_fn, eval_every=cfg.eval_every,
                        checkpoint_every=cfg.checkpoint_every, ledger=ledger,
-                       privacy_event=event, ledger_name=f"{scheme.name}/stage{i}",
-                       populations=stage.population_labels, progress=cfg.progress)
+                       stage=f"{scheme.name}/stage{i}", populations=stage.population_labels,
+                       fingerprint={"config": fp}, progress=cfg.progress, log=log)
         params = result.state.params
-        ledger = result.ledger  # restored from a checkpoint on resume
+        ledger = result.ledger  # on resume: holds the checkpoint's recorded cost (absorbed)
         curve += _stage_curve(os.path.join(workdir, f"stage{i}"), offset)
         offset += rounds
         stages.append({

@@ -42,7 +42,8 @@ def run(cfg, workdir: str, tokenizers=("sentencepiece",), seeds=(0,), progress: 
                     import json
                     s = json.load(open(done))
                 else:
-                    s = lm_fl.run(vcfg, sub, prepared=prepared, progress=progress)
+                    s = lm_fl.run(vcfg, sub, prepared=prepared, progress=progress,  # own noise keys
+                                  stage=f"fl-training ({vcfg.algorithm} eps={vcfg.target_epsilon}{tag})")
                 rows.append({"tokenizer": tok, "seed": seed, "method": name, "server_lr": lr, "epsilon": s["epsilon"],
                              "epsilon_executed_run": s["epsilon_executed_run"],
                              "noise_multiplier": s["noise_multiplier"], "val_accuracy": s["val_accuracy"],

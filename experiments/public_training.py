@@ -36,7 +36,7 @@ from fedpriv.data import load_public_pool
 from fedpriv.dp import accounting
 from fedpriv.dp.ledger import PrivacyLedger
 from fedpriv.fl import algorithms as algs
-from fedpriv.fl.loop import load_checkpoint
+from fedpriv.fl.loop import load_run
 from fedpriv.models.lm import count_params
 from fedpriv.models.metrics import evaluate, most_frequent_token_accuracy
 from fedpriv.public import distill, pipeline, select
@@ -179,7 +179,7 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
                                    "epsilon_executed_run": eps_real}
             private = pipeline.PrivateTraining(
                 alg, sampler, prepared.train, ids, rounds=T, batch_size=cfg.batch_size, seed=seed,
-                privacy_event=event, max_steps=cfg.max_local_steps, eval_fn=eval_fn,
+                max_steps=cfg.max_local_steps, eval_fn=eval_fn,
                 eval_every=cfg.eval_every, checkpoint_every=cfg.checkpoint_every,
                 progress=progress, log_fn=log_row, lanes=cfg.lanes)
             base = os.path.join(workdir, f"seed{seed}", f"eps{eps:g}")
@@ -192,7 +192,7 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
                         summary = json.load(f)
                     log(f"[seed {seed}, eps {eps:g}] {row}: done before, skipped")
                     if "test_suggestion_accuracy" not in summary:  # written by an older version
-                        state, _, _ = load_checkpoint(sub, private.template(init))
+                        state = load_run(sub, private.template(init)).state
                         add_suggestion_metrics(summary, state.params)
                         common.save_json(summary, done)
                 else:

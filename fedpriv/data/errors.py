@@ -20,13 +20,9 @@ __all__ = [
     "TokenizerError",
 ]
 
+from fedpriv.errors import FedprivError  # noqa: E402  (re-exported)
+
 SETUP_HINT = "run `make setup` in the fedpriv checkout (it installs the data packages into .venv)"
-
-
-class FedprivError(Exception):
-    """Base class of the errors fedpriv raises for bad *input* (a user error, not a bug): data
-    files, tokenizer files, configs, parameters. Its message is one line naming the problem.
-    Experiment entry points (``experiments.common.cli``) print it on stderr and exit 2."""
 
 
 class ConfigError(FedprivError, ValueError):

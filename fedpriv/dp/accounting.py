@@ -36,6 +36,8 @@ are added by basic composition. The reported epsilon is the smallest of the vali
 """
 from __future__ import annotations
 
+from fedpriv.errors import FedprivError
+
 import dataclasses
 import math
 from typing import Callable, Iterable
@@ -64,7 +66,7 @@ def check_delta(delta: float) -> float:
 MAX_ROUNDS = 10**6  # far beyond any FL run; PLD composition of 1e9 rounds does not finish
 
 
-class CalibrationError(ValueError):
+class CalibrationError(FedprivError, ValueError):
     """No noise multiplier can be calibrated for the requested (epsilon, delta)."""
 
 

@@ -18,6 +18,8 @@ checkpoint and reported with every result.
 """
 from __future__ import annotations
 
+from fedpriv.errors import FedprivError
+
 import dataclasses
 import json
 import os
@@ -30,7 +32,7 @@ import dp_accounting as dpa
 from fedpriv.dp import accounting
 
 
-class PrivacyBudgetExceeded(RuntimeError):
+class PrivacyBudgetExceeded(FedprivError, RuntimeError):
     """Raised when a step would take the pipeline past its (epsilon, delta) budget."""
 
 
@@ -66,6 +68,12 @@ class LedgerEntry:
     populations: tuple[str, ...]
     note: str = ""
     time: float = 0.0
+    details: dict = dataclasses.field(default_factory=dict)  # JSON-able: what ran (rounds, ...)
+
+    def same_release(self, other: "LedgerEntry") -> bool:
+        """The same step (name, populations, event); time, note and details aside."""
+        return (self.name == other.name and self.populations == other.populations
+                and event_to_json(self.event) == event_to_json(other.event))
 
 
 class PrivacyLedger:
@@ -118,17 +126,68 @@ class PrivacyLedger:
 
     # ------------------------------------------------------------------ updates
     def spend(self, name: str, event: dpa.DpEvent, populations: Iterable[str] = ("users",),
-              note: str = "") -> float:
+              note: str = "", details: dict | None = None) -> float:
         """Record ``event``, or raise ``PrivacyBudgetExceeded`` and record nothing.
 
         Call this *before* the mechanism touches private data. Returns the pipeline's epsilon
-        after the step.
+        after the step. ``details``: JSON-able record of what runs (e.g. rounds, sampler, z).
         """
+        entry = self._entry(name, event, populations, note, details)
+        eps = self._check(self.entries + [entry], name)
+        self.entries.append(entry)
+        return eps
+
+    def entry(self, name: str) -> LedgerEntry | None:
+        """The entry named ``name`` (None if absent; raises if the name is ambiguous)."""
+        found = [e for e in self.entries if e.name == name]
+        if len(found) > 1:
+            raise PrivacyBudgetExceeded(f"the ledger has {len(found)} entries named {name!r}")
+        return found[0] if found else None
+
+    def replace(self, name: str, event: dpa.DpEvent, populations: Iterable[str] = ("users",),
+                note: str = "", details: dict | None = None) -> float:
+        """Replace the entry ``name`` by ``event`` (e.g. a resumed run extended to more rounds:
+        the event of its new total schedule), or raise ``PrivacyBudgetExceeded`` and change
+        nothing. The entry keeps its position. Returns the pipeline's epsilon after the step."""
+        old = self.entry(name)
+        if old is None:
+            raise PrivacyBudgetExceeded(f"the ledger has no entry {name!r} to replace")
+        new = self._entry(name, event, populations, note, details)
+        entries = [new if e is old else e for e in self.entries]
+        eps = self._check(entries, name)
+        self.entries = entries
+        return eps
+
+    def absorb(self, recorded: "PrivacyLedger", exclude: str | None = None) -> float:
+        """Make this ledger hold every entry of ``recorded`` (e.g. the ledger saved in a
+        checkpoint being resumed) followed by its own entries that ``recorded`` lacks; raise
+        ``PrivacyBudgetExceeded`` (changing nothing) if that exceeds this ledger's budget or
+        the two ledgers account differently (delta, neighbouring relation, unit). Own entries
+        named ``exclude`` are dropped: ``recorded`` is authoritative for that step."""
+        for f in ("delta", "neighboring", "unit"):
+            if getattr(self, f) != getattr(recorded, f):
+                raise PrivacyBudgetExceeded(
+                    f"the recorded ledger has {f}={getattr(recorded, f)!r} but this one "
+                    f"{getattr(self, f)!r}: their costs cannot be combined")
+        own = [e for e in self.entries if e.name != exclude
+               and not any(e.same_release(r) for r in recorded.entries)]
+        entries = list(recorded.entries) + own
+        eps = self._check(entries, "recorded ledger")
+        self.entries = entries
+        return eps
+
+    @staticmethod
+    def _entry(name, event, populations, note, details) -> LedgerEntry:
         populations = tuple(populations)
         if not populations:
             raise ValueError("an entry must touch at least one population")
+        return LedgerEntry(name, event, populations, note, time.time(), dict(details or {}))
+
+    def _check(self, entries: list[LedgerEntry], name: str) -> float:
+        pops = sorted({p for e in entries for p in e.populations})
         try:
-            eps = self.epsilon_if_spent(event, populations)
+            eps = max((self._epsilon_of([e for e in entries if p in e.populations])[0] for p in pops),
+                      default=0.0)
         except dpa.UnsupportedEventError as err:
             raise PrivacyBudgetExceeded(
                 f"cannot account for step {name!r} under {self.neighboring} neighbouring: {err}"
@@ -137,7 +196,6 @@ class PrivacyLedger:
             raise PrivacyBudgetExceeded(
                 f"step {name!r} would raise epsilon to {eps:.4g} > budget {self.epsilon:g} "
                 f"(delta={self.delta:g}; already spent {self.spent():.4g}); nothing was run")
-        self.entries.append(LedgerEntry(name, event, populations, note, time.time()))
         return eps
 
     def record_post_processing(self, name: str, populations: Iterable[str] = ("users",),
@@ -150,8 +208,14 @@ class PrivacyLedger:
         rows = []
         for e in self.entries:
             own = self._epsilon_of([e])
-            rows.append({"name": e.name, "populations": list(e.populations), "note": e.note,
-                         "epsilon_alone": own[0], "accountant": own[1]})
+            row = {"name": e.name, "populations": list(e.populations), "note": e.note,
+                   "epsilon_alone": own[0], "accountant": own[1]}
+            if e.details:
+                row["details"] = {k: v for k, v in e.details.items() if k != "executed_event"}
+            if e.details.get("executed_event"):  # a simulated population was charged (see details)
+                row["epsilon_executed_alone"] = self._epsilon_of(
+                    [dataclasses.replace(e, event=event_from_json(e.details["executed_event"]))])[0]
+            rows.append(row)
         return {"budget_epsilon": self.epsilon, "delta": self.delta, "unit": self.unit,
                 "neighboring": self.neighboring, "spent_epsilon": self.spent(),
                 "by_population": self.epsilon_by_population(), "entries": rows}
@@ -160,7 +224,8 @@ class PrivacyLedger:
         return {"epsilon": self.epsilon, "delta": self.delta, "neighboring": self.neighboring,
                 "unit": self.unit, "accountant": self.accountant,
                 "entries": [{"name": e.name, "event": event_to_json(e.event),
-                             "populations": list(e.populations), "note": e.note, "time": e.time}
+                             "populations": list(e.populations), "note": e.note, "time": e.time,
+                             **({"details": e.details} if e.details else {})}
                             for e in self.entries]}
 
     @classmethod
@@ -168,7 +233,8 @@ class PrivacyLedger:
         led = cls(d["epsilon"], d["delta"], d.get("neighboring", "add_remove"),
                   d.get("unit", "user"), d.get("accountant", "best"))
         led.entries = [LedgerEntry(e["name"], event_from_json(e["event"]), tuple(e["populations"]),
-                                   e.get("note", ""), e.get("time", 0.0)) for e in d["entries"]]
+                                   e.get("note", ""), e.get("time", 0.0), dict(e.get("details", {})))
+                       for e in d["entries"]]
         return led
 
     def save(self, path: str) -> None:

@@ -21,8 +21,8 @@ of the same sequence, EOS included.
 
 **(3) Algorithm 1** (`algorithm1`) with its variants, so one function yields every row of Table 2:
 
-    ① DP-FTRL for T' rounds (the engine's `train(..., stop_after=T')`, the whole T-round DP-FTRL
-      event spent in the ledger before round 0);
+    ① DP-FTRL for T' rounds (the engine's `train(..., stop_after=T')`; the engine spends the
+      whole T-round DP-FTRL event in the ledger before round 0);
     ② log p_priv(x) under the round-T' DP checkpoint (`metrics.sequence_logprob`) and
       log p_pub(x) under the teacher, for every public x (with a restricted vocabulary an UNK
       target is a class of teacher tokens: by default p(UNK) is spread uniformly over it, see
@@ -47,7 +47,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import shutil
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -57,7 +56,8 @@ import numpy as np
 
 from fedpriv.data.federated import FederatedDataset
 from fedpriv.dp.ledger import PrivacyLedger
-from fedpriv.fl.loop import CHECKPOINT, META, METRICS, TrainResult, replace_params, train
+from fedpriv.fl.loop import (TrainResult, checkpoint_round, fork_run, load_run, replace_params,
+                             train)
 from fedpriv.models import llama, metrics
 from fedpriv.public import distill, pretrain, select
 
@@ -418,7 +418,9 @@ def public_training(task, params, pool: PublicPool, indices: Sequence[int], *, k
 class PrivateTraining:
     """One DP-FTRL run of ``rounds`` = T rounds, as arguments of the engine's `train`.
 
-    ``privacy_event`` must account for all T rounds: it is spent before round 0, whatever T'.
+    The engine derives and spends the event of all T rounds before round 0, whatever T'.
+    ``stage`` names the run (ledger entry, key tag); ``fingerprint``: extra config fields a
+    resumed run must match.
     """
 
     algorithm: Any
@@ -428,12 +430,12 @@ class PrivateTraining:
     rounds: int
     batch_size: int
     seed: int
-    privacy_event: Any = None
     max_steps: int | None = None
     eval_fn: Callable | None = None
     eval_every: int = 0
     checkpoint_every: int = 0
-    ledger_name: str = "dp-ftrl"
+    stage: str = "dp-ftrl"
+    fingerprint: Mapping | None = None
     progress: bool = True
     log_fn: Callable[[dict], None] | None = None
     lanes: str | int = "auto"
@@ -445,29 +447,18 @@ class PrivateTraining:
                      self.sampler, rounds=self.rounds, batch_size=self.batch_size,
                      seed=self.seed, workdir=workdir, max_steps=self.max_steps,
                      eval_fn=self.eval_fn, eval_every=self.eval_every,
-                     checkpoint_every=self.checkpoint_every, ledger=ledger,
-                     privacy_event=self.privacy_event, ledger_name=self.ledger_name,
-                     progress=self.progress, stop_after=stop_after, log_fn=self.log_fn,
-                     lanes=self.lanes)
+                     checkpoint_every=self.checkpoint_every, ledger=ledger, stage=self.stage,
+                     fingerprint=self.fingerprint, progress=self.progress, stop_after=stop_after,
+                     log_fn=self.log_fn, lanes=self.lanes)
 
     def template(self, init_params):
         """A server state with the structure of this run's checkpoints."""
         return self.algorithm.init(init_params, jax.random.key(self.seed))
 
 
-def checkpoint_round(workdir: str) -> int | None:
-    """The round of `workdir`'s engine checkpoint (None if it has none)."""
-    path = os.path.join(workdir, META)
-    if not os.path.exists(os.path.join(workdir, CHECKPOINT)) or not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return int(json.load(f)["round"])
-
-
 def _ledger_names(workdir: str) -> list[str]:
-    with open(os.path.join(workdir, META)) as f:
-        led = json.load(f).get("ledger") or {}
-    return [e["name"] for e in led.get("entries", [])]
+    run = load_run(workdir)
+    return [e.name for e in run.ledger.entries] if run is not None and run.ledger else []
 
 
 def run_until(private: PrivateTraining, init_params, workdir: str, round_: int,
@@ -485,21 +476,11 @@ def run_until(private: PrivateTraining, init_params, workdir: str, round_: int,
 
 
 def fork_checkpoint(src: str, dst: str) -> None:
-    """Copy an engine run (checkpoint, metadata incl. ledger, metrics) to start a branch.
-
-    A branch continues exactly as the source would (rounds and keys are functions of (seed,
-    round)), so the shared first stage of several Algorithm-1 variants, and of the run without
-    public training, is computed once.
+    """Start `dst` as a branch of the engine run in `src` (`loop.fork_run`: checkpoint incl.
+    ledger, metrics). A branch continues exactly as the source would, so the shared first stage
+    of several Algorithm-1 variants, and of the run without public training, is computed once.
     """
-    if checkpoint_round(src) is None:
-        raise FileNotFoundError(f"no checkpoint in {src!r} to fork")
-    os.makedirs(dst, exist_ok=True)
-    for name in (CHECKPOINT, META, METRICS):
-        if os.path.exists(os.path.join(src, name)):
-            shutil.copy2(os.path.join(src, name), os.path.join(dst, name + ".fork"))
-    for name in (METRICS, META, CHECKPOINT):  # checkpoint last: it marks the fork complete
-        if os.path.exists(os.path.join(dst, name + ".fork")):
-            os.replace(os.path.join(dst, name + ".fork"), os.path.join(dst, name))
+    fork_run(src, dst)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -10,23 +10,28 @@ trained is a DP checkpoint, the result is post-processing (record it in the ledg
 ``train_central(loss_fn, params, data, ...)`` runs ``steps`` minibatch steps over ``data`` (a
 dict of arrays with a shared leading example axis, e.g. ``{'tokens': int32[N, L+1]}`` plus
 ``topk_ids``/``topk_logits`` for distillation), reshuffling every epoch with an explicit seed;
-it is resumable from ``workdir`` (params, optimizer state and step are checkpointed).
+it is resumable from ``workdir``: params, optimizer state, step and history are committed
+atomically with the engine's checkpoint mechanism (``fedpriv.fl.checkpoint``: one orbax commit,
+keep-N, integrity-checked), with a fingerprint (seed, batch size, a digest of the data, the
+caller's ``fingerprint`` fields) that a resumed run must match.
 """
 from __future__ import annotations
 
-import json
+import hashlib
 import os
 import sys
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import serialization
 from tqdm.auto import tqdm
 
-CHECKPOINT = "central.msgpack"
+from fedpriv.fl.checkpoint import (CHECKPOINTS, EXTRA_PREFIX, Checkpointer, CheckpointError,
+                                   check_fingerprint, json_safe)
+
+LEGACY_FILES = ("central.msgpack", "central_history.json")  # the old two-file format
 
 
 def adam_with_clipping(learning_rate: float = 1e-3, clip: float | None = 1.0) -> optax.GradientTransformation:
@@ -43,11 +48,21 @@ def _batch_indices(n: int, batch_size: int, step: int, seed: int) -> np.ndarray:
     return perm[pos * batch_size:(pos + 1) * batch_size]
 
 
+def _data_digest(data: Mapping[str, np.ndarray]) -> str:
+    h = hashlib.sha256()
+    for k in sorted(data):
+        a = np.ascontiguousarray(data[k])
+        h.update(f"{k}{a.dtype.str}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:16]
+
+
 def train_central(loss_fn: Callable, params, data: Mapping[str, np.ndarray], *, steps: int,
                   batch_size: int, seed: int, optimizer: optax.GradientTransformation | None = None,
-                  workdir: str | None = None, checkpoint_every: int = 500,
+                  workdir: str | None = None, checkpoint_every: int = 500, keep_checkpoints: int = 2,
+                  fingerprint: Mapping | None = None, resume_anyway: Sequence[str] = (),
                   eval_fn: Callable | None = None, eval_every: int = 0, progress: bool = True,
-                  desc: str = "public training"):
+                  desc: str = "public training", log: Callable[[str], None] | None = print):
     """Minibatch training of ``loss_fn(params, batch, rng) -> (loss, aux)`` on ``data``.
 
     Args:
@@ -55,6 +70,8 @@ def train_central(loss_fn: Callable, params, data: Mapping[str, np.ndarray], *, 
         ``mask: float32[B]`` = 1 as the engine's loss contract expects.
       steps: number of optimizer steps (resumes from ``workdir`` if it holds a checkpoint).
       optimizer: default ``adam_with_clipping()``.
+      fingerprint: the caller's config fields (e.g. learning rate) a resumed run must match, with
+        seed, batch size and the data's digest; ``resume_anyway`` names fields allowed to differ.
 
     Returns:
       ``(params, history)`` with ``history`` a list of ``{'step', 'loss', ...eval}`` rows.
@@ -70,13 +87,30 @@ def train_central(loss_fn: Callable, params, data: Mapping[str, np.ndarray], *, 
     optimizer = optimizer or adam_with_clipping()
     opt_state = optimizer.init(params)
     start, history = 0, []
-    ckpt = os.path.join(workdir, CHECKPOINT) if workdir else None
-    if ckpt and os.path.exists(ckpt):
-        with open(ckpt, "rb") as f:
-            restored = serialization.from_bytes({"params": params, "opt_state": opt_state, "step": 0}, f.read())
-        params, opt_state, start = restored["params"], restored["opt_state"], int(restored["step"])
-        with open(os.path.join(workdir, "central_history.json")) as f:
-            history = json.load(f)
+    batch_size = int(batch_size)
+    fp = json_safe({"seed": int(seed), "batch_size": batch_size, "data": _data_digest(data),
+                    **{EXTRA_PREFIX + str(k): v for k, v in (fingerprint or {}).items()}})
+    ckpt, loaded_any = None, False
+    if workdir:
+        if not os.path.isdir(os.path.join(workdir, CHECKPOINTS)) and any(
+                os.path.exists(os.path.join(workdir, f)) for f in LEGACY_FILES):
+            raise CheckpointError(f"{workdir} holds a central checkpoint in the old two-file format; "
+                                  "use another workdir")
+        ckpt = Checkpointer(os.path.join(workdir, CHECKPOINTS), keep_checkpoints)
+        template = {"params": params, "opt_state": opt_state, "step": np.zeros((), np.int32)}
+        loaded = ckpt.restore(template)
+        if loaded is not None:
+            state, meta = loaded
+            loaded_any = True
+            check_fingerprint(meta.get("fingerprint", {}), fp, resume_anyway,
+                              f"central checkpoint in {workdir!r}", lambda k: True)
+            start = int(state["step"])
+            if start != meta.get("step") or start > steps:
+                raise CheckpointError(f"central checkpoint in {workdir!r} is at step {start} "
+                                      f"(metadata {meta.get('step')}), steps={steps}")
+            params, opt_state, history = state["params"], state["opt_state"], list(meta["history"])
+            if log is not None:
+                log(f"{desc}: resumed {workdir} at step {start} of {steps}")
 
     @jax.jit
     def step_fn(params, opt_state, batch, rng):
@@ -84,17 +118,13 @@ def train_central(loss_fn: Callable, params, data: Mapping[str, np.ndarray], *, 
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
+    saved_at = [start if loaded_any else None]
+
     def save(step):
-        if not ckpt:
-            return
-        os.makedirs(workdir, exist_ok=True)
-        blob = serialization.to_bytes({"params": params, "opt_state": opt_state, "step": step})
-        with open(ckpt + ".tmp", "wb") as f:
-            f.write(blob)
-        with open(os.path.join(workdir, "central_history.json.tmp"), "w") as f:
-            json.dump(history, f)
-        os.replace(ckpt + ".tmp", ckpt)
-        os.replace(os.path.join(workdir, "central_history.json.tmp"), os.path.join(workdir, "central_history.json"))
+        saved_at[0] = step
+        if ckpt is not None:
+            ckpt.save({"params": params, "opt_state": opt_state, "step": np.asarray(step, np.int32)},
+                      {"step": step, "history": history, "fingerprint": fp})
 
     key = jax.random.key(seed)
     ones = jnp.ones((batch_size,), jnp.float32)
@@ -113,5 +143,8 @@ def train_central(loss_fn: Callable, params, data: Mapping[str, np.ndarray], *, 
         if checkpoint_every and (s + 1) % checkpoint_every == 0:
             save(s + 1)
     bar.close()
-    save(steps)
+    if saved_at[0] != steps:
+        save(steps)
+    if ckpt is not None:
+        ckpt.close()
     return params, history

@@ -14,7 +14,7 @@ import pytest
 from fedpriv.dp.adaptive import AdaptiveClipping
 from fedpriv.dp.ledger import PrivacyBudgetExceeded, PrivacyLedger
 from fedpriv.fl.algorithms import dp_fedavg, dp_ftrl, privacy_event, server_optimizer
-from fedpriv.fl.loop import METRICS, train
+from fedpriv.fl.loop import METRICS, load_run, train
 from fedpriv.fl.samplers import PoissonSampler, ShuffledPassSampler, UniformSampler
 from tests.fl.helpers import init_params, loss_fn, make_dataset
 
@@ -90,7 +90,7 @@ def _setup(rounds_per_epoch=None):
 def test_interrupted_then_resumed_equals_uninterrupted(tmp_path):
     data, ids, s, alg = _setup()
     kw = dict(rounds=14, batch_size=4, seed=9, max_steps=8, checkpoint_every=3, progress=False,
-              eval_fn=lambda p: {"w0": float(p["w"][0])}, eval_every=5)
+              eval_fn=lambda p: {"w0": float(p["w"][0])}, eval_every=5, nonprivate_ok=True)
     full = train(alg, init_params(), data, ids, s, workdir=str(tmp_path / "a"), **kw)
     part = train(alg, init_params(), data, ids, s, workdir=str(tmp_path / "b"), stop_after=8, **kw)
     assert int(part.state.round) == 8
@@ -107,20 +107,18 @@ def test_interrupted_then_resumed_equals_uninterrupted(tmp_path):
 
 def test_loop_spends_ledger_first_and_refuses_over_budget(tmp_path):
     data, ids, s, alg = _setup()
-    ev = privacy_event(alg.dp, s, 14)
     small = PrivacyLedger(0.5, 1e-5)
     called = []
     with pytest.raises(PrivacyBudgetExceeded):
         train(alg, init_params(), data, ids, s, rounds=14, batch_size=4, seed=0, progress=False,
-              ledger=small, privacy_event=ev, workdir=str(tmp_path),
+              ledger=small, workdir=str(tmp_path),
               eval_fn=lambda p: called.append(1) or {})
     assert not called and not os.path.exists(tmp_path / METRICS)
     big = PrivacyLedger(1e6, 1e-5)
     res = train(alg, init_params(), data, ids, s, rounds=3, batch_size=4, seed=0, progress=False,
-                ledger=big, privacy_event=privacy_event(alg.dp, s, 3), workdir=str(tmp_path / "ok"))
+                ledger=big, workdir=str(tmp_path / "ok"))
     assert res.ledger.entries[0].name == "fl-training"
-    meta = json.load(open(tmp_path / "ok" / "checkpoint.json"))
-    assert meta["ledger"]["entries"][0]["name"] == "fl-training"
+    assert load_run(str(tmp_path / "ok")).ledger.entries[0].name == "fl-training"
 
 
 SHARD_SCRIPT = textwrap.dedent("""
@@ -138,7 +136,7 @@ SHARD_SCRIPT = textwrap.dedent("""
                   noise_multiplier=0.5, expected_cohort_size=8, rounds_per_epoch=s.rounds_per_epoch)
     mesh = client_mesh() if sys.argv[1] == "sharded" else None
     res = train(alg, init_params(), data, ids, s, rounds=6, batch_size=4, seed=3, max_steps=8,
-                progress=False, mesh=mesh)
+                progress=False, mesh=mesh, nonprivate_ok=True)
     print(json.dumps({"devices": jax.device_count(),
                       "params": [np.asarray(x).tolist() for x in jax.tree_util.tree_leaves(res.state.params)]}))
 """)

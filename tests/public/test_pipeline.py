@@ -16,8 +16,8 @@ import pytest
 
 from fedpriv.data import load_chitchat, load_public_pool
 from fedpriv.dp.ledger import PrivacyLedger
-from fedpriv.fl.algorithms import dp_ftrl, privacy_event, server_optimizer
-from fedpriv.fl.loop import METRICS, load_checkpoint
+from fedpriv.fl.algorithms import dp_ftrl, server_optimizer
+from fedpriv.fl.loop import METRICS, load_run
 from fedpriv.fl.samplers import ShuffledPassSampler
 from fedpriv.models.lm import LMConfig, make_lm, make_lm_task
 from fedpriv.public import pipeline, pretrain
@@ -125,9 +125,7 @@ def tiny(setup):
                   noise_multiplier=0.5, expected_cohort_size=8,
                   rounds_per_epoch=sampler.rounds_per_epoch)
     private = pipeline.PrivateTraining(alg, sampler, data, data.client_ids, rounds=rounds,
-                                       batch_size=16, seed=1,
-                                       privacy_event=privacy_event(alg.dp, sampler, rounds),
-                                       max_steps=2, progress=False)
+                                       batch_size=16, seed=1, max_steps=2, progress=False)
     return task, private, task.init(jax.random.key(0))
 
 
@@ -175,8 +173,7 @@ def test_algorithm1_ledger_rounds_and_tree_continue(setup, tiny, tmp_path):
                                 progress=False, log=lambda s: None)
     assert int(again.result.state.round) == T and len(again.result.ledger.entries) == 2
     np.testing.assert_array_equal(again.selected, out.selected)
-    state, _, meta = load_checkpoint(wd, private.template(init))
-    assert meta["round"] == T
+    assert load_run(wd, private.template(init)).round == T
 
 
 def test_pretraining_variant_and_validation(setup, tiny, tmp_path):

@@ -7,8 +7,8 @@ import optax
 import pytest
 
 from fedpriv.dp.ledger import PrivacyLedger
-from fedpriv.fl.algorithms import dp_ftrl, privacy_event, server_optimizer
-from fedpriv.fl.loop import METRICS, load_checkpoint, replace_params, train
+from fedpriv.fl.algorithms import dp_ftrl, server_optimizer
+from fedpriv.fl.loop import METRICS, load_run, replace_params, train
 from fedpriv.fl.samplers import ShuffledPassSampler
 from fedpriv.public.pretrain import train_central
 from tests.fl.helpers import init_params, loss_fn, make_dataset
@@ -48,14 +48,14 @@ def test_mid_training_handoff_continues_tree_and_records_post_processing(tmp_pat
     ledger = PrivacyLedger(1e4, 1e-6)
     wd = str(tmp_path / "run")
     kw = dict(rounds=10, batch_size=4, seed=1, max_steps=8, progress=False, workdir=wd)
-    train(alg, init_params(), data, ids, s, stop_after=5, ledger=ledger,
-          privacy_event=privacy_event(alg.dp, s, 10), **kw)
+    train(alg, init_params(), data, ids, s, stop_after=5, ledger=ledger, **kw)
     template = alg.init(init_params(), jax.random.key(0))
-    before, _, _ = load_checkpoint(wd, template)
+    before = load_run(wd, template).state
     replace_params(wd, template, lambda p: jax.tree_util.tree_map(lambda x: x + 1.0, p),
                          ledger_note="public mid-training")
-    after, led, meta = load_checkpoint(wd, template)
-    assert meta["round"] == 5 and int(after.round) == 5
+    run = load_run(wd, template)
+    after, led = run.state, run.ledger
+    assert run.round == 5 and int(after.round) == 5
     assert int(after.noise_state.step) == int(before.noise_state.step)  # the tree continues
     np.testing.assert_allclose(np.asarray(after.params["w"]), np.asarray(before.params["w"]) + 1.0)
     assert [e.name for e in led.entries] == ["fl-training", "public mid-training"]

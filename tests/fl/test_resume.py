@@ -1,0 +1,432 @@
+"""The round loop owns the privacy event, the ledger and resume (issues 10, 14, 16).
+
+Regression tests: the loop derives and charges the event of what runs; a resumed run carries
+its recorded cost, is charged for more rounds or refused, matches its config fingerprint; one
+atomic checkpoint (kill -9 anywhere resumes bit-identically, tampering is refused); exactly one
+metrics row per round after any crashes; stage-tagged keys.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from fedpriv.dp.accounting import compute_epsilon
+from fedpriv.dp.adaptive import AdaptiveClipping
+from fedpriv.dp.ledger import PrivacyBudgetExceeded, PrivacyLedger, event_to_json
+from fedpriv.fl.algorithms import dp_fedavg, dp_ftrl, privacy_event, server_optimizer
+from fedpriv.fl.checkpoint import CHECKPOINTS, Checkpointer, CheckpointError, ResumeMismatch
+from fedpriv.fl.loop import (METRICS, PrivacyAccountingError, fork_run, load_run, read_metrics,
+                             train)
+from fedpriv.fl.samplers import PoissonSampler, ShuffledPassSampler
+from fedpriv.public.pretrain import train_central
+from tests.fl.helpers import init_params, loss_fn, make_dataset
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _ftrl(z=1.0, clip=0.5, n=30, cohort=5, seed=0):
+    s = ShuffledPassSampler(n, cohort, seed=seed)
+    alg = dp_ftrl(loss_fn, optax.sgd(0.05), server_optimizer("sgd", 1.0), clip_norm=clip,
+                  noise_multiplier=z, expected_cohort_size=cohort, rounds_per_epoch=s.rounds_per_epoch)
+    return s, alg
+
+
+@pytest.fixture(scope="module")
+def data():
+    d = make_dataset(num_clients=30, seed=2)
+    return d, list(d)
+
+
+def _kw(wd, **over):
+    kw = dict(batch_size=4, seed=1, max_steps=4, progress=False, workdir=str(wd), log=None)
+    kw.update(over)
+    return kw
+
+
+def _rows(wd):
+    return [json.loads(line) for line in open(os.path.join(wd, METRICS))]
+
+
+def _leaves_equal(a, b):
+    for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+# ------------------------------------------------------------------ the loop derives the event
+def test_train_charges_the_event_of_the_rounds_it_runs(data, tmp_path):
+    d, ids = data
+    s, alg = _ftrl()
+    led = PrivacyLedger(1e6, 1e-6)
+    res = train(alg, init_params(), d, ids, s, rounds=50, ledger=led, **_kw(tmp_path / "a"))
+    entry = led.entry("fl-training")
+    assert event_to_json(entry.event) == event_to_json(privacy_event(alg.dp, s, 50))
+    assert entry.details["rounds"] == 50 and entry.details["noise_multiplier"] == 1.0
+    assert entry.details["sampler"]["type"] == "ShuffledPassSampler"
+    assert res.ledger is led and res.charged_rounds == 50 and int(res.state.round) == 50
+    # a budget that covers 2 rounds refuses a 50-round run before anything runs
+    two = compute_epsilon(privacy_event(alg.dp, s, 2), 1e-6)[0]
+    with pytest.raises(PrivacyBudgetExceeded):
+        train(alg, init_params(), d, ids, s, rounds=50, ledger=PrivacyLedger(two * 1.01, 1e-6),
+              **_kw(tmp_path / "b"))
+    assert not os.path.exists(tmp_path / "b" / METRICS) and load_run(str(tmp_path / "b")) is None
+    # the caller cannot hand the loop an event any more
+    with pytest.raises(TypeError):
+        train(alg, init_params(), d, ids, s, rounds=2, ledger=PrivacyLedger(1e6, 1e-6),
+              privacy_event=privacy_event(alg.dp, s, 2), **_kw(tmp_path / "c"))
+
+
+def test_private_run_without_ledger_refused_unless_explicit(data, tmp_path):
+    d, ids = data
+    s, alg = _ftrl()
+    with pytest.raises(PrivacyAccountingError, match="needs a PrivacyLedger"):
+        train(alg, init_params(), d, ids, s, rounds=2, **_kw(tmp_path / "a"))
+    assert not os.path.exists(tmp_path / "a" / METRICS)
+    res = train(alg, init_params(), d, ids, s, rounds=2, nonprivate_ok=True, **_kw(tmp_path / "b"))
+    assert res.ledger is None and res.event is None
+    # a non-private algorithm cannot be charged to a ledger (its epsilon is infinite)
+    fedavg = dp_fedavg(loss_fn, optax.sgd(0.05), server_optimizer("sgd", 1.0), clip_norm=float("inf"),
+                       noise_multiplier=0.0, expected_cohort_size=5)
+    with pytest.raises(PrivacyAccountingError, match="not private"):
+        train(fedavg, init_params(), d, ids, s, rounds=2, ledger=PrivacyLedger(1.0, 1e-6),
+              **_kw(tmp_path / "c"))
+
+
+def test_simulated_noise_cohort_records_executed_epsilon(data, tmp_path):
+    d, ids = data
+    p = PoissonSampler(30, 5 / 30, seed=0)
+    alg = dp_fedavg(loss_fn, optax.sgd(0.05), server_optimizer("sgd", 1.0), clip_norm=0.5,
+                    noise_multiplier=1.0, expected_cohort_size=5, noise_cohort_size=50)
+    led = PrivacyLedger(1e6, 1e-6)
+    res = train(alg, init_params(), d, ids, p, rounds=4, ledger=led, **_kw(tmp_path))
+    row = led.report()["entries"][0]
+    assert row["details"]["simulated_population"] and row["details"]["noise_cohort_size"] == 50
+    executed = compute_epsilon(privacy_event(alg.dp, p, 4, simulated=False), 1e-6)[0]
+    assert row["epsilon_executed_alone"] == pytest.approx(executed, rel=1e-6)
+    assert row["epsilon_executed_alone"] > row["epsilon_alone"]
+    assert event_to_json(res.executed_event) == event_to_json(privacy_event(alg.dp, p, 4, simulated=False))
+
+
+# ------------------------------------------------------------------ resume carries the cost
+def test_resume_with_more_rounds_charges_the_new_total_or_refuses(data, tmp_path):
+    d, ids = data
+    s, alg = _ftrl(z=1.0)
+    eps = lambda r: compute_epsilon(privacy_event(alg.dp, s, r), 1e-6)[0]  # noqa: E731
+    wd = tmp_path / "run"
+    led = PrivacyLedger(eps(4) * (1 + 1e-6), 1e-6)
+    train(alg, init_params(), d, ids, s, rounds=4, ledger=led, **_kw(wd))
+    assert led.spent() == pytest.approx(eps(4))
+    # the checkpoint's ledger (budget eps(4)) cannot pay for 40 rounds: refused, nothing runs
+    with pytest.raises(PrivacyBudgetExceeded):
+        train(alg, init_params(), d, ids, s, rounds=40, **_kw(wd))
+    assert load_run(str(wd)).round == 4 and len(_rows(wd)) == 4
+    # a ledger with room: the run's entry is replaced by the event of all 40 rounds
+    logs = []
+    big = PrivacyLedger(100.0, 1e-6)
+    res = train(alg, init_params(), d, ids, s, rounds=40, ledger=big, **_kw(wd, log=logs.append))
+    assert res.resumed_from == 4 and int(res.state.round) == 40 and res.charged_rounds == 40
+    assert [e.name for e in big.entries] == ["fl-training"]
+    assert big.spent() == pytest.approx(eps(40)) and eps(40) > 2 * eps(4)
+    assert big.entry("fl-training").details["rounds"] == 40
+    assert "resumed" in logs[0] and "round 4 of 40" in logs[0] and f"{eps(40):.4g}" in logs[0]
+    assert load_run(str(wd)).ledger.spent() == pytest.approx(eps(40))
+    assert [r["round"] for r in _rows(wd)] == list(range(1, 41))
+    # fewer rounds than the checkpoint has run: refused
+    with pytest.raises(CheckpointError, match="round 40 > rounds=10"):
+        train(alg, init_params(), d, ids, s, rounds=10, **_kw(wd))
+
+
+def test_resume_merges_the_recorded_cost_into_the_callers_ledger(data, tmp_path):
+    """A pipeline rerun in the same workdir: the caller's fresh ledger (earlier stage re-spent)
+    ends holding the recorded FL cost too, once (FreD pipeline: 59.97 then 0.87 before)."""
+    d, ids = data
+    s, alg = _ftrl(z=1.0)
+    prior = privacy_event(alg.dp, s, 3)  # stands for an earlier release on the same users
+    first = PrivacyLedger(100.0, 1e-6)
+    first.spend("earlier release", prior)
+    train(alg, init_params(), d, ids, s, rounds=6, ledger=first, stop_after=3, **_kw(tmp_path))
+    again = PrivacyLedger(100.0, 1e-6)
+    again.spend("earlier release", prior)
+    train(alg, init_params(), d, ids, s, rounds=6, ledger=again, **_kw(tmp_path))
+    assert [e.name for e in again.entries] == ["earlier release", "fl-training"]
+    assert again.spent() == pytest.approx(first.spent())
+    # a caller ledger whose budget cannot hold the recorded cost is refused
+    tight = PrivacyLedger(first.spent() * 0.5, 1e-6)
+    with pytest.raises(PrivacyBudgetExceeded):
+        train(alg, init_params(), d, ids, s, rounds=6, ledger=tight, **_kw(tmp_path))
+    assert tight.entries == []
+
+
+def test_checkpoint_without_ledger_refused(data, tmp_path):
+    d, ids = data
+    s, alg = _ftrl()
+    wd = tmp_path / "run"
+    train(alg, init_params(), d, ids, s, rounds=6, stop_after=2, nonprivate_ok=True, **_kw(wd))
+    assert load_run(str(wd)).ledger is None
+    with pytest.raises(PrivacyAccountingError, match="no ledger"):  # budget 0.01, spends 0 before
+        train(alg, init_params(), d, ids, s, rounds=6, ledger=PrivacyLedger(0.01, 1e-6), **_kw(wd))
+    with pytest.raises(PrivacyAccountingError, match="no ledger"):
+        train(alg, init_params(), d, ids, s, rounds=6, **_kw(wd))
+    assert load_run(str(wd)).round == 2
+    res = train(alg, init_params(), d, ids, s, rounds=6, nonprivate_ok=True, **_kw(wd))
+    assert int(res.state.round) == 6
+    # an accounted checkpoint whose ledger is null (written by other code) is refused too
+    wd2 = tmp_path / "run2"
+    train(alg, init_params(), d, ids, s, rounds=6, stop_after=2, ledger=PrivacyLedger(1e6, 1e-6),
+          **_kw(wd2))
+    template = alg.init(init_params(), jax.random.key(0))
+    run = load_run(str(wd2), template)
+    Checkpointer(os.path.join(wd2, CHECKPOINTS)).save(run.state, {**run.meta, "ledger": None})
+    with pytest.raises(PrivacyAccountingError, match="no ledger"):
+        train(alg, init_params(), d, ids, s, rounds=6, nonprivate_ok=True, **_kw(wd2))
+
+
+# ------------------------------------------------------------------ config fingerprint
+def test_resume_with_another_config_refuses_naming_the_field(data, tmp_path):
+    d, ids = data
+    s, alg = _ftrl(z=1.0)
+    wd = tmp_path / "run"
+    led = lambda: PrivacyLedger(1e6, 1e-6)  # noqa: E731
+    train(alg, init_params(), d, ids, s, rounds=6, stop_after=2, ledger=led(),
+          fingerprint={"server_lr": 1.0}, **_kw(wd))
+    _, alg_z = _ftrl(z=0.5)
+    with pytest.raises(ResumeMismatch, match=r"dp\.noise_multiplier: 1\.0 -> 0\.5.*change privacy"):
+        train(alg_z, init_params(), d, ids, s, rounds=6, ledger=led(), fingerprint={"server_lr": 1.0},
+              **_kw(wd))
+    with pytest.raises(ResumeMismatch, match=r"seed: 1 -> 2"):
+        train(alg, init_params(), d, ids, s, rounds=6, ledger=led(), fingerprint={"server_lr": 1.0},
+              **_kw(wd, seed=2))
+    s2, _ = _ftrl(seed=7)
+    with pytest.raises(ResumeMismatch, match=r"sampler\.seed"):
+        train(alg, init_params(), d, ids, s2, rounds=6, ledger=led(), fingerprint={"server_lr": 1.0},
+              **_kw(wd, resume_anyway=["sampler"]))  # privacy fields cannot be overridden
+    with pytest.raises(ResumeMismatch, match=r"stage: 'fl-training' -> 'other'"):
+        train(alg, init_params(), d, ids, s, rounds=6, ledger=led(), stage="other",
+              fingerprint={"server_lr": 1.0}, **_kw(wd))
+    with pytest.raises(ResumeMismatch, match=r"extra\.server_lr: 1\.0 -> 0\.5.*resume_anyway"):
+        train(alg, init_params(), d, ids, s, rounds=6, ledger=led(), fingerprint={"server_lr": 0.5},
+              **_kw(wd))
+    with pytest.raises(ResumeMismatch, match=r"batch_size: 4 -> 8"):
+        train(alg, init_params(), d, ids, s, rounds=6, ledger=led(), fingerprint={"server_lr": 1.0},
+              **_kw(wd, batch_size=8))
+    assert load_run(str(wd)).round == 2
+    # training-only fields may differ when named
+    res = train(alg, init_params(), d, ids, s, rounds=6, ledger=led(), fingerprint={"server_lr": 0.5},
+                **_kw(wd, batch_size=8, resume_anyway=["server_lr", "batch_size"]))
+    assert res.resumed_from == 2 and int(res.state.round) == 6
+
+
+def test_central_training_checkpoint_fingerprint(tmp_path):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 5)).astype(np.float32)
+    data = {"x": x, "y": x.sum(1).astype(np.float32)}
+    kw = dict(batch_size=8, optimizer=optax.adam(0.1), workdir=str(tmp_path), progress=False, log=None)
+    train_central(loss_fn, init_params(), data, steps=5, seed=0, **kw)
+    with pytest.raises(ResumeMismatch, match="seed: 0 -> 1"):
+        train_central(loss_fn, init_params(), data, steps=10, seed=1, **kw)
+    with pytest.raises(ResumeMismatch, match="data"):
+        train_central(loss_fn, init_params(), {**data, "y": data["y"] + 1}, steps=10, seed=0, **kw)
+    _, hist = train_central(loss_fn, init_params(), data, steps=10, seed=0, **kw)
+    assert [h["step"] for h in hist] == list(range(1, 11))
+
+
+# ------------------------------------------------------------------ one atomic checkpoint
+def test_tampered_or_legacy_checkpoint_refused(data, tmp_path):
+    d, ids = data
+    s, alg = _ftrl()
+    wd = tmp_path / "run"
+    kw = _kw(wd, checkpoint_every=2, nonprivate_ok=True)
+    train(alg, init_params(), d, ids, s, rounds=8, stop_after=4, **kw)
+    ck = os.path.join(wd, CHECKPOINTS)
+    latest = max(int(n) for n in os.listdir(ck) if n.isdigit())
+    meta_path = os.path.join(ck, str(latest), "meta", "metadata")
+    meta = json.load(open(meta_path))
+    assert meta["round"] == 4
+    meta["round"] = 2  # the issue's "crash between the two files", simulated by an edit
+    json.dump(meta, open(meta_path, "w"))
+    with pytest.raises(CheckpointError, match="integrity"):
+        train(alg, init_params(), d, ids, s, rounds=8, **kw)
+    # state of one commit with the metadata of another
+    meta["round"] = 4
+    json.dump(meta, open(meta_path, "w"))
+    older = os.path.join(ck, str(latest - 1), "state")
+    os.rename(os.path.join(ck, str(latest), "state"), str(tmp_path / "state"))
+    os.rename(older, os.path.join(ck, str(latest), "state"))
+    with pytest.raises(CheckpointError):
+        train(alg, init_params(), d, ids, s, rounds=8, **kw)
+    # the old two-file format is not resumed
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / "checkpoint.msgpack").write_bytes(b"\x80")
+    (legacy / "checkpoint.json").write_text('{"round": 2, "ledger": null}')
+    with pytest.raises(CheckpointError, match="old two-file format"):
+        train(alg, init_params(), d, ids, s, rounds=8, **_kw(legacy, nonprivate_ok=True))
+
+
+def test_metrics_one_row_per_round_after_crash_before_checkpoint_and_torn_line(data, tmp_path):
+    d, ids = data
+    s, alg = _ftrl()
+    kw = _kw(tmp_path, checkpoint_every=3, nonprivate_ok=True)
+
+    def crash_at(r):
+        def fn(p):
+            if crash[0] == r:
+                raise KeyboardInterrupt("crash")
+            crash[0] += 1
+            return {"w0": float(p["w"][0])}
+        return fn
+
+    crash = [1]
+    with pytest.raises(KeyboardInterrupt):  # crash at round 2, before the first checkpoint
+        train(alg, init_params(), d, ids, s, rounds=7, eval_fn=crash_at(2), eval_every=1, **kw)
+    assert [r["round"] for r in _rows(tmp_path)] == [1] and load_run(str(tmp_path)) is None
+    crash = [1]
+    with pytest.raises(KeyboardInterrupt):  # crash at round 5, after the checkpoint of round 3
+        train(alg, init_params(), d, ids, s, rounds=7, eval_fn=crash_at(5), eval_every=1, **kw)
+    assert [r["round"] for r in _rows(tmp_path)] == [1, 2, 3, 4]
+    with open(tmp_path / METRICS, "a") as f:  # a torn last line (killed mid-write)
+        f.write('{"round": 5, "train_lo')
+    assert [r["round"] for r in read_metrics(str(tmp_path))] == [1, 2, 3, 4]
+    crash = [1]
+    train(alg, init_params(), d, ids, s, rounds=7, eval_fn=crash_at(-1), eval_every=1, **kw)
+    assert [r["round"] for r in _rows(tmp_path)] == list(range(1, 8))
+    ref = train(alg, init_params(), d, ids, s, rounds=7, eval_fn=lambda p: {"w0": float(p["w"][0])},
+                eval_every=1, **_kw(tmp_path / "ref", nonprivate_ok=True))
+    assert _rows(tmp_path) == _rows(tmp_path / "ref") and len(ref.history) == 7
+
+
+def test_fork_and_pipeline_api(data, tmp_path):
+    d, ids = data
+    s, alg = _ftrl()
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    train(alg, init_params(), d, ids, s, rounds=6, stop_after=3, ledger=PrivacyLedger(1e6, 1e-6),
+          **_kw(src))
+    fork_run(str(src), str(dst))
+    a = train(alg, init_params(), d, ids, s, rounds=6, **_kw(src))
+    b = train(alg, init_params(), d, ids, s, rounds=6, **_kw(dst))
+    _leaves_equal(a.state.params, b.state.params)
+    assert b.resumed_from == 3 and _rows(src) == _rows(dst)
+    with pytest.raises(CheckpointError, match="already holds"):
+        fork_run(str(src), str(dst))
+    # nothing outside fedpriv/fl touches checkpoint files or orbax
+    for dirpath, _, files in os.walk(os.path.join(ROOT, "fedpriv")):
+        if os.path.join("fedpriv", "fl") in dirpath:
+            continue
+        for f in files:
+            if f.endswith(".py"):
+                src_text = open(os.path.join(dirpath, f)).read()
+                assert "import orbax" not in src_text and "checkpoint.msgpack" not in src_text, f
+
+
+# ------------------------------------------------------------------ keys carry their purpose
+def test_stage_tag_gives_independent_noise_and_same_stage_reproduces(tmp_path):
+    dim = 64
+    d = make_dataset(num_clients=20, dim=dim, seed=0)
+    ids = list(d)
+    s = ShuffledPassSampler(20, 5, seed=0)
+    # tiny clip, large noise: the update is essentially the noise
+    alg = dp_fedavg(loss_fn, optax.sgd(0.05), server_optimizer("sgd", 1.0), clip_norm=1e-6,
+                    noise_multiplier=1.0, expected_cohort_size=5)
+    kw = dict(rounds=1, batch_size=4, seed=0, progress=False, nonprivate_ok=True, log=None)
+    w = {t: np.asarray(train(alg, init_params(dim), d, ids, s, stage=t, **kw).state.params["w"])
+         for t in ("row-a", "row-b")}
+    again = np.asarray(train(alg, init_params(dim), d, ids, s, stage="row-a", **kw).state.params["w"])
+    np.testing.assert_array_equal(w["row-a"], again)
+    corr = np.corrcoef(w["row-a"], w["row-b"])[0, 1]
+    assert abs(corr) < 0.5, corr  # independent draws (same key: corr = 1)
+    assert not np.allclose(w["row-a"], w["row-b"])
+
+
+# ------------------------------------------------------------------ kill -9
+KILL_SCRIPT = textwrap.dedent("""
+    import os, sys, json, signal, time
+    sys.path.insert(0, os.environ["FEDPRIV_ROOT"])
+    import numpy as np, optax
+    from fedpriv.dp.adaptive import AdaptiveClipping
+    from fedpriv.dp.ledger import PrivacyLedger
+    from fedpriv.fl.algorithms import dp_ftrl, server_optimizer
+    from fedpriv.fl.loop import train
+    from fedpriv.fl.samplers import ShuffledPassSampler
+    from tests.fl.helpers import init_params, loss_fn, make_dataset
+    wd, out, mode, at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    data = make_dataset(num_clients=30, seed=4); ids = list(data)
+    s = ShuffledPassSampler(30, 5, seed=3)
+    alg = dp_ftrl(loss_fn, optax.sgd(0.05), server_optimizer("sgdm", 0.5), clip_norm=0.5,
+                  noise_multiplier=0.8, expected_cohort_size=5, rounds_per_epoch=s.rounds_per_epoch,
+                  adaptive=AdaptiveClipping(initial_clip=0.5, count_stddev=0.5))
+    if mode == "in-save":  # die inside the commit of round `at`: state item written, meta not
+        import orbax.checkpoint as ocp
+        H = ocp.handlers.JsonCheckpointHandler
+        orig = H.async_save
+        async def async_save(self, directory, *a, **k):
+            args = k.get("args") or (a[0] if a else None)
+            if getattr(args, "item", {}).get("round") == at:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return await orig(self, directory, *a, **k)
+        H.async_save = async_save
+    def log_fn(row):
+        if mode == "self" and row["round"] == at:  # die after the round, before its metrics row
+            os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "torn" and row["round"] == at:  # die mid-way through writing a metrics line
+            with open(os.path.join(wd, "metrics.jsonl"), "a") as f:
+                f.write(json.dumps(row)[:17])
+            os.kill(os.getpid(), signal.SIGKILL)
+        print("R", row["round"], flush=True)
+        time.sleep(float(os.environ.get("FEDPRIV_TEST_SLOW", "0")))  # lets an external kill land
+    res = train(alg, init_params(), data, ids, s, rounds=12, batch_size=4, seed=5, max_steps=6,
+                workdir=wd, checkpoint_every=3, ledger=PrivacyLedger(1e4, 1e-6), progress=False,
+                log_fn=log_fn, eval_fn=lambda p: {"w0": float(p["w"][0])}, eval_every=4, log=None)
+    np.savez(out, **{k: np.asarray(v) for k, v in res.state.params.items()},
+             spent=res.ledger.spent(), entries=len(res.ledger.entries))
+    print("DONE", flush=True)
+""")
+
+
+def _child(script, wd, out, mode="none", at=0, kill_after_round=None):
+    env = dict(os.environ, FEDPRIV_ROOT=ROOT, JAX_PLATFORMS="cpu",
+               FEDPRIV_TEST_SLOW="0.3" if kill_after_round is not None else "0")
+    p = subprocess.Popen([sys.executable, str(script), str(wd), str(out), mode, str(at)], cwd=ROOT,
+                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in p.stdout:
+        if kill_after_round is not None and line.split() == ["R", str(kill_after_round)]:
+            p.send_signal(signal.SIGKILL)  # an external kill -9, wherever the child is by now
+            break
+    p.wait(timeout=300)
+    return p.returncode, p.stderr.read()
+
+
+def test_kill9_anywhere_resumes_bit_identical_with_one_metrics_row_per_round(tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(KILL_SCRIPT)
+    rc, err = _child(script, tmp_path / "ref", tmp_path / "ref.npz")
+    assert rc == 0, err[-2000:]
+    ref = np.load(tmp_path / "ref.npz")
+    wd = tmp_path / "run"
+    rng = np.random.default_rng()
+    kills = [dict(mode="self", at=2),                       # before the first checkpoint (round 3)
+             dict(mode="in-save", at=6),                    # inside a commit
+             dict(mode="torn", at=int(rng.integers(7, 9))),  # a half-written metrics line
+             dict(kill_after_round=int(rng.integers(9, 12)))]
+    for k in kills:
+        rc, err = _child(script, wd, tmp_path / "x.npz", **k)
+        assert rc == -signal.SIGKILL, (k, rc, err[-2000:])
+        if k.get("mode") == "self":  # row 1 was logged, no checkpoint yet
+            assert load_run(str(wd)) is None and len(_rows(wd)) == 1
+        if k.get("mode") == "in-save":  # the half-written commit of round 6 is not a checkpoint
+            assert any("tmp" in n for n in os.listdir(wd / CHECKPOINTS))
+            assert load_run(str(wd)).round == 3
+    rc, err = _child(script, wd, tmp_path / "out.npz")
+    assert rc == 0, err[-2000:]
+    out = np.load(tmp_path / "out.npz")
+    for k in ("w", "b"):
+        np.testing.assert_array_equal(out[k], ref[k])
+    assert float(out["spent"]) == float(ref["spent"]) and int(out["entries"]) == 1
+    rows = _rows(wd)
+    assert [r["round"] for r in rows] == list(range(1, 13))
+    assert rows == _rows(tmp_path / "ref")
