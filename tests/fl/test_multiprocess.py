@@ -21,6 +21,7 @@ SCRIPT = textwrap.dedent("""
         jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=n,
                                    process_id=pid)
     import numpy as np, optax
+    from fedpriv.dp.ledger import PrivacyLedger
     from fedpriv.fl.aggregate import client_mesh
     from fedpriv.fl.algorithms import dp_ftrl, server_optimizer
     from fedpriv.fl.cohort import pack_cohort
@@ -33,7 +34,7 @@ SCRIPT = textwrap.dedent("""
                   noise_multiplier=0.5, expected_cohort_size=8, rounds_per_epoch=s.rounds_per_epoch)
     mesh = client_mesh() if n > 1 else None
     res = train(alg, init_params(), data, ids, s, rounds=6, batch_size=4, seed=3, max_steps=8,
-                progress=False, mesh=mesh)
+                progress=False, mesh=mesh, ledger=PrivacyLedger(1e3, 1e-5))
     local = pack_cohort(data, [ids[i] for i in s.sample(0)], 4, lanes=4, max_steps=8,
                         lane_subset=range(2 * pid, 2 * pid + 2) if n > 1 else None)
     leaves = [np.asarray(x.addressable_data(0)).tolist() for x in jax.tree_util.tree_leaves(res.state.params)]
