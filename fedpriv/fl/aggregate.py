@@ -115,7 +115,9 @@ def _lane_sum(local_step, starting_point, params, lane: Lanes, rng, clip_norm, w
               weight_cap, capacity, aux_template, opt0):
     """One lane (arrays without the lane axis): ``(sum, aux, stats, norms[capacity])``.
 
-    ``starting_point(slot) -> (params, opt_state)``: where a client's first lane step starts.
+    ``starting_point``: None (every client starts from ``params``: the lane resets at each
+    client's last step, inside the ``cond`` that finishes it) or ``slot -> (params,
+    opt_state)`` (batched first steps: selected at each client's first lane step).
     """
     tmap = jax.tree_util.tree_map
     acc0 = tmap(lambda x: jnp.zeros(x.shape, jnp.float32), params)
@@ -126,18 +128,22 @@ def _lane_sum(local_step, starting_point, params, lane: Lanes, rng, clip_norm, w
     def body(t, carry):
         p, s, acc, aux, stats, norms = carry
         slot = lane.slot[t]
-        p, s = jax.lax.cond(lane.start[t], lambda _: starting_point(slot), lambda ps: ps, (p, s))
+        if starting_point is not None:
+            p0, s0 = starting_point(slot)
+            p, s = tmap(lambda a, b: jnp.where(lane.start[t], a, b), (p0, s0), (p, s))
         batch = {k: v[lane.src[t]] for k, v in lane.data.items()}
         key = jax.random.fold_in(jax.random.fold_in(rng, slot), lane.step[t])
         p, s, step_aux = local_step(p, s, batch, key)
         aux = tmap(jnp.add, aux, step_aux)
 
         def finish(c):
-            acc, stats, norms = c
+            p, s, acc, stats, norms = c
             contrib, st, norm = _finish_client(params, p, lane.num_examples[t], clip_norm, weighting, weight_cap)
-            return (tmap(jnp.add, acc, contrib), tmap(jnp.add, stats, st), norms.at[slot].set(norm))
+            if starting_point is None:
+                p, s = params, opt0
+            return (p, s, tmap(jnp.add, acc, contrib), tmap(jnp.add, stats, st), norms.at[slot].set(norm))
 
-        acc, stats, norms = jax.lax.cond(lane.last[t], finish, lambda c: c, (acc, stats, norms))
+        p, s, acc, stats, norms = jax.lax.cond(lane.last[t], finish, lambda c: c, (p, s, acc, stats, norms))
         return p, s, acc, aux, stats, norms
 
     carry = (params, opt0, acc0, aux0, stats0, norms0)
@@ -181,10 +187,8 @@ def packed_sum(local_step, opt_init, params, lanes: Lanes, capacity: int, rng, c
     batch0 = {k: v[0] for k, v in lane0.data.items()}
     aux_template = jax.eval_shape(lambda: local_step(params, opt0, batch0, rng)[2])
     extra = None
-    if first is None:
-        def starting_point(slot):
-            return params, opt0
-    else:
+    starting_point = None
+    if first is not None:
         K = first.single.shape[0]
         c = _divisor_at_most(K, first_chunk)
 
