@@ -78,6 +78,7 @@ import optax
 from scipy import stats as sstats
 
 from fedpriv.dp import accounting
+from fedpriv.dp.keys import tagged_key
 from fedpriv.fl import algorithms
 from fedpriv.fl import samplers as samplers_lib
 from fedpriv.fl.cohort import build_cohort
@@ -288,7 +289,7 @@ def run_engine(s: AuditSettings, brk: str = "none"):
                          f"got {sampler.rounds_per_epoch}")
     claimed, algo, hook = _build(s, brk, sampler)
     data = CanaryPopulation(s)
-    key = jax.random.key(s.seed)
+    key = tagged_key(s.seed, "audit", s.mechanism, "engine")
     k_init, k_rounds = jax.random.split(key)
     params = {"w": jnp.zeros((s.dim,), jnp.float32)}
     state = algo.init(params, k_init)
