@@ -168,11 +168,12 @@ class AuditSettings:
 
 # Settings at which every break is detected (see BUILD.md and tests/test_audit.py).
 # DP-FedAvg: 2,000 clients (1,000 canaries), Poisson q = 0.05 (~100 per round), 100 rounds, z = 0.8.
-# DP-FTRL: 2,048 clients (1,000 canaries), cohorts of 64, so one epoch = one tree of 32 rounds.
+# DP-FTRL: 4,096 clients (2,000 canaries, 4,000 held out), cohorts of 128, so one epoch = one
+# tree of 32 rounds (more canaries than DP-FedAvg: its margin below the accountant is smaller).
 PRESETS = {
     "dp-fedavg": dict(mechanism="dp-fedavg", noise_multiplier=0.8, rounds=100, sampling_rate=0.05),
-    "dp-ftrl": dict(mechanism="dp-ftrl", noise_multiplier=2.0, rounds=32, cohort_size=64,
-                    num_real=1048),
+    "dp-ftrl": dict(mechanism="dp-ftrl", noise_multiplier=2.0, rounds=32, cohort_size=128,
+                    num_real=2096, num_canaries=2000, num_heldout=4000),
 }
 DEFAULT_BREAKS = {
     "dp-fedavg": ("none", "half-noise", "no-clip", "reused-key"),
@@ -505,7 +506,7 @@ def report_markdown(rows: list[dict], command: str) -> str:
         markdown_table(rows),
         "",
         "Statistics: final = cosine of the final model delta with the canary (the paper's final-model "
-        "estimate); iterates = d·||projection of the canary on the span of the per-round updates||² "
+        "estimate); iterates = (d·||projection of the canary on the span of the per-round updates||² / T)^(1/3) "
         "(all iterates, participation unknown); known = GLS score with the canary's participation "
         "known (all iterates; shuffled-pass samplers only).",
         "",

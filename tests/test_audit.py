@@ -129,7 +129,7 @@ def test_cli_json_and_workdir(tmp_path, capsys):
     (["--noise-multiplier", "0"], "noise multiplier must be"),
     (["--canary-norm", "1"], "canary norm must be > 1"),
     (["--mechanism", "dp-ftrl", "--sampling-rate", "0.1"], "--sampling-rate applies to dp-fedavg"),
-    (["--mechanism", "dp-ftrl", "--cohort-size", "9999"], "needs a cohort size in [1, population=2048]"),
+    (["--mechanism", "dp-ftrl", "--cohort-size", "9999"], "needs a cohort size in [1, population=4096]"),
     (["--rounds", "ten"], "invalid int value: 'ten'"),
 ])
 def test_cli_bad_arguments_exit_2_with_one_line(args, message, capsys):
