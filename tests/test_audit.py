@@ -80,6 +80,8 @@ def test_correct_mechanism_stays_below_the_accountant(mech):
     row = audit.run_audit(_preset(mech), "none")
     assert row["accountant_epsilon"] > 1.0
     assert 0.0 < row["empirical_epsilon"] < row["accountant_epsilon"], row["empirical_by_statistic"]
+    lo, hi = row["empirical_interval_90"]
+    assert 0.0 <= lo < hi
     assert row["verdict"].startswith("consistent")
     # the canaries did take part (DP-FTRL: every client once per epoch)
     assert row["canary_participations_mean"] == pytest.approx(
@@ -96,6 +98,7 @@ def test_broken_mechanism_exceeds_the_accountant(mech, brk):
     row = audit.run_audit(_preset(mech), brk)
     assert row["label"].startswith("BROKEN")
     assert row["empirical_epsilon"] > CLEARLY * row["accountant_epsilon"], row["empirical_by_statistic"]
+    assert row["empirical_interval_90"][0] > row["accountant_epsilon"]  # not a finite-sample fluke
     assert row["verdict"].startswith("DETECTED")
 
 
@@ -117,6 +120,7 @@ def test_cli_json_and_workdir(tmp_path, capsys):
     assert saved["rows"][0]["accountant_epsilon"] == out["rows"][0]["accountant_epsilon"]
     md = (work / "audit.md").read_text()
     assert "| mechanism | variant | accountant ε |" in md and "BROKEN: same noise key every round" in md
+    assert "90% bootstrap" in md
     assert "python -m fedpriv audit --mechanism dp-ftrl" in md
 
 
