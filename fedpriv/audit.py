@@ -43,7 +43,9 @@ exactly: ``delta(eps) = P(L > eps) - e^eps Q(L > eps)`` with the quadratic log-l
 ratio ``L``). The reported lower bound is the largest of the statistics' estimates. A 90%
 percentile bootstrap over canaries and held-out directions gives its finite-sample spread; the
 verdict calls a run above the accountant *significant* only when the interval's lower end is
-above the accountant's epsilon (a point estimate alone above it is reported as not significant).
+above the accountant's epsilon (a point estimate alone above it is reported as not significant),
+and *inconclusive* when the audit's resolution (the same estimate between two disjoint sets of
+held-out directions) is not below the accountant's epsilon.
 
 What the number is: an *estimate* of a lower bound on the epsilon of the run, valid under the
 one-shot method's assumptions (the statistics are close to Gaussian; canaries are
@@ -144,8 +146,8 @@ class AuditSettings:
             raise AuditError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {self.mechanism!r}")
         if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier > 0):
             raise AuditError(f"noise multiplier must be a finite number > 0, got {self.noise_multiplier}")
-        for name, lo in (("rounds", 1), ("dim", 16), ("num_real", 1), ("num_canaries", 10),
-                         ("num_heldout", 10)):
+        for name, lo in (("rounds", 1), ("dim", 16), ("num_real", 1), ("num_canaries", 100),
+                         ("num_heldout", 200)):
             v = getattr(self, name)
             if int(v) != v or v < lo:
                 raise AuditError(f"{name} must be an integer >= {lo}, got {v}")
@@ -438,6 +440,19 @@ def estimate_epsilon(inserted: np.ndarray, heldout: np.ndarray, delta: float) ->
             "mean_in": mu1, "std_in": s1, "mean_out": mu0, "std_out": s0}
 
 
+def null_epsilon(stats: dict, delta: float, seed: int) -> float:
+    """The audit's resolution: the same estimate (largest over the statistics) between two
+    disjoint sets of *held-out* directions, the first as large as the inserted sample. Nothing
+    separates them, so any epsilon it finds is finite-sample error of the Gaussian fits."""
+    rng = np.random.default_rng([int(seed), 7_005])
+    best = 0.0
+    for ins, out in stats.values():
+        perm = rng.permutation(len(out))
+        n = min(len(ins), len(out) // 2)
+        best = max(best, estimate_epsilon(out[perm[:n]], out[perm[n:]], delta)["epsilon"])
+    return best
+
+
 def bootstrap_interval(stats: dict, delta: float, seed: int, resamples: int = 200,
                        level: float = 0.90) -> tuple[float, float]:
     """``level`` percentile-bootstrap interval of the reported estimate (the largest over the
@@ -471,9 +486,13 @@ def run_audit(s: AuditSettings, brk: str = "none") -> dict:
     est = {name: estimate_epsilon(ins, out, s.delta) for name, (ins, out) in stats.items()}
     eps_emp = max(e["epsilon"] for e in est.values())
     ci_low, ci_high = bootstrap_interval(stats, s.delta, s.seed)
-    above, significant = eps_emp > eps_acc, ci_low > eps_acc
+    eps_null = null_epsilon(stats, s.delta, s.seed)
+    above, significant = eps_emp > eps_acc, ci_low > eps_acc and eps_null < eps_acc
     if not above:
         verdict = "consistent (below accountant)" if brk == "none" else "not detected"
+    elif eps_null >= eps_acc:
+        verdict = (f"inconclusive (the audit's resolution, null estimate {eps_null:.2f}, "
+                   f"is not below the accountant's epsilon)")
     elif not significant:
         verdict = "above accountant, not significant (bootstrap 5% bound below it)"
     else:
@@ -485,7 +504,7 @@ def run_audit(s: AuditSettings, brk: str = "none") -> dict:
         "accountant_epsilon": eps_acc, "accountant": acc_name,
         "empirical_epsilon": eps_emp,
         "empirical_by_statistic": {k: v["epsilon"] for k, v in est.items()},
-        "empirical_interval_90": [ci_low, ci_high],
+        "empirical_interval_90": [ci_low, ci_high], "null_epsilon": eps_null,
         "fits": est, "verdict": verdict, "exceeds_accountant": above,
         "exceeds_significantly": significant,
         "delta": s.delta, "noise_multiplier_claimed": s.noise_multiplier, "rounds": s.rounds,
@@ -502,15 +521,15 @@ def _fmt(x: float) -> str:
 
 def markdown_table(rows: list[dict]) -> str:
     lines = ["| mechanism | variant | accountant ε | empirical ε lower bound (estimate) | "
-             "90% bootstrap | final / iterates / known | verdict |",
-             "|---|---|---|---|---|---|---|"]
+             "90% bootstrap | null ε | final / iterates / known | verdict |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         by = r["empirical_by_statistic"]
         parts = " / ".join(_fmt(by[k]) if k in by else "–" for k in ("final", "iterates", "known"))
         lo, hi = r["empirical_interval_90"]
         lines.append(f"| {r['mechanism']} | {r['label']} | {r['accountant_epsilon']:.2f} "
                      f"({r['accountant']}) | {_fmt(r['empirical_epsilon'])} | {_fmt(lo)}–{_fmt(hi)} "
-                     f"| {parts} | {r['verdict']} |")
+                     f"| {_fmt(r['null_epsilon'])} | {parts} | {r['verdict']} |")
     return "\n".join(lines)
 
 
@@ -534,7 +553,9 @@ def report_markdown(rows: list[dict], command: str) -> str:
         "(all iterates, participation unknown); known = GLS score with the canary's participation "
         "known (all iterates; shuffled-pass samplers only). The interval resamples canaries and "
         "held-out directions (finite-sample error only); a break counts as DETECTED when even its "
-        "lower end exceeds the accountant's epsilon.",
+        "lower end exceeds the accountant's epsilon. null ε = the same estimate between two sets of "
+        "held-out directions (the audit's resolution; nothing below it can be told apart from "
+        "finite-sample error).",
         "",
         "Settings:",
         "",

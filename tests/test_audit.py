@@ -42,7 +42,7 @@ def test_gaussian_pair_epsilon_matches_the_gaussian_mechanism(mu):
 
 
 def test_canaries_are_clipped_to_exactly_c_and_real_clients_are_random():
-    s = _preset("dp-ftrl", dim=512, num_real=40, num_canaries=20, num_heldout=20, cohort_size=4)
+    s = _preset("dp-ftrl", dim=512, num_real=40, num_canaries=100, num_heldout=200, cohort_size=4)
     pop = audit.CanaryPopulation(s)
     canary = np.stack([pop[i]["x"][0] for i in range(s.num_real, s.population)])
     np.testing.assert_allclose(np.linalg.norm(canary, axis=1), s.canary_norm * s.clip_norm, rtol=1e-5)
@@ -52,7 +52,7 @@ def test_canaries_are_clipped_to_exactly_c_and_real_clients_are_random():
     np.testing.assert_array_equal(audit.directions(0, 2, 300, 305, 512), audit.directions(0, 2, 0, 310, 512)[300:305])
     u = canary / np.linalg.norm(canary, axis=1, keepdims=True)
     off = u @ u.T - np.eye(len(u))
-    assert np.abs(off).max() < 6 / math.sqrt(s.dim)
+    assert np.abs(off).max() < 6 / math.sqrt(s.dim)  # ~max of 5,000 N(0, 1/d)
 
 
 def test_broken_variants_are_accounted_as_the_claimed_configuration():
@@ -104,7 +104,7 @@ def test_broken_mechanism_exceeds_the_accountant(mech, brk):
 
 # ----------------------------------------------------------------------------- command line
 _SMALL = ["--mechanism", "dp-ftrl", "--rounds", "8", "--dim", "2048", "--clients", "56",
-          "--canaries", "200", "--heldout", "200", "--cohort-size", "32"]
+          "--canaries", "200", "--heldout", "400", "--cohort-size", "32"]
 
 
 def test_cli_json_and_workdir(tmp_path, capsys):
@@ -151,3 +151,25 @@ def test_python_m_fedpriv_dispatches_audit():
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stderr.startswith("error: unknown variant 'nope'"), p.stderr
     assert p.stderr.count("\n") == 1
+
+
+def test_too_little_signal_is_inconclusive_not_a_violation(capsys):
+    """A tiny accountant epsilon (q = 0.001, 2 rounds) is below what 100 canaries can resolve:
+    the audit must say so instead of calling its finite-sample noise a violation."""
+    from fedpriv.audit import main
+    assert main(["--mechanism", "dp-fedavg", "--rounds", "2", "--sampling-rate", "0.001",
+                 "--variants", "none", "--dim", "2048", "--clients", "5", "--canaries", "100",
+                 "--heldout", "200", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)["rows"][0]
+    assert row["accountant_epsilon"] < 0.1
+    assert row["null_epsilon"] >= row["accountant_epsilon"]
+    assert not row["exceeds_significantly"]
+    assert row["verdict"].startswith(("consistent", "inconclusive"))
+
+
+def test_null_epsilon_shrinks_with_more_directions():
+    rng = np.random.default_rng(0)
+    small = {"s": (rng.normal(size=100), rng.normal(size=200))}
+    large = {"s": (rng.normal(size=4000), rng.normal(size=8000))}
+    assert audit.null_epsilon(large, 1e-5, 0) < audit.null_epsilon(small, 1e-5, 0)
+    assert audit.null_epsilon(large, 1e-5, 0) < 1.0
