@@ -33,8 +33,9 @@ directions):
 * ``known`` (all iterates, the canary's rounds known; our extension, only for samplers
   whose accounting does not rely on secret participation, i.e. ``ShuffledPassSampler``):
   the generalised-least-squares score ``b^T Sigma^-1 s / sqrt(b^T Sigma^-1 b)`` with ``b``
-  the canary's participation pattern; a held-out direction gets the pattern of a real
-  client (same sampler), so its score is ``~ N(0, 1)``.
+  the canary's participation pattern (over the canaries that took part); a held-out
+  direction gets the pattern of a participating real client (same sampler), so its score is
+  ``~ N(0, 1)``.
 
 Estimate. As in the paper, a Gaussian is fitted to each of the two samples and the
 estimate is the epsilon, at the run's delta, of the mechanism that outputs one draw of
@@ -51,9 +52,8 @@ What the number is: an *estimate* of a lower bound on the epsilon of the run, va
 one-shot method's assumptions (the statistics are close to Gaussian; canaries are
 representative worst-case clients; the bootstrap covers only the finite-sample error of the
 fitted means and variances; taking the largest of 2-3 statistics adds a little selection bias).
-It is not a proof
-of anything: an estimate below the accountant's epsilon does not prove the implementation
-private, and a single estimate above it is strong evidence of a bug, not a proof.
+It is not a proof of anything: an estimate below the accountant's epsilon does not prove the
+implementation private, and an estimate above it is strong evidence of a bug, not a proof.
 
 Deliberately broken variants (built here from engine components; the engine is not edited),
 each run while the accountant is still given the *claimed* configuration:
@@ -146,11 +146,12 @@ class AuditSettings:
             raise AuditError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {self.mechanism!r}")
         if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier > 0):
             raise AuditError(f"noise multiplier must be a finite number > 0, got {self.noise_multiplier}")
-        for name, lo in (("rounds", 1), ("dim", 16), ("num_real", 1), ("num_canaries", 100),
-                         ("num_heldout", 200)):
+        for name, flag, lo in (("rounds", "rounds", 1), ("dim", "dim", 16), ("num_real", "clients", 1),
+                               ("num_canaries", "canaries", 100), ("num_heldout", "heldout", 200)):
             v = getattr(self, name)
             if int(v) != v or v < lo:
-                raise AuditError(f"{name} must be an integer >= {lo}, got {v}")
+                label = name if name == flag else f"{name} (--{flag})"
+                raise AuditError(f"{label} must be an integer >= {lo}, got {v}")
         if not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
             raise AuditError(f"clip norm must be a finite number > 0, got {self.clip_norm}")
         if not (math.isfinite(self.canary_norm) and self.canary_norm > 1):
@@ -405,7 +406,8 @@ def _hockey_stick(eps, mu_p, s_p, mu_q, s_q):
         if disc <= 0:
             region = [(-inf, inf)] if a > 0 else []
         else:
-            r1, r2 = sorted(((-b - math.sqrt(disc)) / (2 * a), (-b + math.sqrt(disc)) / (2 * a)))
+            q = -0.5 * (b + math.copysign(math.sqrt(disc), b))   # no cancellation
+            r1, r2 = sorted((q / a, c / q))
             region = [(-inf, r1), (r2, inf)] if a > 0 else [(r1, r2)]
     if not region:
         return 0.0
