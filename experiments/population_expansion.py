@@ -13,7 +13,9 @@ The populations are disjoint (different users), so every user is in exactly one 
 population ratio is set to alpha = |T| / (|S| + |T|) = 0.1 as in the paper by subsampling the
 larger side (Sec. 4.1 subsamples Reddit; here T is the side in excess, so T is subsampled), after
 dropping users with fewer than ``min_words_per_client`` words. App. A preprocessing: vocabulary =
-top-k words of T's training texts, [BOS] words [EOS] cut into sequences of 10, 1,600 words per
+top-k words (of the public pool by default; ``vocabulary="target_train"``: of T's training texts,
+as the paper, recorded in the ledger as a non-private release, eps T = inf with the eps "if the
+vocabulary is public" beside it), [BOS] words [EOS] cut into sequences of 10, 1,600 words per
 user (`fedpriv.domain.encode_domain_dataset`); a stratified 6:2:2 client split (Sec. 4.2).
 
 Every scheme of Table 1 (`fedpriv.domain.TRAINING_SCHEMES`: T w. alpha*C, T w. C, S u T, DSDSR,
@@ -736,6 +738,8 @@ def run(cfg, workdir: str, log: Callable[[str], None] = print) -> dict:
                                    "wall_clock_s", "skipped")}
                 | {f"eps_{p}": e for p, e in s["epsilon_by_population"].items()}
                 | {f"eps_{p}_executed": e for p, e in s["epsilon_executed_by_population"].items()}
+                | {f"eps_{p}_if_vocab_public": e for p, e in
+                   ((s.get("epsilon_if_public") or {}).get("epsilon_by_population") or {}).items()}
                 for s in summaries]
     common.write_table(run_rows, workdir, "runs", title="Table 1 runs (one row per seed)")
     common.write_table([p.stats for p in preps.values()], workdir, "data",
