@@ -11,7 +11,7 @@ import dataclasses
 from configs.common import ConfigError, check, check_lanes, from_scale
 
 CORPORA = ("chitchat", "shakespeare", "simpsons")
-TOKENIZERS = ("sentencepiece", "word")
+TOKENIZERS = ("sentencepiece", "word_public", "word")
 ARCHS = ("lstm", "transformer")
 ALGORITHMS = ("fedavg", "dp_fedavg", "dp_ftrl")
 SERVER_OPTIMIZERS = ("sgd", "sgdm", "adam")
@@ -28,7 +28,9 @@ class LMFLConfig:
     batch_size: int = 16
     max_local_steps: int | None = 16
     # tokenizer (Wang et al. §3.1): public SentencePiece or private top-k words
-    tokenizer: str = "sentencepiece"      # sentencepiece | word
+    # sentencepiece | word_public (top-k words of the public pool) | word (top-k words of the
+    # training users' own text: NON-PRIVATE, recorded so in the ledger, eps reported as inf)
+    tokenizer: str = "sentencepiece"
     vocab_size: int = 8000
     # model (App. B.2)
     arch: str = "lstm"                    # lstm | transformer

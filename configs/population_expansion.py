@@ -32,7 +32,12 @@ class PopulationExpansionConfig:
     max_target_clients: int | None = None  # cap T before balancing
     split: tuple = (0.6, 0.2, 0.2)        # train / val / test by client (Sec. 4.2)
     data_seed: int = 0                    # population subsampling + client split (fixed over seeds)
-    vocab_words: int = 10_000             # top-k words of T's training texts (App. A: 10K)
+    vocab_words: int = 10_000             # vocabulary size k (App. A: 10K)
+    # the word vocabulary is a release too (DESIGN.md): "public" = the top-k words of the public
+    # pool (no privacy cost); "target_train" = the top-k words of T's training texts, as Koga
+    # et al. assume it known in advance — NON-PRIVATE: recorded so in the ledger (eps = inf,
+    # the eps that holds if the vocabulary is taken as public reported beside it)
+    vocabulary: str = "public"
     seq_len: int = domain.KOGA_SEQ_LEN    # 10 (App. A)
     max_tokens_per_client: int = domain.KOGA_MAX_TOKENS_PER_CLIENT  # 1,600 (App. A)
     # --- model: an LSTM LM following McMahan et al. 2018 (Sec. 4.2)
@@ -69,6 +74,7 @@ class PopulationExpansionConfig:
                               "checkpoint_every"),
               non_negative=("data_seed",), open_unit=("alpha",),
               choices={"weight_mode": ("none", "scale", "clip"),
+                       "vocabulary": ("public", "target_train"),
                        "accountant": ("best", "rdp", "pld")},
               fractions=("split",))
         unknown = set(self.datasets) - set(DATASETS)

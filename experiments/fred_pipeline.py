@@ -28,6 +28,7 @@ from fedpriv import fred as F
 from fedpriv.data import (encode_examples, load_chitchat, load_public_pool, load_simpsons,
                           split_client_ids, train_sentencepiece)
 from fedpriv.dp.ledger import PrivacyLedger
+from fedpriv.fl.loop import NONPRIVATE
 from fedpriv.models import bert
 from fedpriv.models.metrics import evaluate
 from fedpriv.public.pretrain import adam_with_clipping, train_central
@@ -60,6 +61,21 @@ def build_data(cfg, progress=True):
     }
     fred_private = {cid: _sample(tr[cid], cfg.max_per_user, rng) for cid in tr.client_ids}
     return tr, va, te, candidates, fred_private
+
+
+NOT_COVERED_NOTE = ("NOT covered by the ledger: columns prefixed nonprivate/ (noise-free FreD of the "
+                    "private embeddings) and the val/test accuracy, loss and perplexity (exact "
+                    "evaluation on held-out private users)")
+
+
+def outputs() -> dict:
+    """Which outputs of the pipeline the ledger covers (the run record)."""
+    from fedpriv.fl.loop import OUTPUTS
+    return {"covered_by_ledger": ["FreD release (mean, covariance) and fred_private, private_rank, "
+                                  "chosen_by_fred (post-processing)", "FL-finetuned model"],
+            "not_covered": [NONPRIVATE + "fred (noise-free FreD of the private embeddings)",
+                            "val_*/test_* (exact evaluation on held-out private users)"],
+            "metrics.jsonl": OUTPUTS}
 
 
 def run(cfg, workdir: str, progress: bool = True) -> dict:
@@ -114,24 +130,36 @@ def run(cfg, workdir: str, progress: bool = True) -> dict:
             led = PrivacyLedger.from_dict(after_fred)  # counterfactual copy: FreD spent, no FL yet
         s = lm_fl.run(lm, os.path.join(sub, "fl"), prepared=prepared, init_params=params, ledger=led,
                       progress=progress, stage=f"DP-FTRL FL-finetune ({name})")
-        rows.append({"prefinetune data": name, "fred_nonprivate": nonprivate.get(name),
+        # DP columns first; exact statistics of the private users (noise-free FreD, evaluation
+        # on held-out private users) are marked ``nonprivate/`` and come last
+        rows.append({"prefinetune data": name,
                      "fred_private": dict(ranking).get(name), "private_rank": private_rank.get(name),
-                     "chosen_by_fred": name == chosen,
+                     "chosen_by_fred": name == chosen, "fl_noise_multiplier": s["noise_multiplier"],
+                     "pipeline_epsilon": led.spent(), "pipeline_epsilon_executed": led.spent_executed(),
+                     "fl_epsilon_alone": s["epsilon"],
+                     "fl_epsilon_executed_alone": s["epsilon_executed_run"] if s["epsilon_executed_run"]
+                     is not None else s["epsilon"],
                      "val_ppl_before_fl": before["perplexity"], "val_acc_before_fl": before["accuracy"],
                      "val_acc_after_fl": s["val_accuracy"], "test_acc_after_fl": s["test_accuracy"],
-                     "val_loss_after_fl": s["val_loss"], "fl_noise_multiplier": s["noise_multiplier"],
-                     "pipeline_epsilon": led.spent(), "fl_epsilon_alone": s["epsilon"]})
+                     "val_loss_after_fl": s["val_loss"],
+                     NONPRIVATE + "fred": nonprivate.get(name)})
     summary = {"rows": rows, "chosen": chosen, "fred_unit": cfg.fred_unit, "fred_epsilon_per_release": cfg.fred_epsilon,
                "fred_release": {"epsilon_basic": release.epsilon_basic, "delta_total": release.delta_total,
                                 "epsilon_rdp": release.epsilon_rdp, "epsilon_pld": release.epsilon_pld},
                "embedder_sentences_per_s": throughput, "pca_dims": cfg.pca_dims,
-               "ledger": ledger.report(), **common.run_record(dataclasses.asdict(cfg), cfg.seed)}
+               "ledger": ledger.report(), "outputs": outputs(), **common.run_record(dataclasses.asdict(cfg), cfg.seed)}
     common.save_json(summary, os.path.join(workdir, "summary.json"))
     notes = [f"unit of privacy: {cfg.fred_unit}; pipeline budget epsilon = {cfg.total_epsilon}, delta = {lm.delta:g}",
              f"FreD: two Gaussian releases at (epsilon={cfg.fred_epsilon}, delta={lm.delta:g}) each"
              + (f", in a {cfg.pca_dims}-dim PCA basis of the public candidates (not in the paper)" if cfg.pca_dims else ""),
              "FL-finetuning z calibrated so FreD + DP-FTRL fit the budget; rows other than the chosen one are "
              "counterfactual runs with a copy of the ledger", f"pipeline ledger: {ledger}"]
+    if lm.noise_cohort_size is not None:
+        notes.append(f"SIMULATED: the FL stage adds the noise of a cohort of {lm.noise_cohort_size} (trains "
+                     f"with {lm.cohort_size}); pipeline_epsilon / fl_epsilon_alone are those of the "
+                     "simulated population, pipeline_epsilon_executed / fl_epsilon_executed_alone those "
+                     "of the runs actually executed")
+    notes.append(NOT_COVERED_NOTE)
     _, md = common.write_table(rows, workdir, "fred_pipeline", title="FreD pipeline (Hou et al. 2023)", notes=notes)
     return summary
 

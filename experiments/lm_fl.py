@@ -57,14 +57,17 @@ def prepare_data(cfg, progress: bool = True) -> Prepared:
     tr, va, te = text.split_by_client(cfg.split, seed=cfg.seed)
     if cfg.tokenizer == "sentencepiece":  # public tokenizer: trained on the public pool only
         tok = train_sentencepiece(load_public_pool(progress=progress).texts, vocab_size=cfg.vocab_size)
-    elif cfg.tokenizer == "word":         # private top-k words of the training users
+    elif cfg.tokenizer == "word_public":  # top-k words of the public pool
+        tok = WordTokenizer.fit(load_public_pool(progress=progress).texts, k=cfg.vocab_size - 4)
+    elif cfg.tokenizer == "word":         # private top-k words of the training users (non-private)
         tok = WordTokenizer.fit(tr.texts(), k=cfg.vocab_size - 4)
     else:
-        raise ValueError(f"tokenizer must be sentencepiece or word, got {cfg.tokenizer!r}")
+        raise ValueError(f"tokenizer must be one of sentencepiece, word_public, word; got {cfg.tokenizer!r}")
     kw = dict(seq_len=cfg.seq_len, max_examples_per_client=cfg.max_examples_per_client,
               batch_size=cfg.batch_size, seed=cfg.seed)
     train_ds, val_ds, test_ds = (t.to_dataset(tok, **kw) for t in (tr, va, te))
     stats = {"corpus": cfg.corpus, "tokenizer": cfg.tokenizer, "vocab_size": tok.vocab_size,
+             "vocabulary_public": cfg.tokenizer != "word",
              **{f"{n}_{k}": v for n, d in (("train", train_ds), ("val", val_ds), ("test", test_ds))
                 for k, v in (("clients", len(d)), ("examples", d.total_examples),
                              ("tokens", d.total_tokens))}}
@@ -143,7 +146,7 @@ def run(cfg, workdir: str, *, prepared: Prepared | None = None, init_params=None
     task = build_task(cfg, prepared.tokenizer.vocab_size)
     params = init_params if init_params is not None else task.init(jax.random.key(cfg.seed))
     ids = list(prepared.train.client_ids)
-    prior = [e.event for e in ledger.entries] if ledger is not None else ()
+    prior = ledger.dp_events() if ledger is not None else ()
     alg, sampler, event, z = build_algorithm(cfg, len(ids), task.loss_fn, prior)
     eps = eps_real = None
     if event is not None:
@@ -153,6 +156,10 @@ def run(cfg, workdir: str, *, prepared: Prepared | None = None, init_params=None
             eps_real = accounting.compute_epsilon(real, cfg.delta)[0]
         if ledger is None:
             ledger = PrivacyLedger(eps * (1 + 1e-6), cfg.delta)
+        if not prepared.stats.get("vocabulary_public", True) and ledger.entry(PRIVATE_VOCABULARY) is None:
+            ledger.record_nonprivate(PRIVATE_VOCABULARY, note=(
+                f"NON-PRIVATE: the top-{cfg.vocab_size - 4} words of the training users' text (Wang "
+                "et al.'s word-tokenizer baseline); the DP epsilon holds only if it is taken as public"))
     val = prepared.val.concat_examples()["tokens"][: cfg.max_eval_examples]
     eval_fn = lambda p: evaluate(task, p, val, cfg.eval_batch_size)
 
@@ -180,6 +187,15 @@ def run(cfg, workdir: str, *, prepared: Prepared | None = None, init_params=None
     if result.ledger is not None:  # the cost recorded for this run (more if a resume extended it)
         mine = next(e for e in result.ledger.report()["entries"] if e["name"] == stage)
         eps, eps_real = mine["epsilon_alone"], mine.get("epsilon_executed_alone", eps_real)
+    if_public = {}
+    if result.ledger is not None and result.ledger.nonprivate_entries:
+        # a non-private choice (the vocabulary) was recorded: the run's epsilon is infinite;
+        # beside it, the epsilon that holds if that choice is taken as public
+        if_public = {"epsilon_if_vocabulary_public": eps, "epsilon_executed_run_if_vocabulary_public": eps_real,
+                     "nonprivate_entries": result.ledger.nonprivate_entries}
+        eps, eps_real = float("inf"), (float("inf") if eps_real is not None else None)
+        noise_note += (f"; NON-PRIVATE vocabulary (top-k words of the training users): epsilon = inf; "
+                       f"{if_public['epsilon_if_vocabulary_public']:.3f} if the vocabulary is taken as public")
     final = (result.evals[-1] if result.evals and result.evals[-1]["round"] == cfg.rounds
              else {f"eval_{k}": v for k, v in eval_fn(result.state.params).items()})
     curve = _curve(workdir)
@@ -188,7 +204,7 @@ def run(cfg, workdir: str, *, prepared: Prepared | None = None, init_params=None
     train_tokens = prepared.train.concat_examples()["tokens"]
     summary = {
         "algorithm": cfg.algorithm, "noise_multiplier": z, "epsilon": eps, "delta": cfg.delta,
-        "epsilon_executed_run": eps_real, "unit_of_privacy": "user", "noise_note": noise_note,
+        "epsilon_executed_run": eps_real, **if_public, "unit_of_privacy": "user", "noise_note": noise_note,
         "rounds": cfg.rounds, "cohort_size": cfg.cohort_size, "noise_cohort_size": cfg.noise_cohort_size,
         "val_accuracy": final.get("eval_accuracy"), "val_loss": final.get("eval_loss"),
         "test_accuracy": test_metrics["accuracy"], "test_loss": test_metrics["loss"],
@@ -196,7 +212,7 @@ def run(cfg, workdir: str, *, prepared: Prepared | None = None, init_params=None
         "num_params": count_params(result.state.params), "wall_clock_s": time.time() - t0,
         "resumed_from_round": result.resumed_from, "data": prepared.stats,
         "ledger": result.ledger.report() if result.ledger else None,
-        "curve": curve,
+        "curve": curve, "outputs": outputs(prepared.stats.get("vocabulary_public", True)),
         **common.run_record(cfg, cfg.seed),
     }
     common.save_json(summary, os.path.join(workdir, "summary.json"))
@@ -206,6 +222,22 @@ def run(cfg, workdir: str, *, prepared: Prepared | None = None, init_params=None
         common.plot_curves({cfg.algorithm: (list(xs), list(ys))}, os.path.join(workdir, "learning_curve.png"),
                            "round", "validation accuracy (in-vocab)", f"{cfg.corpus}: {cfg.arch} LM")
     return summary
+
+
+PRIVATE_VOCABULARY = "vocabulary (top-k words of the training users)"
+
+
+def outputs(vocabulary_public: bool = True) -> dict:
+    """Which outputs of the run the ledger covers (the run record)."""
+    from fedpriv.fl.loop import OUTPUTS
+    out = {"covered_by_ledger": ["trained model / checkpoints"],
+           "not_covered": ["val_*, test_*, most_frequent_token_val_accuracy, eval_* in "
+                           "metrics.jsonl (exact evaluation on held-out private users)"],
+           "metrics.jsonl": OUTPUTS}
+    if not vocabulary_public:
+        out["not_covered"].append("the vocabulary (top-k words of the training users: recorded "
+                                  "in the ledger as non-private, epsilon = inf)")
+    return out
 
 
 def _curve(workdir: str) -> list:
@@ -218,7 +250,9 @@ def _curve(workdir: str) -> list:
 
 def _write_summary_md(s: dict, workdir: str) -> None:
     rows = [{"metric": k, "value": s[k]} for k in
-            ("algorithm", "epsilon", "delta", "epsilon_executed_run", "noise_multiplier", "rounds",
+            ("algorithm", "epsilon", "delta", "epsilon_executed_run", *(
+                ("epsilon_if_vocabulary_public", "epsilon_executed_run_if_vocabulary_public")
+                if "epsilon_if_vocabulary_public" in s else ()), "noise_multiplier", "rounds",
              "cohort_size", "noise_cohort_size", "val_accuracy", "test_accuracy",
              "most_frequent_token_val_accuracy", "num_params", "wall_clock_s", "seed")]
     rows += [{"metric": k, "value": v} for k, v in s["data"].items()]

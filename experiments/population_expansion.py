@@ -13,7 +13,9 @@ The populations are disjoint (different users), so every user is in exactly one 
 population ratio is set to alpha = |T| / (|S| + |T|) = 0.1 as in the paper by subsampling the
 larger side (Sec. 4.1 subsamples Reddit; here T is the side in excess, so T is subsampled), after
 dropping users with fewer than ``min_words_per_client`` words. App. A preprocessing: vocabulary =
-top-k words of T's training texts, [BOS] words [EOS] cut into sequences of 10, 1,600 words per
+top-k words (of the public pool by default; ``vocabulary="target_train"``: of T's training texts,
+as the paper, recorded in the ledger as a non-private release, eps T = inf with the eps "if the
+vocabulary is public" beside it), [BOS] words [EOS] cut into sequences of 10, 1,600 words per
 user (`fedpriv.domain.encode_domain_dataset`); a stratified 6:2:2 client split (Sec. 4.2).
 
 Every scheme of Table 1 (`fedpriv.domain.TRAINING_SCHEMES`: T w. alpha*C, T w. C, S u T, DSDSR,
@@ -64,7 +66,9 @@ import optax
 
 from experiments import common
 from fedpriv import domain
-from fedpriv.data import WordTokenizer, load_chitchat, load_shakespeare, load_simpsons
+from fedpriv.fl.loop import NONPRIVATE
+from fedpriv.data import (WordTokenizer, load_chitchat, load_public_pool, load_shakespeare,
+                          load_simpsons)
 from fedpriv.data.text import FederatedText
 from fedpriv.dp import accounting
 from fedpriv.dp.ledger import PrivacyLedger
@@ -130,6 +134,24 @@ class Prepared:
     val_tokens: np.ndarray       # the T-population val clients' T sequences, int32[n, L+1]
     test_tokens: np.ndarray
     stats: dict
+    vocabulary_public: bool = True  # False: built from T's training text (a non-private release)
+
+
+# the ledger entry of a vocabulary built from the target users' training text
+PRIVATE_VOCABULARY = "vocabulary (top-k words of T's training text)"
+
+
+def build_vocabulary(cfg, raw: domain.DomainDataset) -> tuple[WordTokenizer, bool]:
+    """The word vocabulary and whether it is public. ``cfg.vocabulary``: ``"public"`` — the
+    top-``vocab_words`` words of the public pool (``load_public_pool``; no privacy cost);
+    ``"target_train"`` — those of T's training texts (Koga et al. App. A, who assume it known in
+    advance): a word used by one user reveals that user, so every ledger of the run records it
+    as a non-private release (``PrivacyLedger.record_nonprivate``)."""
+    if cfg.vocabulary == "public":
+        return WordTokenizer.fit(load_public_pool(progress=cfg.progress).texts, k=cfg.vocab_words), True
+    if cfg.vocabulary == "target_train":
+        return WordTokenizer.fit(raw.texts("train", domain.TARGET), k=cfg.vocab_words), False
+    raise ValueError(f"vocabulary must be public or target_train, got {cfg.vocabulary!r}")
 
 
 def _words(texts) -> int:
@@ -203,7 +225,7 @@ def prepare_dataset(name: str, cfg) -> Prepared:
     source, target, subsampled = balance_populations(source, target, cfg.alpha, cfg.data_seed)
     raw = domain.assemble_domain_dataset(source, target, seed=cfg.data_seed,
                                          fractions=tuple(cfg.split))
-    tok = WordTokenizer.fit(raw.texts("train", domain.TARGET), k=cfg.vocab_words)
+    tok, vocab_public = build_vocabulary(cfg, raw)
     ds = domain.encode_domain_dataset(raw, tok, seq_len=cfg.seq_len,
                                       max_tokens_per_client=cfg.max_tokens_per_client)
 
@@ -214,7 +236,9 @@ def prepare_dataset(name: str, cfg) -> Prepared:
     stats = {"dataset": name, "paper_dataset": DATASET_INFO[name]["paper"],
              "T": DATASET_INFO[name]["T"], "S": DATASET_INFO[name]["S"],
              "active_S_users": n_s0, "active_T_users": n_t0, "subsampled": subsampled,
-             "alpha_train": ds.alpha, "vocab_size": tok.vocab_size}
+             "alpha_train": ds.alpha, "vocab_size": tok.vocab_size,
+             "vocabulary": ("public pool top-k words" if vocab_public else
+                            "NON-PRIVATE: top-k words of T's training text")}
     for split in ("train", "val", "test"):
         for pop in (domain.SOURCE, domain.TARGET):
             sub = ds.clients(split, (pop,), (pop,))
@@ -222,7 +246,7 @@ def prepare_dataset(name: str, cfg) -> Prepared:
             stats[f"{split}_{LABELS[pop]}_sequences"] = int(sub.concat_examples()["tokens"].shape[0])
     val, test = t_tokens("val"), t_tokens("test")
     stats["val_T_eval_sequences"], stats["test_T_eval_sequences"] = len(val), len(test)
-    return Prepared(name, ds, tok.vocab_size, val, test, stats)
+    return Prepared(name, ds, tok.vocab_size, val, test, stats, vocab_public)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -316,7 +340,10 @@ def unigram_diagnostics(ds: domain.DomainDataset, u_hat, vocab_size: int, epsilo
     """Evaluation-only diagnostic of the unigram release (never fed back into training): per
     population, the number of counted tokens (<= 5 x 10 per user), the Geometric noise std per
     word, and the total-variation distance between the private u_hat and the same bounded
-    counts without noise. With few users the noise mass (V words x std) swamps the counts."""
+    counts without noise. With few users the noise mass (V words x std) swamps the counts.
+    The counted tokens and the distance to the noise-free frequencies are exact statistics of
+    the private users: keyed ``nonprivate/...`` (not covered by the ledger); the noise std is a
+    function of epsilon only."""
     from fedpriv.dp import geometric
     out = {}
     for pop, u in zip((domain.SOURCE, domain.TARGET), u_hat):
@@ -324,10 +351,10 @@ def unigram_diagnostics(ds: domain.DomainDataset, u_hat, vocab_size: int, epsilo
                                        np.random.default_rng([seed, 11, pop]))
         exact = domain.normalise_counts(counts, zero_ids=domain.DEFAULT_IGNORE_IDS)
         out[LABELS[pop]] = {
-            "counted_tokens": int(counts.sum()),
+            NONPRIVATE + "counted_tokens": int(counts.sum()),
             "noise_std_per_word": math.sqrt(geometric.geometric_variance(
                 epsilon, domain.unigram_sensitivity())),
-            "tv_distance_to_nonprivate": float(0.5 * np.abs(np.asarray(u) - exact).sum())}
+            NONPRIVATE + "tv_distance_to_nonprivate": float(0.5 * np.abs(np.asarray(u) - exact).sum())}
     return out
 
 
@@ -377,6 +404,12 @@ def run_scheme(scheme: domain.TrainingScheme, prep: Prepared, cfg, seed: int, wo
     ds = prep.ds
     budget_eps, budget_delta = domain.TOTAL_BUDGET
     ledger = PrivacyLedger(budget_eps, budget_delta, accountant=cfg.accountant)
+    if not prep.vocabulary_public:  # an explicit choice: recorded, eps = inf on T from here on
+        ledger.record_nonprivate(
+            PRIVATE_VOCABULARY, (LABELS[domain.TARGET],),
+            note=f"NON-PRIVATE: the top-{cfg.vocab_words} words of the target users' training "
+                 "text (Koga et al. assume it known in advance); the DP epsilon holds only if "
+                 "this vocabulary is taken as public")
     scheme_index = domain.TRAINING_SCHEMES.index(scheme)
     u_hat = None
     if scheme.unigram_budget is not None:
@@ -446,6 +479,12 @@ def run_scheme(scheme: domain.TrainingScheme, prep: Prepared, cfg, seed: int, wo
     report = ledger.report()
     executed_by_pop = _executed_by_population(ledger, executed_events, budget_delta,
                                               cfg.accountant)
+    if_public = None
+    if ledger.nonprivate_entries:  # eps = inf; beside it the eps if those choices were public
+        if_public = {"entries_taken_as_public": ledger.nonprivate_entries,
+                     "epsilon_by_population": report["by_population_if_public"],
+                     "epsilon_executed_by_population": _executed_by_population(
+                         ledger, executed_events, budget_delta, cfg.accountant, if_public=True)}
     summary = {
         "dataset": prep.name, "scheme": scheme.name, "model": scheme.model, "seed": seed,
         "fingerprint": fp, "val_ppl": val["perplexity"], "test_ppl": test["perplexity"],
@@ -454,6 +493,7 @@ def run_scheme(scheme: domain.TrainingScheme, prep: Prepared, cfg, seed: int, wo
         "alpha": ds.alpha, "stages": stages, "unigram_budget": scheme.unigram_budget,
         "ledger": report, "epsilon_by_population": report["by_population"],
         "epsilon_executed_by_population": executed_by_pop, "curve": curve,
+        "epsilon_if_public": if_public, "outputs": outputs(),
         "unigram_diagnostics": diagnostics,
         "wall_clock_s": time.time() - t0, "skipped": False, "unit_of_privacy": "user",
     }
@@ -477,13 +517,28 @@ def _stage_curve(stage_dir: str, offset: int) -> list[tuple[int, float]]:
     return out
 
 
+def outputs() -> dict:
+    """Which outputs of a scheme's run the ledger covers (the run record)."""
+    from fedpriv.fl.loop import OUTPUTS
+    return {"covered_by_ledger": ["private unigram frequencies (u_hat)", "trained model",
+                                  "instance weights (post-processing of u_hat)"],
+            "not_covered": ["unigram_diagnostics " + NONPRIVATE + "* (exact counted tokens, TV "
+                            "distance to the noise-free frequencies)",
+                            "val/test perplexity, loss, accuracy (exact evaluation on held-out "
+                            "private T users)",
+                            "the vocabulary, when vocabulary='target_train' (recorded in the "
+                            "ledger as non-private: eps = inf)"],
+            "metrics.jsonl": OUTPUTS}
+
+
 def _executed_by_population(ledger: PrivacyLedger, executed_events, delta: float,
-                            accountant: str) -> dict:
-    """Per population: the unigram releases (pure DP, unchanged) composed with the training
-    stages' events *as executed* (small cohort, noise z * train/noise cohort)."""
+                            accountant: str, if_public: bool = False) -> dict:
+    """Per population: the unigram releases (pure DP, unchanged) and non-private entries
+    (eps = inf; left out with ``if_public``) composed with the training stages' events *as
+    executed* (small cohort, noise z * train/noise cohort)."""
     per_pop: dict[str, list] = {}
     for entry in ledger.entries:
-        if "unigram" in entry.name:
+        if "unigram" in entry.name or (entry.nonprivate and not if_public):
             for p in entry.populations:
                 per_pop.setdefault(p, []).append(entry.event)
     for event, pops in executed_events:
@@ -525,6 +580,7 @@ def aggregate(summaries: list[dict], cfg) -> list[dict]:
             paper = PAPER_TABLE1[DATASET_INFO[name]["paper"]][scheme]
             eps = r0["epsilon_by_population"]
             exe = r0["epsilon_executed_by_population"]
+            pub = r0.get("epsilon_if_public") or {}
             rows.append({
                 "dataset": name, "scheme": scheme, "model": r0["model"],
                 "val PPL on T": _pm(vm, vs, len(runs)), "test PPL on T": _pm(tm, ts, len(runs)),
@@ -532,6 +588,9 @@ def aggregate(summaries: list[dict], cfg) -> list[dict]:
                 "seeds": "/".join(str(r["seed"]) for r in runs),
                 "eps S (sim.)": eps.get("S"), "eps T (sim.)": eps.get("T"),
                 "eps S (executed)": exe.get("S"), "eps T (executed)": exe.get("T"),
+                **({"eps T (sim.) if vocab public": pub["epsilon_by_population"].get("T"),
+                    "eps T (executed) if vocab public": pub["epsilon_executed_by_population"].get("T")}
+                   if pub else {}),
                 "stages": "; ".join(
                     f"{'+'.join(st['populations'])} C={st['noise_cohort']}/"
                     f"{st['train_cohort_expected']:.0f} q={st['sampling_rate']:.3f} "
@@ -561,6 +620,8 @@ def table_notes(cfg, preps: dict[str, Prepared]) -> list[str]:
         f"(alpha*C stages: x alpha). 'eps X (executed)' is the epsilon of the run actually "
         f"executed (same noise, real cohort and population): the simulation's guarantee does "
         f"NOT hold for it.",
+        "Not covered by the ledger: the perplexities (exact evaluation on held-out private T "
+        "users) and, in summary.json, the unigram diagnostics keyed nonprivate/.",
         "IW/IWPT: private unigram frequencies at (0.8, 0) per population (Geometric mechanism, "
         "<= 5 sequences x 10 tokens per user), training at (1.2, 1e-6). PT/IWPT: pretrain on S "
         "(cohort C), finetune on T (cohort alpha*C); disjoint populations, so each spends the "
@@ -579,7 +640,12 @@ def table_notes(cfg, preps: dict[str, Prepared]) -> list[str]:
             f"{s['active_T_users']}; subsampled {s['subsampled']} to alpha = "
             f"{s['alpha_train']:.4f} (train: S {s['train_S_clients']}, T {s['train_T_clients']};"
             f" val T {s['val_T_clients']}, test T {s['test_T_clients']}); vocab "
-            f"{s['vocab_size']} (top-{cfg.vocab_words} T training words + 4 specials).")
+            f"{s['vocab_size']} (" + (f"top-{cfg.vocab_words} words of the public pool + 4 "
+                                      "specials: no privacy cost)." if cfg.vocabulary == "public"
+                                      else f"top-{cfg.vocab_words} T training words + 4 specials: "
+                                      "NON-PRIVATE, so eps T = inf; 'eps T ... if vocab public' is "
+                                      "the epsilon that holds if this vocabulary is taken as "
+                                      "public, as Koga et al. assume)."))
     notes.append("paper val/test PPL: Koga et al. Table 1 on the corresponding dataset (Reddit/"
                  "CV, 10K vocabulary, 2,000 rounds, C = 5000): compare orderings, not values.")
     return notes
@@ -662,12 +728,18 @@ def run(cfg, workdir: str, log: Callable[[str], None] = print) -> dict:
     notes = table_notes(cfg, preps)
     notes.append(f"Regenerate: .venv/bin/python -m experiments.population_expansion --config "
                  f"<configs/population_expansion.py:scale> --workdir {workdir}")
-    common.write_table(rows, workdir, "table", TABLE_COLUMNS, title=title, notes=notes)
+    columns = list(TABLE_COLUMNS)
+    if cfg.vocabulary != "public":
+        columns[columns.index("eps T (executed)") + 1:1 + columns.index("eps T (executed)")] = [
+            "eps T (sim.) if vocab public", "eps T (executed) if vocab public"]
+    common.write_table(rows, workdir, "table", columns, title=title, notes=notes)
     run_rows = [{k: s[k] for k in ("dataset", "scheme", "seed", "val_ppl", "test_ppl",
                                    "val_accuracy", "test_accuracy", "num_params",
                                    "wall_clock_s", "skipped")}
                 | {f"eps_{p}": e for p, e in s["epsilon_by_population"].items()}
                 | {f"eps_{p}_executed": e for p, e in s["epsilon_executed_by_population"].items()}
+                | {f"eps_{p}_if_vocab_public": e for p, e in
+                   ((s.get("epsilon_if_public") or {}).get("epsilon_by_population") or {}).items()}
                 for s in summaries]
     common.write_table(run_rows, workdir, "runs", title="Table 1 runs (one row per seed)")
     common.write_table([p.stats for p in preps.values()], workdir, "data",

@@ -334,6 +334,8 @@ def write_outputs(cfg, workdir, runs, shares_rows, privacy, prepared, mft, task,
              "model handed to DP-FTRL right after public training",
              f"UNK share of private training targets: {100 * prepared.stats['private_train_unk_rate']:.1f}%",
              "; ".join(f"eps target {k}: z={v['noise_multiplier']:.3f}, eps={v['epsilon']:.3f}"
+                       + (f" (simulated population), executed run eps={v['epsilon_executed_run']:.3g}"
+                          if v.get("epsilon_executed_run") is not None else "")
                        for k, v in privacy.items()),
              f"seeds {list(cfg.seeds)}; wall clock {seconds / 60:.1f} min"]
     if cfg.noise_cohort_size:

@@ -18,7 +18,8 @@ This module holds the paper's primitives that are independent of the FL engine:
 3. **Domain-adaptation dataset assembly**: the union of a source and a target federated dataset,
    per-example domain ids, per-client population labels (users with T data are T-clients),
    alpha, a seeded stratified 6:2:2 client split (Sec. 4.1-4.2), and the App. A preprocessing
-   (vocabulary from the target domain's training texts; [BOS] + words + [EOS] cut into
+   (a word vocabulary — the paper's is T's training texts, known in advance; the experiment's
+   default is the public pool's, see below; [BOS] + words + [EOS] cut into
    sequences of 10 targets; at most 1,600 words per user).
 4. **The training schemes of Table 1** as data (populations, cohort C or alpha*C, weighting,
    pretrain/finetune rounds, model variant, privacy budget split).
@@ -553,7 +554,9 @@ class DomainDataset:
     def texts(self, split: str = "train", domain: int = TARGET) -> list[str]:
         """All ``domain`` texts of a string dataset's split, e.g. to build the vocabulary from
         the target domain's training data (App. A; the paper treats that vocabulary as known in
-        advance, i.e. public: it is not charged to the privacy budget here either)."""
+        advance). That vocabulary is a release of the target users' data: the experiment uses
+        the public pool's by default, and records this one as a non-private ledger entry
+        (``PrivacyLedger.record_nonprivate``; ``experiments.population_expansion``)."""
         out = []
         for ex in self.split(split).values():
             if "texts" not in ex:
@@ -750,7 +753,8 @@ def encode_domain_dataset(
 
     ``tokenizer.encode(list[str]) -> list[list[int]]`` (the `fedpriv.data.tokenizers` API, e.g.
     ``WordTokenizer.fit(ds.texts("train", TARGET), k=10_000)``: the top-10K words of the target
-    domain's training data, App. A). Per client: at most ``max_tokens_per_client`` word ids are
+    domain's training data, App. A — a non-private release, see ``DomainDataset.texts``; or the
+    top-k words of public text). Per client: at most ``max_tokens_per_client`` word ids are
     kept (target-domain texts first, so the scarce domain survives the cap; the text crossing the
     limit is truncated), then each text becomes rows of `chunk_sentence` (``chunk=True``, App. A),
     or one ``[BOS] + ids + [EOS]`` row truncated to ``seq_len + 1`` (``chunk=False``, TFF style,

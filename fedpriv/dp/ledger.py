@@ -13,6 +13,13 @@ et al.'s PT spends the full budget on source users S and again on target users T
 Post-processing steps (e.g. public mid-training on a DP checkpoint) are recorded at zero cost
 with ``record_post_processing`` so the ledger shows them.
 
+Non-private choices (e.g. a vocabulary built from the users' own text, when the user asks for
+it explicitly) are recorded with ``record_nonprivate`` as a ``NonPrivateDpEvent``: never
+refused, and from then on ``spent()`` is infinite on the populations it touches. The budget
+still bounds the DP releases: ``spend`` checks ``spent_if_public()`` — the epsilon that holds
+if the non-private entries are taken as public — and ``report()`` gives both, saying which
+entries were taken as public.
+
 The ledger is plain data: ``to_dict``/``from_dict``/``save``/``load`` (JSON), saved with every
 checkpoint and reported with every result.
 """
@@ -70,6 +77,11 @@ class LedgerEntry:
     time: float = 0.0
     details: dict = dataclasses.field(default_factory=dict)  # JSON-able: what ran (rounds, ...)
 
+    @property
+    def nonprivate(self) -> bool:
+        """A non-private release (recorded with ``record_nonprivate``): epsilon = inf."""
+        return isinstance(self.event, dpa.NonPrivateDpEvent)
+
     def same_release(self, other: "LedgerEntry") -> bool:
         """The same step (name, populations, event); time, note and details aside."""
         return (self.name == other.name and self.populations == other.populations
@@ -107,17 +119,52 @@ class PrivacyLedger:
         events = [e.event for e in entries]
         return accounting.compute_epsilon(events, self.delta, self.neighboring, self.accountant)
 
-    def epsilon_by_population(self, extra: LedgerEntry | None = None) -> dict[str, float]:
+    def epsilon_by_population(self, extra: LedgerEntry | None = None,
+                              if_public: bool = False) -> dict[str, float]:
+        """Epsilon per population; ``if_public``: taking the non-private entries as public."""
         entries = self.entries + ([extra] if extra is not None else [])
         pops = sorted({p for e in entries for p in e.populations})
-        return {p: self._epsilon_of([e for e in entries if p in e.populations])[0] for p in pops}
+        return {p: self._epsilon_of([e for e in entries if p in e.populations
+                                     and not (if_public and e.nonprivate)])[0] for p in pops}
+
+    @property
+    def nonprivate_entries(self) -> list[str]:
+        """Names of the non-private entries (``record_nonprivate``)."""
+        return [e.name for e in self.entries if e.nonprivate]
 
     def spent(self) -> float:
-        """Epsilon spent so far at the ledger's delta (max over disjoint populations)."""
+        """Epsilon spent so far at the ledger's delta (max over disjoint populations); infinite
+        once a non-private entry is recorded (see ``spent_if_public``)."""
         return max(self.epsilon_by_population().values(), default=0.0)
 
+    def spent_if_public(self) -> float:
+        """The epsilon that holds if the non-private entries are taken as public (equal to
+        ``spent()`` when there are none): what the budget bounds."""
+        return max(self.epsilon_by_population(if_public=True).values(), default=0.0)
+
+    def spent_executed(self) -> float:
+        """The pipeline's epsilon for the runs actually executed: each entry that charged a
+        simulated population (``details['executed_event']``, ``noise_cohort_size``) counted
+        with the event of the run that ran instead. Equal to ``spent()`` without such entries."""
+        entries = [dataclasses.replace(e, event=event_from_json(e.details["executed_event"]))
+                   if e.details.get("executed_event") else e for e in self.entries]
+        pops = sorted({p for e in entries for p in e.populations})
+        return max((self._epsilon_of([e for e in entries if p in e.populations])[0] for p in pops),
+                   default=0.0)
+
+    @property
+    def simulated(self) -> bool:
+        """Whether some entry charged a simulated population (see ``spent_executed``)."""
+        return any(e.details.get("executed_event") for e in self.entries)
+
     def remaining(self) -> float:
-        return max(0.0, self.epsilon - self.spent())
+        """Budget left for DP releases (non-private entries taken as public)."""
+        return max(0.0, self.epsilon - self.spent_if_public())
+
+    def dp_events(self) -> list[dpa.DpEvent]:
+        """The events of the DP entries (non-private ones left out), e.g. to calibrate a next
+        release so that the pipeline fits the budget."""
+        return [e.event for e in self.entries if not e.nonprivate]
 
     def epsilon_if_spent(self, event: dpa.DpEvent, populations=("users",)) -> float:
         """The pipeline's epsilon if ``event`` were spent now (nothing is recorded)."""
@@ -181,9 +228,16 @@ class PrivacyLedger:
         populations = tuple(populations)
         if not populations:
             raise ValueError("an entry must touch at least one population")
+        if isinstance(event, dpa.NonPrivateDpEvent):  # infinite epsilon: never within a budget
+            raise PrivacyBudgetExceeded(
+                f"step {name!r} is not private (epsilon = inf) and cannot be spent; record an "
+                "explicit non-private choice with record_nonprivate")
         return LedgerEntry(name, event, populations, note, time.time(), dict(details or {}))
 
     def _check(self, entries: list[LedgerEntry], name: str) -> float:
+        """The budget bounds the DP entries; non-private ones (recorded on request, epsilon
+        infinite) are taken as public here and reported as such."""
+        entries = [e for e in entries if not e.nonprivate]
         pops = sorted({p for e in entries for p in e.populations})
         try:
             eps = max((self._epsilon_of([e for e in entries if p in e.populations])[0] for p in pops),
@@ -195,12 +249,25 @@ class PrivacyLedger:
         if not eps <= self.epsilon * (1 + 1e-9):
             raise PrivacyBudgetExceeded(
                 f"step {name!r} would raise epsilon to {eps:.4g} > budget {self.epsilon:g} "
-                f"(delta={self.delta:g}; already spent {self.spent():.4g}); nothing was run")
+                f"(delta={self.delta:g}; already spent {self.spent_if_public():.4g}); nothing was run")
         return eps
 
     def record_post_processing(self, name: str, populations: Iterable[str] = ("users",),
                                note: str = "post-processing of DP outputs: no privacy cost") -> None:
         self.entries.append(LedgerEntry(name, dpa.NoOpDpEvent(), tuple(populations), note, time.time()))
+
+    def record_nonprivate(self, name: str, populations: Iterable[str] = ("users",),
+                          note: str = "", details: dict | None = None) -> None:
+        """Record a release made from private data without DP (e.g. a vocabulary of the users'
+        own words, chosen explicitly): a ``NonPrivateDpEvent``. Never refused — the choice was
+        the caller's — but from now on ``spent()`` is infinite on ``populations``; the budget
+        and ``spent_if_public()`` take this entry as public. ``note`` says what was released."""
+        populations = tuple(populations)
+        if not populations:
+            raise ValueError("an entry must touch at least one population")
+        self.entries.append(LedgerEntry(name, dpa.NonPrivateDpEvent(), populations,
+                                        note or "NON-PRIVATE: computed from private data without DP",
+                                        time.time(), dict(details or {})))
 
     # ------------------------------------------------------------------ persistence
     def report(self) -> dict:
@@ -216,9 +283,24 @@ class PrivacyLedger:
                 row["epsilon_executed_alone"] = self._epsilon_of(
                     [dataclasses.replace(e, event=event_from_json(e.details["executed_event"]))])[0]
             rows.append(row)
-        return {"budget_epsilon": self.epsilon, "delta": self.delta, "unit": self.unit,
-                "neighboring": self.neighboring, "spent_epsilon": self.spent(),
-                "by_population": self.epsilon_by_population(), "entries": rows}
+        out = {"budget_epsilon": self.epsilon, "delta": self.delta, "unit": self.unit,
+               "neighboring": self.neighboring, "spent_epsilon": self.spent(),
+               "by_population": self.epsilon_by_population(), "entries": rows}
+        if self.simulated:
+            out.update(spent_epsilon_executed=self.spent_executed(),
+                       simulated_note=("spent_epsilon is that of a simulated population (noise of a "
+                                       "larger cohort, noise_cohort_size); spent_epsilon_executed is "
+                                       "the epsilon of the runs actually executed"))
+        if self.nonprivate_entries:
+            out.update(
+                nonprivate_entries=self.nonprivate_entries,
+                spent_epsilon_if_public=self.spent_if_public(),
+                by_population_if_public=self.epsilon_by_population(if_public=True),
+                nonprivate_note=("NON-PRIVATE: the entries " + ", ".join(map(repr, self.nonprivate_entries))
+                                 + " were computed from private data without DP, so epsilon is "
+                                 "infinite; spent_epsilon_if_public is the epsilon that holds if "
+                                 "they are taken as public"))
+        return out
 
     def to_dict(self) -> dict:
         return {"epsilon": self.epsilon, "delta": self.delta, "neighboring": self.neighboring,
@@ -249,5 +331,7 @@ class PrivacyLedger:
             return cls.from_dict(json.load(f))
 
     def __repr__(self):
-        return (f"PrivacyLedger(spent={self.spent():.4g} of epsilon={self.epsilon:g}, "
+        extra = (f", {self.spent_if_public():.4g} if {self.nonprivate_entries} are public"
+                 if self.nonprivate_entries else "")
+        return (f"PrivacyLedger(spent={self.spent():.4g}{extra} of epsilon={self.epsilon:g}, "
                 f"delta={self.delta:g}, unit={self.unit}, entries={len(self.entries)})")

@@ -67,7 +67,8 @@ class PrivacyAccountingError(CheckpointError):
 
 
 __all__ = ["train", "TrainResult", "RunCheckpoint", "load_run", "replace_params", "fork_run",
-           "read_metrics", "run_fingerprint", "METRICS", "TRAINING_FIELDS", "CheckpointError",
+           "read_metrics", "run_fingerprint", "METRICS", "NONPRIVATE", "DP_COVERED_METRICS", "OUTPUTS",
+           "nonprivate_key", "TRAINING_FIELDS", "CheckpointError",
            "ResumeMismatch", "PrivacyAccountingError"]
 
 
@@ -266,6 +267,29 @@ def _reconcile_metrics(workdir: str, last_round: int) -> None:
     os.replace(path + ".tmp", path)
 
 
+# Every per-round output of the loop is either covered by the ledger or marked non-private
+# (DESIGN.md): the keys below are functions of the DP releases (the noised adaptive-clipping
+# count and the clip norm it sets); every other training metric is an exact statistic of the
+# sampled private clients (clipped fraction, pre-clip norms, cohort size, non-finite updates,
+# loss/accuracy sums, engine step counts) and is written as ``nonprivate/<name>``. ``round`` is
+# public. Evaluation rows (``eval_*``, from the caller's ``eval_fn``) are exact statistics of
+# whatever the caller evaluates on (held-out private users in the experiments): not covered,
+# and listed as such in each run record (``OUTPUTS``); ``epsilon_spent`` is the ledger's.
+NONPRIVATE = "nonprivate/"
+DP_COVERED_METRICS = ("clip_norm", "unclipped_estimate")
+OUTPUTS = {
+    "covered_by_ledger": ["model parameters / checkpoints", *DP_COVERED_METRICS],
+    "public": ["round", "epsilon_spent"],
+    "not_covered": [NONPRIVATE + "* (exact statistics of the sampled private clients)",
+                    "eval_* (exact evaluation on held-out users)"],
+}
+
+
+def nonprivate_key(name: str) -> str:
+    """The published name of a training metric: unchanged if DP-covered, else ``nonprivate/``."""
+    return name if name in DP_COVERED_METRICS or name.startswith(NONPRIVATE) else NONPRIVATE + name
+
+
 def _scalarize(metrics) -> dict:
     out = {}
     for k, v in metrics.items():
@@ -276,7 +300,7 @@ def _scalarize(metrics) -> dict:
     denom = out.get("num_acc_tokens", out.get("num_tokens"))
     if "num_correct" in out and denom:
         out["train_accuracy"] = out["num_correct"] / denom
-    return out
+    return {nonprivate_key(k): v for k, v in out.items()}
 
 
 @dataclasses.dataclass
@@ -448,10 +472,10 @@ def train(algorithm: FederatedAlgorithm, init_params, dataset: Mapping, client_i
         # an empty (Poisson) cohort still runs: the noisy zero sum is released, as accounted
         packed = executor.pack(ids, rng=np.random.default_rng([seed, r]))
         state, metrics = executor.run(state, packed, jax.random.fold_in(k_rounds, r))
-        row = {"round": r + 1, **_scalarize(metrics), "real_steps": packed.real_steps,
-               "executed_steps": packed.executed_steps}
-        if "train_loss" in row:
-            bar.set_postfix(loss=f"{row['train_loss']:.3f}", refresh=False)
+        row = {"round": r + 1, **_scalarize({**metrics, "real_steps": packed.real_steps,
+                                             "executed_steps": packed.executed_steps})}
+        if NONPRIVATE + "train_loss" in row:
+            bar.set_postfix(loss=f"{row[NONPRIVATE + 'train_loss']:.3f}", refresh=False)
         if eval_fn is not None and ((eval_every and (r + 1) % eval_every == 0) or r + 1 == rounds):
             ev = {"round": r + 1, **{f"eval_{k}": v for k, v in eval_fn(state.params).items()}}
             if ledger is not None:

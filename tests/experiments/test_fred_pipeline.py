@@ -2,6 +2,10 @@
 import os
 
 
+import dataclasses
+
+import pytest
+
 from experiments import common, fred_pipeline
 
 
@@ -21,4 +25,25 @@ def test_fred_pipeline_smoke(tmp_path):
     assert chosen[0]["fl_epsilon_alone"] < rows[fred_pipeline.NONE]["fl_epsilon_alone"]
     for r in s["rows"]:
         assert r["pipeline_epsilon"] <= cfg.total_epsilon * (1 + 1e-9)
+        # issue 16 item 7: the noise-free FreD is marked, never a DP column
+        assert "fred_nonprivate" not in r and "nonprivate/fred" in r
+        # item 8: the executed epsilon beside the (here equal: no simulated cohort) simulated one
+        assert r["pipeline_epsilon_executed"] == pytest.approx(r["pipeline_epsilon"])
+        assert r["fl_epsilon_executed_alone"] == pytest.approx(r["fl_epsilon_alone"])
+    assert any(x.startswith("nonprivate/fred") for x in s["outputs"]["not_covered"])
     assert os.path.exists(tmp_path / "fred_pipeline.md")
+
+
+def test_fred_pipeline_simulated_cohort_reports_the_executed_epsilon(tmp_path):
+    """Issue 16 item 8: with noise_cohort_size the pipeline's epsilon is that of a simulated
+    population; the row and the table show the executed run's epsilon beside it, labelled."""
+    cfg = common.load_config("configs/fred_pipeline.py:smoke")
+    cfg = dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, noise_cohort_size=4 * cfg.lm.cohort_size))
+    s = fred_pipeline.run(cfg, str(tmp_path), progress=False)
+    chosen = next(r for r in s["rows"] if r["chosen_by_fred"])
+    assert chosen["pipeline_epsilon"] <= cfg.total_epsilon * (1 + 1e-9)
+    assert chosen["pipeline_epsilon_executed"] > 1.5 * chosen["pipeline_epsilon"]
+    assert chosen["fl_epsilon_executed_alone"] > chosen["fl_epsilon_alone"]
+    assert s["ledger"]["spent_epsilon_executed"] == pytest.approx(chosen["pipeline_epsilon_executed"])
+    md = open(tmp_path / "fred_pipeline.md").read()
+    assert "pipeline_epsilon_executed" in md and "SIMULATED" in md

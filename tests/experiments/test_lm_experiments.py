@@ -27,7 +27,11 @@ def test_demo_runs_end_to_end_and_resumes(tmp_path, capsys, smoke_cfg):
     assert s["seed"] == smoke_cfg.seed and s["config"]["rounds"] == smoke_cfg.rounds
     rows = [json.loads(l) for l in open(os.path.join(wd, "metrics.jsonl"))]
     assert [r["round"] for r in rows] == list(range(1, smoke_cfg.rounds + 1))
-    assert all(r["num_clients"] == smoke_cfg.cohort_size for r in rows)
+    assert all(r["nonprivate/num_clients"] == smoke_cfg.cohort_size for r in rows)
+    # issue 16 item 7: exact client statistics are marked; the DP-covered keys are not
+    assert all("num_clients" not in r and "frac_clipped" not in r and "nonprivate/frac_clipped" in r
+               and "clip_norm" in r for r in rows)
+    assert any("nonprivate/" in x for x in s["outputs"]["metrics.jsonl"]["not_covered"])
     # a second run resumes from the final checkpoint: no rounds retrained, same numbers
     demo.main(["--config", "configs/demo.py:smoke", "--workdir", wd])
     s2 = json.load(open(os.path.join(wd, "summary.json")))
@@ -48,3 +52,22 @@ def test_privacy_utility_table(tmp_path, smoke_cfg):
     assert z["DP-FTRL eps~1.8"] > z["DP-FTRL eps~18.7"] > 0
     table = privacy_utility.aggregate(rows)
     assert len(table) == 4 and sum(r["best_on_val"] for r in table) == 4
+
+
+def test_word_vocabulary_of_the_users_is_recorded_as_nonprivate(tmp_path, smoke_cfg):
+    """Issue 16 item 6: tokenizer='word' (the users' own top-k words, Wang et al.'s baseline) is
+    a non-private release: the run reports epsilon = inf and, beside it, the epsilon that holds
+    if the vocabulary is taken as public; 'word_public' (top-k words of the public pool) is not."""
+    import dataclasses
+    from experiments import lm_fl
+    cfg = dataclasses.replace(smoke_cfg, rounds=1, eval_every=1, tokenizer="word")
+    s = lm_fl.run(cfg, str(tmp_path / "word"), progress=False, log=lambda _: None)
+    assert s["epsilon"] == float("inf") and s["ledger"]["spent_epsilon"] == float("inf")
+    assert s["ledger"]["nonprivate_entries"] == [lm_fl.PRIVATE_VOCABULARY]
+    assert 0 < s["epsilon_if_vocabulary_public"] <= smoke_cfg.target_epsilon * (1 + 1e-6)
+    assert s["ledger"]["spent_epsilon_if_public"] == pytest.approx(s["epsilon_if_vocabulary_public"])
+    assert "NON-PRIVATE vocabulary" in s["noise_note"]
+    pub = lm_fl.run(dataclasses.replace(cfg, tokenizer="word_public"), str(tmp_path / "pub"),
+                    progress=False, log=lambda _: None)
+    assert "nonprivate_entries" not in pub["ledger"] and "epsilon_if_vocabulary_public" not in pub
+    assert pub["epsilon"] == pytest.approx(s["epsilon_if_vocabulary_public"], rel=1e-6)

@@ -180,6 +180,33 @@ def test_end_to_end_tables_and_privacy(e2e, smoke_cfg):
     assert ws["S"]["n"] > 0 and ws["S"]["min"] < ws["S"]["max"]
     assert runs["IWPT"]["stages"][0]["weight_stats"].keys() == {"S"}
     assert runs["IWPT"]["stages"][1]["weight_stats"] == {}
+    # issue 16 items 6-7: the default vocabulary is public (no non-private entry); the unigram
+    # diagnostics' exact statistics are marked; the run record says what the ledger covers
+    assert first["data"]["topics"]["vocabulary"] == "public pool top-k words"
+    for r in runs.values():
+        assert "nonprivate_entries" not in r["ledger"] and r["epsilon_if_public"] is None
+        assert any("nonprivate/" in x for x in r["outputs"]["not_covered"])
+    diag = runs["IW"]["unigram_diagnostics"]
+    assert set(diag) == {"S", "T"} and all(
+        k.startswith("nonprivate/") or k == "noise_std_per_word" for d in diag.values() for k in d)
+
+
+def test_vocabulary_of_the_target_users_is_recorded_as_nonprivate(tmp_path):
+    """Koga et al.'s vocabulary (top-k words of T's training text) is only an explicit option;
+    the ledger records it as non-private: eps T = inf, and beside it the eps if it were public."""
+    cfg = common.load_config(f"{CONFIG}:smoke,schemes=T w. C,vocabulary=target_train")
+    out = pe.run(cfg, str(tmp_path), log=lambda _: None)
+    (r,) = out["runs"]
+    assert out["data"]["topics"]["vocabulary"].startswith("NON-PRIVATE")
+    assert r["ledger"]["nonprivate_entries"] == [pe.PRIVATE_VOCABULARY]
+    assert r["epsilon_by_population"]["T"] == math.inf
+    assert r["epsilon_executed_by_population"]["T"] == math.inf
+    pub = r["epsilon_if_public"]
+    assert pub["entries_taken_as_public"] == [pe.PRIVATE_VOCABULARY]
+    assert 0 < pub["epsilon_by_population"]["T"] <= BUDGET[0] * (1 + 1e-9)
+    assert pub["epsilon_executed_by_population"]["T"] > pub["epsilon_by_population"]["T"]
+    table = open(tmp_path / "table.md").read()
+    assert "eps T (sim.) if vocab public" in table and "NON-PRIVATE" in table
 
 
 def test_rerun_skips_finished_schemes_and_resumes_interrupted_ones(e2e):
