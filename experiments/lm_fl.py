@@ -15,6 +15,7 @@ executed is reported next to it.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import time
 
@@ -165,7 +166,8 @@ def run(cfg, workdir: str, *, prepared: Prepared | None = None, init_params=None
 
     def log_row(row):
         if "eval_accuracy" in row:
-            extra = f", epsilon spent {row['epsilon_spent']:.3f}" if "epsilon_spent" in row else ""
+            extra = (f", epsilon spent {row['epsilon_spent']:.3f} (the whole run, charged before round 0)"
+                     if "epsilon_spent" in row else "")
             log(f"round {row['round']:5d}: val accuracy {row['eval_accuracy']:.4f}, "
                 f"val loss {row['eval_loss']:.3f}{extra}")
 
@@ -202,6 +204,11 @@ def run(cfg, workdir: str, *, prepared: Prepared | None = None, init_params=None
     test = prepared.test.concat_examples()["tokens"][: cfg.max_eval_examples]
     test_metrics = evaluate(task, result.state.params, test, cfg.eval_batch_size)
     train_tokens = prepared.train.concat_examples()["tokens"]
+    # a rerun of a finished run trains nothing: keep its recorded training time; a resumed run
+    # adds this session's time to what the interrupted session recorded (if it got that far)
+    elapsed, prev = time.time() - t0, _previous_wall_clock(workdir)
+    wall = (prev if result.resumed_from >= cfg.rounds and prev is not None
+            else elapsed + (prev or 0.0) if result.resumed_from > 0 else elapsed)
     summary = {
         "algorithm": cfg.algorithm, "noise_multiplier": z, "epsilon": eps, "delta": cfg.delta,
         "epsilon_executed_run": eps_real, **if_public, "unit_of_privacy": "user", "noise_note": noise_note,
@@ -209,7 +216,7 @@ def run(cfg, workdir: str, *, prepared: Prepared | None = None, init_params=None
         "val_accuracy": final.get("eval_accuracy"), "val_loss": final.get("eval_loss"),
         "test_accuracy": test_metrics["accuracy"], "test_loss": test_metrics["loss"],
         "most_frequent_token_val_accuracy": most_frequent_token_accuracy(train_tokens, val),
-        "num_params": count_params(result.state.params), "wall_clock_s": time.time() - t0,
+        "num_params": count_params(result.state.params), "wall_clock_s": wall,
         "resumed_from_round": result.resumed_from, "data": prepared.stats,
         "ledger": result.ledger.report() if result.ledger else None,
         "curve": curve, "outputs": outputs(prepared.stats.get("vocabulary_public", True)),
@@ -222,6 +229,15 @@ def run(cfg, workdir: str, *, prepared: Prepared | None = None, init_params=None
         common.plot_curves({cfg.algorithm: (list(xs), list(ys))}, os.path.join(workdir, "learning_curve.png"),
                            "round", "validation accuracy (in-vocab)", f"{cfg.corpus}: {cfg.arch} LM")
     return summary
+
+
+def _previous_wall_clock(workdir: str):
+    """``wall_clock_s`` of the summary a previous session wrote in ``workdir`` (None if none)."""
+    try:
+        with open(os.path.join(workdir, "summary.json")) as f:
+            return float(json.load(f)["wall_clock_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 PRIVATE_VOCABULARY = "vocabulary (top-k words of the training users)"

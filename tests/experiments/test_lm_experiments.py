@@ -18,6 +18,7 @@ def test_demo_runs_end_to_end_and_resumes(tmp_path, capsys, smoke_cfg):
     demo.main(["--config", "configs/demo.py:smoke", "--workdir", wd])
     out = capsys.readouterr().out
     assert "val accuracy" in out and "epsilon spent" in out and "user-level" in out
+    assert "charged before round 0" in out  # issue 14 item 10: the up-front charge is said
     for f in ("metrics.jsonl", "summary.md", "summary.json", "learning_curve.png"):
         assert os.path.getsize(os.path.join(wd, f)) > 0, f
     assert load_run(wd).round == smoke_cfg.rounds  # the atomic checkpoint (fedpriv.fl.checkpoint)
@@ -37,6 +38,10 @@ def test_demo_runs_end_to_end_and_resumes(tmp_path, capsys, smoke_cfg):
     s2 = json.load(open(os.path.join(wd, "summary.json")))
     assert s2["resumed_from_round"] == smoke_cfg.rounds
     assert s2["test_accuracy"] == s["test_accuracy"]
+    # issue 14 item 10: the rerun says it resumed and keeps the recorded training time
+    assert s2["wall_clock_s"] == s["wall_clock_s"]
+    out = capsys.readouterr().out
+    assert f"resumed {wd} at round {smoke_cfg.rounds}" in out, out
 
 
 def test_privacy_utility_table(tmp_path, smoke_cfg):
