@@ -15,7 +15,8 @@ lane (LPT), so lanes end within one client of each other. Arrays:
   compiles one shape per bucket) plus ``data['mask']: float32[W, D, B]``;
 * per lane step ``t``: ``src[W, D]`` (which data step), ``slot[W, D]`` (the client's position in
   the sampled cohort: its PRNG key and output slot), ``step[W, D]`` (its local step index),
-  ``last[W, D]`` (the client's final step), ``num_examples[W, D]`` (the client's example count);
+  ``start[W, D]`` / ``last[W, D]`` (the client's first / final step in the lane),
+  ``num_examples[W, D]`` (the client's example count);
 * ``length: int32[W]`` (real steps per lane) and ``client_mask: float32[K]`` (K = padded cohort
   capacity, 1 = real client).
 
@@ -23,7 +24,11 @@ Executed steps are ``sum(length)`` with one lane and ``W * max(length)`` with W 
 ``PackedCohort.real_steps``/``executed_steps`` report both. Compiled shapes: one per (D, K)
 bucket, i.e. at most ``log2(max steps per lane) + 1`` values of D times the capacities of K.
 
-**Padded cohorts** (``build_cohort``, kept for simple uses and tests).
+Optionally (``first_steps=True``) every client's first step is taken out of the lanes and
+batched over the cohort with the shared server weights (``FirstSteps``).
+
+**Padded cohorts** (``build_cohort``, kept for simple uses and tests; the algorithms' ``apply``
+turns one into one lane per client with ``pack_padded``).
 
 A federated dataset maps client id -> dict of NumPy arrays sharing a leading example axis
 (for LMs ``{'tokens': int32[n, L+1]}``). ``build_cohort`` packs a list of clients into
