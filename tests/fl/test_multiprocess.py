@@ -58,14 +58,16 @@ def test_two_processes_equal_one(tmp_path):
     procs = [subprocess.Popen([sys.executable, str(script), str(i), "2", port], cwd=root, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(2)]
+    results = []
+    try:
+        for p in procs:
+            results.append(p.communicate(timeout=300))
+    finally:  # never leave a process waiting for its peer
+        for q in procs:
+            if q.poll() is None:
+                q.kill()
     outs = []
-    for p in procs:
-        try:
-            stdout, stderr = p.communicate(timeout=300)
-        finally:
-            for q in procs:
-                if q.poll() is None:
-                    q.kill()
+    for p, (stdout, stderr) in zip(procs, results):
         assert p.returncode == 0, stderr[-3000:]
         outs.append(json.loads(stdout.strip().splitlines()[-1]))
     single = subprocess.run([sys.executable, str(script), "0", "1", "0"], cwd=root, timeout=300,
