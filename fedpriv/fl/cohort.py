@@ -88,21 +88,7 @@ def build_cohort(dataset: Mapping[Any, Mapping[str, np.ndarray]], client_ids: Se
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if len(client_ids) > capacity:
         raise ValueError(f"cohort of {len(client_ids)} clients exceeds capacity {capacity}")
-    examples = []
-    for cid in client_ids:
-        ex = dataset[cid]
-        if "mask" in ex:
-            raise ValueError("'mask' is reserved for the engine's example mask")
-        n = len(next(iter(ex.values())))
-        if n == 0:
-            raise ValueError(f"client {cid!r} has no examples; drop empty clients before training")
-        if any(len(v) != n for v in ex.values()):
-            raise ValueError(f"client {cid!r}: fields have different numbers of examples "
-                             f"{ {k: len(v) for k, v in ex.items()} }")
-        if rng is not None:
-            perm = rng.permutation(n)
-            ex = {k: v[perm] for k, v in ex.items()}
-        examples.append(ex)
+    examples = [_client_examples(dataset, cid, rng)[0] for cid in client_ids]
     if not examples:
         raise ValueError("empty cohort: no clients were sampled")
     max_n = max(len(next(iter(e.values()))) for e in examples)
