@@ -9,7 +9,8 @@ with the same work directory resumes from the last checkpoint.
 from __future__ import annotations
 
 
-from experiments import common, lm_fl
+from experiments import common
+from fedpriv.recipes import lm
 
 
 def main(argv=None):
@@ -20,7 +21,7 @@ def main(argv=None):
     cfg = common.load_config(args.config)
     print(f"fedpriv demo: {cfg.algorithm} on {cfg.corpus} ({cfg.arch}, vocab {cfg.vocab_size}, "
           f"{cfg.rounds} rounds x {cfg.cohort_size} clients), work directory {args.workdir}")
-    s = lm_fl.run(cfg, args.workdir)
+    s = lm.run_lm_fl(cfg, args.workdir)
     d = s["data"]
     print(f"data: {d['train_clients']} training users ({d['train_examples']} messages, "
           f"{d['train_tokens']} tokens); {d['val_clients']} validation users")

@@ -22,7 +22,8 @@ import pathlib
 import jax
 import numpy as np
 
-from experiments import common, lm_fl
+from experiments import common
+from fedpriv.recipes import lm as lm_recipe
 from experiments.fred_table import _sample, embed_all
 from fedpriv import fred as F
 from fedpriv.data import (encode_examples, load_chitchat, load_public_pool, load_simpsons,
@@ -104,9 +105,9 @@ def run(cfg, workdir: str, progress: bool = True) -> dict:
     kw = dict(seq_len=lm.seq_len, max_examples_per_client=lm.max_examples_per_client,
               batch_size=lm.batch_size, seed=lm.seed)
     datasets = [t.to_dataset(tok, **kw) for t in (tr, va, te)]
-    prepared = lm_fl.Prepared(*datasets, tok, {"corpus": "chitchat (private half)", "vocab_size": tok.vocab_size,
+    prepared = lm_recipe.Prepared(*datasets, tok, {"corpus": "chitchat (private half)", "vocab_size": tok.vocab_size,
                                                "train_clients": len(datasets[0]), "val_clients": len(datasets[1])})
-    task = lm_fl.build_task(lm, tok.vocab_size)
+    task = lm_recipe.build_task(lm, tok.vocab_size)
     val_tokens = datasets[1].concat_examples()["tokens"][: lm.max_eval_examples]
     private_rank = {n: i + 1 for i, (n, _) in enumerate(ranking)}
     rows = []
@@ -128,7 +129,7 @@ def run(cfg, workdir: str, progress: bool = True) -> dict:
             led = PrivacyLedger(cfg.total_epsilon, lm.delta, unit="user")  # ran no FreD
         else:
             led = PrivacyLedger.from_dict(after_fred)  # counterfactual copy: FreD spent, no FL yet
-        s = lm_fl.run(lm, os.path.join(sub, "fl"), prepared=prepared, init_params=params, ledger=led,
+        s = lm_recipe.run_lm_fl(lm, os.path.join(sub, "fl"), prepared=prepared, init_params=params, ledger=led,
                       progress=progress, stage=f"DP-FTRL FL-finetune ({name})")
         # DP columns first; exact statistics of the private users (noise-free FreD, evaluation
         # on held-out private users) are marked ``nonprivate/`` and come last

@@ -5,8 +5,8 @@ Rows: non-private FedAvg, DP-FTRL at epsilon ~ 18.71 and ~ 1.77 (delta = 1e-6; z
 for this run's own schedule of rounds and epochs), and the accuracy of always predicting the
 most frequent training token. Same data, model, seeds and rounds for every row.
 
-    python -m experiments.privacy_utility --config configs/lm_fl.py:small --workdir runs/privacy_utility
-    python -m experiments.privacy_utility --config configs/lm_fl.py:small --tokenizers sentencepiece,word
+    python -m experiments.privacy_utility --config configs/lm.py:small --workdir runs/privacy_utility
+    python -m experiments.privacy_utility --config configs/lm.py:small --tokenizers sentencepiece,word
 """
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ import os
 
 import numpy as np
 
-from experiments import common, lm_fl
+from experiments import common
+from fedpriv.recipes import lm
 
 VARIANTS = [("FedAvg (non-private)", dict(algorithm="fedavg", target_epsilon=None, noise_multiplier=None)),
             ("DP-FTRL eps~18.7", dict(algorithm="dp_ftrl", target_epsilon=18.71, noise_multiplier=None)),
@@ -30,7 +31,7 @@ def run(cfg, workdir: str, tokenizers=("sentencepiece",), seeds=(0,), progress: 
     for tok in tokenizers:
         for seed in seeds:
             base = dataclasses.replace(cfg, tokenizer=tok, seed=seed)
-            prepared = lm_fl.prepare_data(base, progress)
+            prepared = lm.prepare_data(base, progress)
             runs = [(name, over, lr) for name, over in VARIANTS
                     for lr in ([cfg.server_lr] if over["algorithm"] == "fedavg" or not server_lrs else server_lrs)]
             for name, over, lr in runs:
@@ -42,7 +43,7 @@ def run(cfg, workdir: str, tokenizers=("sentencepiece",), seeds=(0,), progress: 
                     import json
                     s = json.load(open(done))
                 else:
-                    s = lm_fl.run(vcfg, sub, prepared=prepared, progress=progress,  # own noise keys
+                    s = lm.run_lm_fl(vcfg, sub, prepared=prepared, progress=progress,  # own noise keys
                                   stage=f"fl-training ({vcfg.algorithm} eps={vcfg.target_epsilon}{tag})")
                 rows.append({"tokenizer": tok, "seed": seed, "method": name, "server_lr": lr, "epsilon": s["epsilon"],
                              "epsilon_executed_run": s["epsilon_executed_run"],
@@ -91,7 +92,7 @@ def _tokenizer_name(text: str) -> str:
 
 def main(argv=None):
     ap = common.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default="configs/lm_fl.py:small")
+    ap.add_argument("--config", default="configs/lm.py:small")
     ap.add_argument("--workdir", default="runs/privacy_utility")
     ap.add_argument("--tokenizers", default=("sentencepiece",),
                     type=common.csv_of(_tokenizer_name, "tokenizers (sentencepiece, word_public, word)"))

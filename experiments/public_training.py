@@ -31,7 +31,8 @@ import time
 import jax
 import numpy as np
 
-from experiments import common, lm_fl
+from experiments import common
+from fedpriv.recipes import lm
 from fedpriv.data import load_public_pool
 from fedpriv.dp import accounting
 from fedpriv.dp.ledger import PrivacyLedger
@@ -74,7 +75,7 @@ def prepare(cfg, teacher, cache_dir: str, progress: bool = True, log=print) -> P
         restriction = pipeline.restriction_from_texts(teacher, [pub.texts[i] for i in vocab_idx],
                                                       cfg.vocab_kept)
     tok = pipeline.RestrictedTeacherTokenizer(teacher, restriction)
-    text = lm_fl.LOADERS[cfg.corpus](progress=progress)
+    text = lm.LOADERS[cfg.corpus](progress=progress)
     if cfg.max_clients is not None and cfg.max_clients < len(text):
         ids = np.random.default_rng(cfg.split_seed).choice(len(text.client_ids), cfg.max_clients,
                                                            replace=False)
@@ -146,7 +147,7 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
     teacher = teacher or pipeline.cached_teacher(cfg.teacher_path)
     prepared = prepare(cfg, teacher, os.path.join(workdir, "teacher_cache"), progress, log)
     T, tp = cfg.rounds, cfg.t_prime_rounds
-    task = lm_fl.build_task(cfg, prepared.tokenizer.vocab_size)  # one task: compilations reused
+    task = lm.build_task(cfg, prepared.tokenizer.vocab_size)  # one task: compilations reused
     ids = list(prepared.train.client_ids)
     val = prepared.val.concat_examples()["tokens"][: cfg.max_eval_examples]
     test = prepared.test.concat_examples()["tokens"][: cfg.max_eval_examples]
@@ -169,7 +170,7 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
         init = task.init(jax.random.key(seed))
         for eps in cfg.epsilons:
             fcfg = dataclasses.replace(cfg, seed=seed, target_epsilon=eps, noise_multiplier=None)
-            alg, sampler, event, z = lm_fl.build_algorithm(fcfg, len(ids), task.loss_fn)
+            alg, sampler, event, z = lm.build_algorithm(fcfg, len(ids), task.loss_fn)
             eps_val = accounting.compute_epsilon(event, cfg.delta)[0]
             eps_real = None
             if cfg.noise_cohort_size is not None:

@@ -50,6 +50,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from flax import struct
 
+from fedpriv.util import next_pow2  # noqa: F401 (re-exported)
+
 
 @dataclasses.dataclass
 class Cohort:
@@ -61,10 +63,6 @@ class Cohort:
     @property
     def capacity(self) -> int:
         return int(self.client_mask.shape[0])
-
-
-def next_pow2(n: int) -> int:
-    return 1 << max(0, int(n - 1).bit_length())
 
 
 def round_up(n: int, multiple: int) -> int:

@@ -34,7 +34,8 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from fedpriv.fl.cohort import PackedCohort, next_pow2, pack_cohort, round_up
+from fedpriv.fl.cohort import PackedCohort, pack_cohort, round_up
+from fedpriv.util import next_pow2, prev_pow2
 
 
 def default_lanes(backend: str | None = None) -> str | int:
@@ -48,7 +49,7 @@ def balanced_lanes(steps: Sequence[int], multiple: int = 1, max_lanes: int = 256
     if not len(steps):
         return multiple
     ratio = max(1, sum(steps) // max(max(steps), 1))
-    w = 1 << (ratio.bit_length() - 1)
+    w = prev_pow2(ratio)
     return max(multiple, round_up(min(w, max_lanes), multiple))
 
 

@@ -64,15 +64,15 @@ def test_word_vocabulary_of_the_users_is_recorded_as_nonprivate(tmp_path, smoke_
     a non-private release: the run reports epsilon = inf and, beside it, the epsilon that holds
     if the vocabulary is taken as public; 'word_public' (top-k words of the public pool) is not."""
     import dataclasses
-    from experiments import lm_fl
+    from fedpriv.recipes import lm
     cfg = dataclasses.replace(smoke_cfg, rounds=1, eval_every=1, tokenizer="word")
-    s = lm_fl.run(cfg, str(tmp_path / "word"), progress=False, log=lambda _: None)
+    s = lm.run_lm_fl(cfg, str(tmp_path / "word"), progress=False, log=lambda _: None)
     assert s["epsilon"] == float("inf") and s["ledger"]["spent_epsilon"] == float("inf")
-    assert s["ledger"]["nonprivate_entries"] == [lm_fl.PRIVATE_VOCABULARY]
+    assert s["ledger"]["nonprivate_entries"] == [lm.PRIVATE_VOCABULARY]
     assert 0 < s["epsilon_if_vocabulary_public"] <= smoke_cfg.target_epsilon * (1 + 1e-6)
     assert s["ledger"]["spent_epsilon_if_public"] == pytest.approx(s["epsilon_if_vocabulary_public"])
     assert "NON-PRIVATE vocabulary" in s["noise_note"]
-    pub = lm_fl.run(dataclasses.replace(cfg, tokenizer="word_public"), str(tmp_path / "pub"),
+    pub = lm.run_lm_fl(dataclasses.replace(cfg, tokenizer="word_public"), str(tmp_path / "pub"),
                     progress=False, log=lambda _: None)
     assert "nonprivate_entries" not in pub["ledger"] and "epsilon_if_vocabulary_public" not in pub
     assert pub["epsilon"] == pytest.approx(s["epsilon_if_vocabulary_public"], rel=1e-6)

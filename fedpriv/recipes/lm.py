@@ -1,0 +1,273 @@
+"""Recipe: private FL of an on-device LM on a real user-keyed corpus (Wang et al. 2023 §2, §3, App. C).
+
+Turns a config (``configs/lm_fl.py``'s fields) into data, task, algorithm, sampler and privacy
+event, and runs them: data -> tokenizer -> model -> algorithm -> ledger -> the one round loop
+(``fedpriv.fl.loop.train``) -> summary (JSON, Markdown, PNG learning curve). The building block
+of the LM experiments (``make demo``, the privacy-utility table, the public-data and FreD
+pipelines)::
+
+    from fedpriv.recipes import lm
+    summary = lm.run_lm_fl(cfg, "runs/lm_fl")      # or the pieces: prepare_data, build_task,
+                                                   # build_algorithm
+
+Privacy: the unit is the user (client). With ``noise_cohort_size`` the run trains with
+``cohort_size`` clients per round but adds the noise of ``noise_cohort_size`` (McMahan et al.
+2018): the reported epsilon is that of the simulated run whose cohort is ``noise_cohort_size``
+drawn from a population scaled up by the same factor; the epsilon of the run actually
+executed is reported next to it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+
+import dp_accounting as dpa
+import jax
+import numpy as np
+import optax
+
+from fedpriv import report
+from fedpriv.data import (WordTokenizer, load_chitchat, load_public_pool, load_shakespeare,
+                          load_simpsons, train_sentencepiece)
+from fedpriv.dp import accounting
+from fedpriv.dp.ledger import PrivacyLedger
+from fedpriv.fl import algorithms as algs
+from fedpriv.fl.loop import train
+from fedpriv.fl.samplers import PoissonSampler, ShuffledPassSampler
+from fedpriv.models.lm import LMConfig, count_params, make_lm, make_lm_task
+from fedpriv.models.metrics import evaluate, most_frequent_token_accuracy
+
+LOADERS = {"chitchat": load_chitchat, "shakespeare": load_shakespeare, "simpsons": load_simpsons}
+
+
+@dataclasses.dataclass
+class Prepared:
+    train: object          # FederatedDataset
+    val: object
+    test: object
+    tokenizer: object
+    stats: dict
+
+
+def prepare_data(cfg, progress: bool = True) -> Prepared:
+    """Load ``cfg.corpus``, split by client, build the tokenizer, tokenize (Wang et al. §3.1)."""
+    if cfg.corpus not in LOADERS:
+        raise ValueError(f"unknown corpus {cfg.corpus!r}; choose one of {sorted(LOADERS)}")
+    text = LOADERS[cfg.corpus](progress=progress)
+    if cfg.max_clients is not None and cfg.max_clients < len(text):
+        ids = np.random.default_rng(cfg.seed).choice(len(text.client_ids), cfg.max_clients, replace=False)
+        text = text.subset([text.client_ids[i] for i in sorted(ids)])
+    tr, va, te = text.split_by_client(cfg.split, seed=cfg.seed)
+    if cfg.tokenizer == "sentencepiece":  # public tokenizer: trained on the public pool only
+        tok = train_sentencepiece(load_public_pool(progress=progress).texts, vocab_size=cfg.vocab_size)
+    elif cfg.tokenizer == "word_public":  # top-k words of the public pool
+        tok = WordTokenizer.fit(load_public_pool(progress=progress).texts, k=cfg.vocab_size - 4)
+    elif cfg.tokenizer == "word":         # private top-k words of the training users (non-private)
+        tok = WordTokenizer.fit(tr.texts(), k=cfg.vocab_size - 4)
+    else:
+        raise ValueError(f"tokenizer must be one of sentencepiece, word_public, word; got {cfg.tokenizer!r}")
+    kw = dict(seq_len=cfg.seq_len, max_examples_per_client=cfg.max_examples_per_client,
+              batch_size=cfg.batch_size, seed=cfg.seed)
+    train_ds, val_ds, test_ds = (t.to_dataset(tok, **kw) for t in (tr, va, te))
+    stats = {"corpus": cfg.corpus, "tokenizer": cfg.tokenizer, "vocab_size": tok.vocab_size,
+             "vocabulary_public": cfg.tokenizer != "word",
+             **{f"{n}_{k}": v for n, d in (("train", train_ds), ("val", val_ds), ("test", test_ds))
+                for k, v in (("clients", len(d)), ("examples", d.total_examples),
+                             ("tokens", d.total_tokens))}}
+    return Prepared(train_ds, val_ds, test_ds, tok, stats)
+
+
+def build_task(cfg, vocab_size: int):
+    lm_cfg = LMConfig(vocab_size=vocab_size, arch=cfg.arch, embed_dim=cfg.embed_dim,
+                      hidden_dim=cfg.hidden_dim, max_len=max(64, cfg.seq_len))
+    return make_lm_task(make_lm(lm_cfg))
+
+
+def build_algorithm(cfg, num_clients: int, loss_fn, prior_events=()):
+    """Algorithm, sampler, the run's privacy event(s) and its noise multiplier.
+
+    With ``target_epsilon``, z is calibrated so that ``prior_events`` (what a pipeline's ledger
+    already spent on these users, e.g. FreD releases) composed with this run stay within it.
+    """
+    if cfg.cohort_size > num_clients:
+        raise ValueError(f"cohort_size {cfg.cohort_size} > {num_clients} training clients")
+    client_opt = optax.sgd(cfg.client_lr)
+    server_opt = algs.server_optimizer(cfg.server_optimizer, cfg.server_lr, momentum=cfg.server_momentum)
+    if cfg.algorithm == "fedavg":
+        sampler = ShuffledPassSampler(num_clients, cfg.cohort_size, seed=cfg.seed)
+        alg = algs.build_algorithm(loss_fn, client_opt, server_opt, algs.DPConfig(clip_norm=cfg.clip_norm),
+                                   sampler.expected_cohort_size)
+        return alg, sampler, None, 0.0
+    if cfg.algorithm == "dp_ftrl":
+        sampler = ShuffledPassSampler(num_clients, cfg.cohort_size, seed=cfg.seed)
+        make = lambda z: algs.privacy_event(algs.DPConfig(cfg.clip_norm, z, "tree", sampler.rounds_per_epoch,
+                                                          cfg.noise_cohort_size), sampler, cfg.rounds)
+    elif cfg.algorithm == "dp_fedavg":
+        sampler = PoissonSampler(num_clients, cfg.cohort_size / num_clients, seed=cfg.seed)
+        make = lambda z: algs.privacy_event(algs.DPConfig(cfg.clip_norm, z, "gaussian", 1,
+                                                          cfg.noise_cohort_size), sampler, cfg.rounds)
+    else:
+        raise ValueError(f"algorithm must be fedavg, dp_fedavg or dp_ftrl, got {cfg.algorithm!r}")
+    if cfg.noise_multiplier is not None:
+        z = cfg.noise_multiplier
+    elif cfg.target_epsilon is not None:
+        prior = list(prior_events)
+        total = (lambda z: dpa.ComposedDpEvent(prior + [make(z)])) if prior else make
+        z = accounting.calibrate_noise_multiplier(total, cfg.target_epsilon, cfg.delta)
+    else:
+        raise ValueError("a DP algorithm needs noise_multiplier or target_epsilon")
+    dp = algs.DPConfig(cfg.clip_norm, z, "tree" if cfg.algorithm == "dp_ftrl" else "gaussian",
+                       getattr(sampler, "rounds_per_epoch", 1), cfg.noise_cohort_size)
+    alg = algs.build_algorithm(loss_fn, client_opt, server_opt, dp, sampler.expected_cohort_size)
+    return alg, sampler, algs.privacy_event(alg.dp, sampler, cfg.rounds), z  # what the loop charges
+
+
+# config fields that do not identify a run (the loop fingerprints rounds-independent privacy
+# and data fields itself: DP config, sampler, seed, population)
+_NOT_FINGERPRINTED = ("rounds", "eval_every", "eval_batch_size", "max_eval_examples",
+                      "checkpoint_every", "lanes", "progress")
+
+
+def run_fingerprint(cfg) -> dict:
+    """The config fields a resumed run must match, beside the loop's own (rounds excluded)."""
+    d = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(vars(cfg))
+    return {k: v for k, v in d.items() if k not in _NOT_FINGERPRINTED}
+
+
+def run_lm_fl(cfg, workdir: str, *, prepared: Prepared | None = None, init_params=None,
+        ledger: PrivacyLedger | None = None, progress: bool = True, log=print,
+        stage: str = "fl-training") -> dict:
+    """Train per ``cfg``; write ``metrics.jsonl``, ``summary.{json,md}``, ``learning_curve.png``.
+
+    ``init_params`` (e.g. a publicly pre-trained checkpoint) and ``ledger`` (a pipeline's
+    shared budget) are optional; by default the ledger's budget is this run's epsilon.
+    ``stage`` names the run in the ledger and tags its PRNG keys (one per run on the same users).
+    """
+    t0 = time.time()
+    os.makedirs(workdir, exist_ok=True)
+    prepared = prepared or prepare_data(cfg, progress)
+    task = build_task(cfg, prepared.tokenizer.vocab_size)
+    params = init_params if init_params is not None else task.init(jax.random.key(cfg.seed))
+    ids = list(prepared.train.client_ids)
+    prior = ledger.dp_events() if ledger is not None else ()
+    alg, sampler, event, z = build_algorithm(cfg, len(ids), task.loss_fn, prior)
+    eps = eps_real = None
+    if event is not None:
+        eps, acc_name = accounting.compute_epsilon(event, cfg.delta)  # this run alone
+        if cfg.noise_cohort_size is not None:
+            real = algs.privacy_event(alg.dp, sampler, cfg.rounds, simulated=False)
+            eps_real = accounting.compute_epsilon(real, cfg.delta)[0]
+        if ledger is None:
+            ledger = PrivacyLedger(eps * (1 + 1e-6), cfg.delta)
+        if not prepared.stats.get("vocabulary_public", True) and ledger.entry(PRIVATE_VOCABULARY) is None:
+            ledger.record_nonprivate(PRIVATE_VOCABULARY, note=(
+                f"NON-PRIVATE: the top-{cfg.vocab_size - 4} words of the training users' text (Wang "
+                "et al.'s word-tokenizer baseline); the DP epsilon holds only if it is taken as public"))
+    val = prepared.val.concat_examples()["tokens"][: cfg.max_eval_examples]
+    eval_fn = lambda p: evaluate(task, p, val, cfg.eval_batch_size)
+
+    def log_row(row):
+        if "eval_accuracy" in row:
+            extra = (f", epsilon spent {row['epsilon_spent']:.3f} (the whole run, charged before round 0)"
+                     if "epsilon_spent" in row else "")
+            log(f"round {row['round']:5d}: val accuracy {row['eval_accuracy']:.4f}, "
+                f"val loss {row['eval_loss']:.3f}{extra}")
+
+    noise_note = ""
+    if cfg.algorithm != "fedavg":
+        noise_note = (f"{cfg.algorithm}: z = {z:.4f}, clip {cfg.clip_norm}, epsilon = {eps:.3f} at delta = "
+                      f"{cfg.delta:g} (user-level)")
+        if cfg.noise_cohort_size is not None:
+            noise_note += (f"; trains with cohort {cfg.cohort_size} but adds the noise of a cohort of "
+                           f"{cfg.noise_cohort_size}: the epsilon is that of the simulated population "
+                           f"{len(ids) * cfg.noise_cohort_size // cfg.cohort_size}; the run actually "
+                           f"executed has epsilon = {eps_real:.3g}")
+        log(noise_note)
+    result = train(alg, params, prepared.train, ids, sampler, rounds=cfg.rounds, batch_size=cfg.batch_size,
+                   seed=cfg.seed, workdir=workdir, max_steps=cfg.max_local_steps, eval_fn=eval_fn,
+                   eval_every=cfg.eval_every, checkpoint_every=cfg.checkpoint_every, ledger=ledger,
+                   stage=stage, fingerprint=run_fingerprint(cfg), progress=progress, log_fn=log_row,
+                   lanes=cfg.lanes, log=log)
+    if result.ledger is not None:  # the cost recorded for this run (more if a resume extended it)
+        mine = next(e for e in result.ledger.report()["entries"] if e["name"] == stage)
+        eps, eps_real = mine["epsilon_alone"], mine.get("epsilon_executed_alone", eps_real)
+    if_public = {}
+    if result.ledger is not None and result.ledger.nonprivate_entries:
+        # a non-private choice (the vocabulary) was recorded: the run's epsilon is infinite;
+        # beside it, the epsilon that holds if that choice is taken as public
+        if_public = {"epsilon_if_vocabulary_public": eps, "epsilon_executed_run_if_vocabulary_public": eps_real,
+                     "nonprivate_entries": result.ledger.nonprivate_entries}
+        eps, eps_real = float("inf"), (float("inf") if eps_real is not None else None)
+        noise_note += (f"; NON-PRIVATE vocabulary (top-k words of the training users): epsilon = inf; "
+                       f"{if_public['epsilon_if_vocabulary_public']:.3f} if the vocabulary is taken as public")
+    final = (result.evals[-1] if result.evals and result.evals[-1]["round"] == cfg.rounds
+             else {f"eval_{k}": v for k, v in eval_fn(result.state.params).items()})
+    curve = report.metric_curve(workdir, "eval_accuracy")
+    test = prepared.test.concat_examples()["tokens"][: cfg.max_eval_examples]
+    test_metrics = evaluate(task, result.state.params, test, cfg.eval_batch_size)
+    train_tokens = prepared.train.concat_examples()["tokens"]
+    # a rerun of a finished run trains nothing: keep its recorded training time; a resumed run
+    # adds this session's time to what the interrupted session recorded (if it got that far)
+    elapsed, prev = time.time() - t0, _previous_wall_clock(workdir)
+    wall = (prev if result.resumed_from >= cfg.rounds and prev is not None
+            else elapsed + (prev or 0.0) if result.resumed_from > 0 else elapsed)
+    summary = {
+        "algorithm": cfg.algorithm, "noise_multiplier": z, "epsilon": eps, "delta": cfg.delta,
+        "epsilon_executed_run": eps_real, **if_public, "unit_of_privacy": "user", "noise_note": noise_note,
+        "rounds": cfg.rounds, "cohort_size": cfg.cohort_size, "noise_cohort_size": cfg.noise_cohort_size,
+        "val_accuracy": final.get("eval_accuracy"), "val_loss": final.get("eval_loss"),
+        "test_accuracy": test_metrics["accuracy"], "test_loss": test_metrics["loss"],
+        "most_frequent_token_val_accuracy": most_frequent_token_accuracy(train_tokens, val),
+        "num_params": count_params(result.state.params), "wall_clock_s": wall,
+        "resumed_from_round": result.resumed_from, "data": prepared.stats,
+        "ledger": result.ledger.report() if result.ledger else None,
+        "curve": curve, "outputs": outputs(prepared.stats.get("vocabulary_public", True)),
+        **report.run_record(cfg, cfg.seed),
+    }
+    report.save_json(summary, os.path.join(workdir, "summary.json"))
+    _write_summary_md(summary, workdir)
+    if curve:
+        xs, ys = zip(*curve)
+        report.plot_curves({cfg.algorithm: (list(xs), list(ys))}, os.path.join(workdir, "learning_curve.png"),
+                           "round", "validation accuracy (in-vocab)", f"{cfg.corpus}: {cfg.arch} LM")
+    return summary
+
+
+def _previous_wall_clock(workdir: str):
+    """``wall_clock_s`` of the summary a previous session wrote in ``workdir`` (None if none)."""
+    try:
+        with open(os.path.join(workdir, "summary.json")) as f:
+            return float(json.load(f)["wall_clock_s"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+PRIVATE_VOCABULARY = "vocabulary (top-k words of the training users)"
+
+
+def outputs(vocabulary_public: bool = True) -> dict:
+    """Which outputs of the run the ledger covers (the run record)."""
+    from fedpriv.fl.loop import OUTPUTS
+    out = {"covered_by_ledger": ["trained model / checkpoints"],
+           "not_covered": ["val_*, test_*, most_frequent_token_val_accuracy, eval_* in "
+                           "metrics.jsonl (exact evaluation on held-out private users)"],
+           "metrics.jsonl": OUTPUTS}
+    if not vocabulary_public:
+        out["not_covered"].append("the vocabulary (top-k words of the training users: recorded "
+                                  "in the ledger as non-private, epsilon = inf)")
+    return out
+
+
+def _write_summary_md(s: dict, workdir: str) -> None:
+    rows = [{"metric": k, "value": s[k]} for k in
+            ("algorithm", "epsilon", "delta", "epsilon_executed_run", *(
+                ("epsilon_if_vocabulary_public", "epsilon_executed_run_if_vocabulary_public")
+                if "epsilon_if_vocabulary_public" in s else ()), "noise_multiplier", "rounds",
+             "cohort_size", "noise_cohort_size", "val_accuracy", "test_accuracy",
+             "most_frequent_token_val_accuracy", "num_params", "wall_clock_s", "seed")]
+    rows += [{"metric": k, "value": v} for k, v in s["data"].items()]
+    report.write_table(rows, workdir, "summary", ["metric", "value"],
+                       title="Private FL of an on-device LM", notes=[s["noise_note"] or "non-private",
+                                                                      "unit of privacy: user"])

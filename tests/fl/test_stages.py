@@ -1,0 +1,76 @@
+"""The stage mechanism: one ledger through a list of stages, resumable per stage, fail closed."""
+import json
+import os
+
+import dp_accounting as dpa
+import pytest
+
+from fedpriv.dp.ledger import PrivacyLedger
+from fedpriv.fl.checkpoint import ResumeMismatch
+from fedpriv.fl.stages import STATE, Stage, run_stages
+
+
+class Crash(RuntimeError):
+    pass
+
+
+def _pipeline(calls, crash_in=None):
+    def release(ctx):
+        calls.append(ctx.name)
+        ctx.ledger.spend(ctx.name, dpa.GaussianDpEvent(5.0), ("users",))
+        return {"value": 1.5}
+
+    def train(ctx):
+        calls.append(ctx.name)
+        if crash_in == ctx.name:
+            ctx.ledger.spend("partial", dpa.GaussianDpEvent(5.0), ("users",))  # charged, never committed
+            raise Crash
+        assert ctx.results["release"] == {"value": 1.5}
+        assert os.path.isdir(ctx.workdir) and ctx.dir("release") != ctx.workdir
+        return {"trained_on": ctx.results["release"]["value"] * 2}
+
+    return [Stage("release", release), Stage("train", train)]
+
+
+def test_runs_in_order_and_threads_one_ledger(tmp_path):
+    calls, led = [], PrivacyLedger(10.0, 1e-6)
+    out = run_stages(_pipeline(calls), str(tmp_path), led, fingerprint={"seed": 0}, log=lambda _: None)
+    assert calls == ["release", "train"]
+    assert out.results == {"release": {"value": 1.5}, "train": {"trained_on": 3.0}}
+    assert out.ledger is led and [e.name for e in led.entries] == ["release"]
+    state = json.load(open(tmp_path / STATE))
+    assert state["stages"] == ["release", "train"] and len(state["ledger"]["entries"]) == 1
+
+
+def test_resume_skips_done_stages_and_charges_once(tmp_path):
+    calls = []
+    with pytest.raises(Crash):
+        run_stages(_pipeline(calls, crash_in="train"), str(tmp_path), PrivacyLedger(10.0, 1e-6),
+                   fingerprint={"seed": 0}, log=lambda _: None)
+    calls2, led = [], PrivacyLedger(10.0, 1e-6)
+    out = run_stages(_pipeline(calls2), str(tmp_path), led, fingerprint={"seed": 0}, log=lambda _: None)
+    assert calls2 == ["train"] and out.resumed == ["release"]
+    # the release's charge came from the file; the crashed attempt's uncommitted charge is gone
+    assert [e.name for e in led.entries] == ["release"]
+    fresh = PrivacyLedger(10.0, 1e-6)
+    run_stages(_pipeline([]), str(tmp_path / "fresh"), fresh, fingerprint={"seed": 0}, log=lambda _: None)
+    assert led.spent() == pytest.approx(fresh.spent())
+
+
+def test_refuses_other_config_stages_or_budget(tmp_path):
+    run_stages(_pipeline([]), str(tmp_path), PrivacyLedger(10.0, 1e-6), fingerprint={"seed": 0},
+               log=lambda _: None)
+    with pytest.raises(ResumeMismatch, match="seed"):
+        run_stages(_pipeline([]), str(tmp_path), PrivacyLedger(10.0, 1e-6), fingerprint={"seed": 1})
+    with pytest.raises(ResumeMismatch, match="stages"):
+        run_stages(_pipeline([])[:1], str(tmp_path), PrivacyLedger(10.0, 1e-6), fingerprint={"seed": 0})
+    with pytest.raises(ResumeMismatch, match="epsilon"):
+        run_stages(_pipeline([]), str(tmp_path), PrivacyLedger(20.0, 1e-6), fingerprint={"seed": 0})
+    (tmp_path / STATE).write_text("{not json")
+    with pytest.raises(ResumeMismatch, match="not a readable"):
+        run_stages(_pipeline([]), str(tmp_path), PrivacyLedger(10.0, 1e-6), fingerprint={"seed": 0})
+
+
+def test_names_must_be_unique(tmp_path):
+    with pytest.raises(ValueError, match="unique"):
+        run_stages(_pipeline([]) * 2, str(tmp_path), PrivacyLedger(10.0, 1e-6))
