@@ -140,6 +140,12 @@ def strict_json(value):
 
 
 def main(argv=None) -> int:
+    """``fedpriv privacy ...`` (accounting) and ``fedpriv audit ...`` (the privacy audit);
+    the ``fedpriv`` console script and ``python -m fedpriv``."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["audit"]:
+        from fedpriv.audit import main as audit_main
+        return audit_main(argv[1:])
     try:
         out, as_json = run(argv)
     except (ValueError, dpa.UnsupportedEventError) as err:

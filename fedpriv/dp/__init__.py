@@ -1,1 +1,42 @@
-"""fedpriv.dp."""
+"""fedpriv.dp: the privacy layer — clipping, noise mechanisms (optax-native privatizers),
+adaptive clipping, discrete (Geometric) noise, accounting with dp-accounting, and the one
+privacy ledger a pipeline spends its budget through.
+
+Composes with optax::
+
+    from fedpriv import dp
+    tx = optax.chain(dp.tree_privatizer(z * C, key, restart_every=R), optax.scale(-1 / m),
+                     optax.sgd(lr))       # DP-FTRL's noise on a sum of clipped updates
+
+``fedpriv.fl`` builds its rounds from these objects; ``docs/privacy.md`` lists every release
+and how it is accounted.
+"""
+from fedpriv.dp.accounting import (MAX_ROUNDS, NEIGHBORING, CalibrationError, RoundRelease,
+                                   calibrate_noise_multiplier, canonical_event, check_delta,
+                                   check_epsilon, compute_epsilon, dp_fedavg_poisson_event,
+                                   dp_fedavg_wor_event, dp_ftrl_event, epoch_lengths,
+                                   poisson_sampled_event, pure_epsilon, replace_one_event,
+                                   wor_sampled_event)
+from fedpriv.dp.adaptive import AdaptiveClipping, ClipState
+from fedpriv.dp.clipping import ClipNormError, check_clip_norm, clip_update, global_norm
+from fedpriv.dp.geometric import (geometric_dp_event, geometric_epsilon, geometric_mechanism,
+                                  geometric_noise)
+from fedpriv.dp.keys import numpy_generator, tagged_key
+from fedpriv.dp.ledger import (LedgerEntry, PrivacyBudgetExceeded, PrivacyLedger, event_from_json,
+                               event_to_json)
+from fedpriv.dp.noise import (NoiseMechanism, NoiseState, distributed_noise_share,
+                              gaussian_mechanism, gaussian_privatizer, tree_mechanism,
+                              tree_privatizer)
+
+__all__ = [
+    "MAX_ROUNDS", "NEIGHBORING", "CalibrationError", "RoundRelease", "calibrate_noise_multiplier",
+    "canonical_event", "check_delta", "check_epsilon", "compute_epsilon", "dp_fedavg_poisson_event",
+    "dp_fedavg_wor_event", "dp_ftrl_event", "epoch_lengths", "poisson_sampled_event",
+    "pure_epsilon", "replace_one_event", "wor_sampled_event",
+    "AdaptiveClipping", "ClipState", "ClipNormError", "check_clip_norm", "clip_update",
+    "global_norm", "geometric_dp_event", "geometric_epsilon", "geometric_mechanism",
+    "geometric_noise", "numpy_generator", "tagged_key", "LedgerEntry", "PrivacyBudgetExceeded",
+    "PrivacyLedger", "event_from_json", "event_to_json", "NoiseMechanism", "NoiseState",
+    "distributed_noise_share", "gaussian_mechanism", "gaussian_privatizer", "tree_mechanism",
+    "tree_privatizer",
+]

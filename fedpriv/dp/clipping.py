@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedpriv.data.errors import FedprivError
+from fedpriv.errors import FedprivError
 
 
 class ClipNormError(FedprivError, ValueError):

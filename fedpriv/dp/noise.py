@@ -1,9 +1,14 @@
 """Noise mechanisms on aggregated sums: Gaussian and DP-FTRL tree aggregation.
 
-One interface (optax-style, PRNG key in the state) covers both:
+One mechanism (PRNG key in the state) covers both, and is used as an optax transformation:
 
-    state = mech.init(key)
-    noised_increment, state = mech.add_noise(sum_tree, state)
+    privatizer = tree_privatizer(noise_std, key, restart_every)   # or gaussian_privatizer
+    state = privatizer.init(params)
+    noised_increment, state = privatizer.update(sum_tree, state)
+
+so it composes with any optax chain (``optax.chain(tree_privatizer(z * C, key, R),
+optax.scale(1 / m), optax.sgd(lr))``) and the federated engine (``fedpriv.fl.algorithms``)
+uses these very objects on its normalised sums.
 
 * **Gaussian** (DP-FedAvg, McMahan et al. 2018): ``sum + N(0, std^2 I)`` with fresh noise
   every round, ``std = z * C`` (noise multiplier z, clip norm C; DESIGN.md convention).
@@ -33,6 +38,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import optax
 from flax import struct
 
 # Node ids are folded into the key as ``level * _LEVEL_STRIDE + index``.
@@ -137,6 +143,46 @@ class NoiseMechanism:
             inc = tree_increment_noise(key, step + 1, sum_tree, self.std, self.num_levels)
         noised = jax.tree_util.tree_map(jnp.add, sum_tree, inc)
         return noised, NoiseState(state.key, step + 1, tree_idx)
+
+
+def tree_privatizer(noise_std: float, key, restart_every: int) -> optax.GradientTransformation:
+    """DP-FTRL tree-aggregation noise as an ``optax.GradientTransformation``.
+
+    ``update(updates, state)`` treats ``updates`` (a pytree, e.g. the sum of clipped client
+    deltas of one round, sensitivity C) as the next leaf of the tree and returns
+    ``updates + n(t) - n(t-1)``: the increment of the noisy prefix sums (Kairouz et al. 2021,
+    Alg. 1), ``n`` built from i.i.d. ``N(0, noise_std^2)`` node noises (``noise_std = z * C``).
+    The tree restarts with a fresh key every ``restart_every`` updates (one tree per epoch).
+
+    Args:
+      noise_std: per-node noise std per coordinate (a Python float >= 0).
+      key: typed PRNG key the state is initialised with (``init``). ``None`` builds a
+        transformation that can only ``update`` an existing state (what the engine's jitted
+        round uses: the key lives in the state).
+      restart_every: leaves per tree; 1 is the Gaussian mechanism (``gaussian_privatizer``).
+
+    The state is a ``NoiseState`` (key, step, tree index): O(1) memory, exactly resumable.
+    """
+    mech = NoiseMechanism(float(noise_std), int(restart_every))
+
+    def init_fn(params):
+        del params
+        if key is None:
+            raise ValueError("this privatizer was built without a key: pass one to init a state")
+        return mech.init(key)
+
+    def update_fn(updates, state, params=None):
+        del params
+        return mech.add_noise(updates, state)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def gaussian_privatizer(noise_std: float, key) -> optax.GradientTransformation:
+    """The Gaussian mechanism as an ``optax.GradientTransformation``: ``updates + N(0,
+    noise_std^2 I)``, fresh noise every update (DP-FedAvg, McMahan et al. 2018; ``noise_std =
+    z * C``). The ``restart_every=1`` case of :func:`tree_privatizer`."""
+    return tree_privatizer(noise_std, key, 1)
 
 
 def gaussian_mechanism(noise_multiplier: float, clip_norm: float) -> NoiseMechanism:

@@ -252,7 +252,3 @@ def shard_cohort(tree, mesh: Mesh):
                              f"pad the cohort capacity to a multiple of the device count")
         return jax.device_put(a, NamedSharding(mesh, P("clients")))
     return jax.tree_util.tree_map(put, tree)
-
-
-def replicate(tree, mesh: Mesh):
-    return jax.tree_util.tree_map(lambda a: jax.device_put(a, NamedSharding(mesh, P())), tree)

@@ -33,7 +33,7 @@ from flax import struct
 
 from fedpriv.dp import accounting
 from fedpriv.dp.adaptive import AdaptiveClipping, ClipState
-from fedpriv.dp.noise import NoiseMechanism, NoiseState
+from fedpriv.dp.noise import NoiseState, tree_privatizer
 from fedpriv.fl.aggregate import WEIGHTINGS, packed_sum
 from fedpriv.fl.client import make_local_step
 from fedpriv.fl.cohort import Lanes, pack_padded
@@ -132,7 +132,9 @@ def build_algorithm(loss_fn: Callable, client_optimizer: optax.GradientTransform
     local_step = make_local_step(loss_fn, client_optimizer, compute_dtype)
     scale = 1.0 if dp.noise_cohort_size is None else expected_cohort_size / dp.noise_cohort_size
     restart = dp.restart_every if dp.mechanism == "tree" else 1
-    mechanism = NoiseMechanism(std=dp.noise_multiplier * scale, restart_every=restart)
+    # the noise on the normalised sum (sensitivity 1): fedpriv.dp's optax privatizer itself
+    privatizer = lambda key=None: tree_privatizer(dp.noise_multiplier * scale, key, restart)  # noqa: E731
+    noise = privatizer()  # update-only: the key lives in ServerState.noise_state
     adaptive = dp.adaptive
     normalise = math.isfinite(dp.clip_norm) or adaptive is not None
 
@@ -140,7 +142,7 @@ def build_algorithm(loss_fn: Callable, client_optimizer: optax.GradientTransform
         k_noise, k_clip = jax.random.split(key)
         clip0 = adaptive.initial_clip if adaptive is not None else dp.clip_norm
         clip_state = ClipState(jnp.asarray(clip0, jnp.float32), k_clip)
-        return ServerState(params, server_optimizer.init(params), mechanism.init(k_noise),
+        return ServerState(params, server_optimizer.init(params), privatizer(k_noise).init(params),
                            clip_state, jnp.zeros((), jnp.int32))
 
     def apply_packed(state: ServerState, lanes: Lanes, client_mask, key, first=None):
@@ -151,7 +153,7 @@ def build_algorithm(loss_fn: Callable, client_optimizer: optax.GradientTransform
         total = jax.tree_util.tree_map(lambda t, p: t.astype(p.dtype), total, state.params)
         if normalise:
             unit = jax.tree_util.tree_map(lambda x: x / clip, total)
-            noised, noise_state = mechanism.add_noise(unit, state.noise_state)
+            noised, noise_state = noise.update(unit, state.noise_state)
             noised = jax.tree_util.tree_map(lambda x: x * clip, noised)
         else:
             noised, noise_state = total, state.noise_state

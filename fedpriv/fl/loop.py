@@ -67,7 +67,7 @@ class PrivacyAccountingError(CheckpointError):
 
 
 __all__ = ["train", "TrainResult", "RunCheckpoint", "load_run", "replace_params", "fork_run",
-           "read_metrics", "run_fingerprint", "METRICS", "NONPRIVATE", "DP_COVERED_METRICS", "OUTPUTS",
+           "read_metrics", "run_fingerprint", "METRICS", "DERIVED_METRICS", "NONPRIVATE", "DP_COVERED_METRICS", "OUTPUTS",
            "nonprivate_key", "TRAINING_FIELDS", "CheckpointError",
            "ResumeMismatch", "PrivacyAccountingError"]
 
@@ -290,16 +290,22 @@ def nonprivate_key(name: str) -> str:
     return name if name in DP_COVERED_METRICS or name.startswith(NONPRIVATE) else NONPRIVATE + name
 
 
-def _scalarize(metrics) -> dict:
+# Ratios the loop derives from a round's summed metrics: name -> (numerator, denominators in
+# order of preference). The default fits the LM tasks (``models.lm.make_lm_task``); a task
+# whose loss returns other sums passes its own ``derived_metrics`` to ``train``.
+DERIVED_METRICS = {"train_loss": ("loss_sum", ("num_tokens",)),
+                   "train_accuracy": ("num_correct", ("num_acc_tokens", "num_tokens"))}
+
+
+def _scalarize(metrics, derived: Mapping = DERIVED_METRICS) -> dict:
     out = {}
     for k, v in metrics.items():
         v = np.asarray(v)
         out[k] = float(v) if v.size == 1 else v.tolist()
-    if "loss_sum" in out and out.get("num_tokens"):
-        out["train_loss"] = out["loss_sum"] / out["num_tokens"]
-    denom = out.get("num_acc_tokens", out.get("num_tokens"))
-    if "num_correct" in out and denom:
-        out["train_accuracy"] = out["num_correct"] / denom
+    for name, (num, denoms) in derived.items():
+        denom = next((out[d] for d in denoms if d in out), None)
+        if num in out and denom:
+            out[name] = out[num] / denom
     return {nonprivate_key(k): v for k, v in out.items()}
 
 
@@ -336,6 +342,7 @@ def train(algorithm: FederatedAlgorithm, init_params, dataset: Mapping, client_i
           checkpoint_every: int = 0, keep_checkpoints: int = 2, mesh=None,
           lanes: str | int = "auto", progress: bool = True, stop_after: int | None = None,
           log_fn: Callable[[dict], None] | None = None,
+          derived_metrics: Mapping = DERIVED_METRICS,
           log: Callable[[str], None] | None = print) -> TrainResult:
     """Run ``rounds`` rounds of ``algorithm`` (resuming from ``workdir`` if it has a checkpoint).
 
@@ -371,6 +378,8 @@ def train(algorithm: FederatedAlgorithm, init_params, dataset: Mapping, client_i
         ``fedpriv.fl.execution``), ``"balanced"`` or an int.
       stop_after: stop (with a checkpoint) after this many rounds *in this call* — used to
         simulate an interruption.
+      derived_metrics: ratios written per round, ``{name: (sum, (count, ...))}``
+        (default ``DERIVED_METRICS``: the LM tasks' train loss and accuracy).
       log: where resume messages go (None: silent).
     """
     if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 1:
@@ -473,7 +482,7 @@ def train(algorithm: FederatedAlgorithm, init_params, dataset: Mapping, client_i
         packed = executor.pack(ids, rng=np.random.default_rng([seed, r]))
         state, metrics = executor.run(state, packed, jax.random.fold_in(k_rounds, r))
         row = {"round": r + 1, **_scalarize({**metrics, "real_steps": packed.real_steps,
-                                             "executed_steps": packed.executed_steps})}
+                                             "executed_steps": packed.executed_steps}, derived_metrics)}
         if NONPRIVATE + "train_loss" in row:
             bar.set_postfix(loss=f"{row[NONPRIVATE + 'train_loss']:.3f}", refresh=False)
         if eval_fn is not None and ((eval_every and (r + 1) % eval_every == 0) or r + 1 == rounds):
