@@ -265,35 +265,23 @@ def test_int_override_must_be_an_integer(text):
         common.load_config(f"{LM}:smoke,rounds={text}")
 
 
-def test_split_fractions_must_sum_to_one():
-    with pytest.raises(ConfigError, match=r"split must be fractions that sum to 1, got "
-                                          r"\(0\.3, 0\.1, 0\.1\) \(sum 0\.5\)"):
-        common.load_config(f"{LM}:smoke,split=0.3/0.1/0.1")
-
-
-def test_override_without_value():
-    with pytest.raises(ConfigError, match=r"override 'rounds' needs a value: rounds=\.\.\."):
-        common.load_config(f"{LM}:smoke,rounds")
-
-
-def test_none_for_a_required_field():
-    with pytest.raises(ConfigError, match=r"override 'rounds': None is not allowed \(type int\)"):
-        common.load_config(f"{LM}:smoke,rounds=None")
-
-
-def test_nan_float_override():
-    with pytest.raises(ConfigError, match=r"override 'clip_norm': expected a number, got 'nan'"):
-        common.load_config(f"{LM}:smoke,clip_norm=nan")
-
-
-def test_override_given_twice():
-    with pytest.raises(ConfigError, match=r"override 'rounds' is given twice"):
-        common.load_config(f"{LM}:smoke,rounds=3,rounds=4")
-
-
-def test_config_that_is_not_a_python_file():
-    with pytest.raises(ConfigError, match=r"config file 'README\.md' is not a Python file"):
-        common.load_config("README.md:smoke")
+@pytest.mark.parametrize("spec, message", [
+    pytest.param(f"{LM}:smoke,split=0.3/0.1/0.1", r"split must be fractions that sum to 1, got "
+                 r"\(0\.3, 0\.1, 0\.1\) \(sum 0\.5\)", id="split_fractions_must_sum_to_one"),
+    pytest.param(f"{LM}:smoke,rounds", r"override 'rounds' needs a value: rounds=\.\.\.",
+                 id="override_without_value"),
+    pytest.param(f"{LM}:smoke,rounds=None", r"override 'rounds': None is not allowed \(type int\)",
+                 id="none_for_a_required_field"),
+    pytest.param(f"{LM}:smoke,clip_norm=nan",
+                 r"override 'clip_norm': expected a number, got 'nan'", id="nan_float_override"),
+    pytest.param(f"{LM}:smoke,rounds=3,rounds=4", r"override 'rounds' is given twice",
+                 id="override_given_twice"),
+    pytest.param("README.md:smoke", r"config file 'README\.md' is not a Python file",
+                 id="config_that_is_not_a_python_file"),
+])
+def test_bad_config_spec(spec, message):
+    with pytest.raises(ConfigError, match=message):
+        common.load_config(spec)
 
 
 def test_missing_config_file():

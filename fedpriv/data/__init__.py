@@ -7,6 +7,10 @@ public SentencePiece and word-level top-k tokenizers with the word -> token accu
 and :class:`FederatedDataset`, client id -> ``{'tokens': int32[n, L+1]}`` with the papers' caps
 (256 examples per client, L = 20, batch 16) and splits by client.
 
+Modules: :mod:`~fedpriv.data.corpora` (private user-keyed corpora), :mod:`~fedpriv.data.formats`
+(original-format files), :mod:`~fedpriv.data.public_pool` (public pool and its SentencePiece
+tokenizer), :mod:`~fedpriv.data.parsing` (parse/cap/cache shared by the loaders),
+:mod:`~fedpriv.data.text`, :mod:`~fedpriv.data.federated`, :mod:`~fedpriv.data.tokenizers`.
 TFDS builders live in :mod:`fedpriv.data.tfds_builders` (imported on demand: it imports
 tensorflow_datasets).
 """
@@ -29,16 +33,9 @@ from fedpriv.data.federated import (
     FederatedDataset,
     encode_examples,
 )
-from fedpriv.data.loaders import (
-    PUBLIC_SOURCES,
-    load_chitchat,
-    load_jsonl,
-    load_public_pool,
-    load_shakespeare,
-    load_simpsons,
-    load_stackoverflow_sqlite,
-    load_text_dir,
-)
+from fedpriv.data.corpora import load_chitchat, load_shakespeare, load_simpsons
+from fedpriv.data.formats import load_jsonl, load_stackoverflow_sqlite, load_text_dir
+from fedpriv.data.public_pool import PUBLIC_SOURCES, load_public_pool, public_sentencepiece
 from fedpriv.data.text import (
     FederatedText,
     LoadStats,
@@ -58,7 +55,6 @@ from fedpriv.data.tokenizers import (
     Tokenizer,
     WordTokenizer,
     load_tokenizer,
-    public_sentencepiece,
     split_words,
     tokens_per_vocab_word,
     train_sentencepiece,

@@ -11,13 +11,14 @@ Cache directory: the ``cache_dir`` argument, else ``$FEDPRIV_CACHE``, else ``~/.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import pathlib
-import tempfile
-from collections.abc import Iterable, Mapping
-from typing import Any
+import secrets
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, BinaryIO
 
 __all__ = [
     "resolve_cache_dir",
@@ -25,6 +26,7 @@ __all__ = [
     "texts_digest",
     "cache_key",
     "read_json",
+    "atomic_file",
     "write_json_atomic",
 ]
 
@@ -103,21 +105,33 @@ def read_json(path: pathlib.Path) -> Any | None:
         return None
 
 
-def write_json_atomic(path: pathlib.Path, obj: Any) -> None:
-    """Write ``obj`` as JSON to ``path`` atomically (temp file + rename), so concurrent readers
-    never see a half-written entry."""
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """Write ``path`` atomically: yields a binary file opened on a temporary name next to it
+    (unique per writer: ``<name>.<pid>.<random>.tmp``, created exclusively), renamed onto
+    ``path`` with :func:`os.replace` when the block ends, removed if it raises. Concurrent
+    writers of one cache entry never share a temporary file, and readers never see a
+    half-written entry (the last complete write wins)."""
+    path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp")
     try:
-        try:
-            text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-            data = text.encode("utf-8")
-        except UnicodeEncodeError:  # lone surrogates (e.g. an undecodable file name): escape
-            data = json.dumps(obj, ensure_ascii=True, separators=(",", ":")).encode("ascii")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        with open(tmp, "xb") as f:
+            yield f
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_json_atomic(path: pathlib.Path, obj: Any) -> None:
+    """Write ``obj`` as JSON to ``path`` atomically (:func:`atomic_file`), so concurrent readers
+    never see a half-written entry."""
+    try:
+        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+        data = text.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates (e.g. an undecodable file name): escape
+        data = json.dumps(obj, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+    with atomic_file(path) as f:
+        f.write(data)

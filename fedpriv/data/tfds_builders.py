@@ -1,8 +1,9 @@
 """TensorFlow Datasets builders for fedpriv's corpora (array_record; no TensorFlow needed).
 
-Each corpus of :mod:`fedpriv.data.loaders` is also an ordinary TFDS dataset, so users can
-``download_and_prepare`` it once and read it with ``builder.as_data_source()`` (random access
-over ArrayRecord files; works without TensorFlow installed):
+Each corpus of :mod:`fedpriv.data.corpora` and the public pool (:mod:`fedpriv.data.public_pool`)
+is also an ordinary TFDS dataset, so users can ``download_and_prepare`` it once and read it with
+``builder.as_data_source()`` (random access over ArrayRecord files; works without TensorFlow
+installed):
 
 ===================  =======================================  =================================
 TFDS name            features                                 from
@@ -33,7 +34,7 @@ from collections.abc import Mapping
 
 import tensorflow_datasets as tfds
 
-from fedpriv.data import loaders
+from fedpriv.data import corpora, public_pool
 from fedpriv.data.text import FederatedText, PublicCorpus
 
 __all__ = [
@@ -117,7 +118,7 @@ class FedprivChitchat(_FederatedTextBuilder):
     _HOMEPAGE = "https://github.com/BYU-PCCL/chitchat-dataset"
 
     def _load(self) -> FederatedText:
-        return loaders.load_chitchat(**self._loader_args())
+        return corpora.load_chitchat(**self._loader_args())
 
 
 class FedprivShakespeare(_FederatedTextBuilder):
@@ -126,7 +127,7 @@ class FedprivShakespeare(_FederatedTextBuilder):
     _DESCRIPTION = "Shakespeare's plays; client = (play, role) as in LEAF (fedpriv)."
 
     def _load(self) -> FederatedText:
-        return loaders.load_shakespeare(**self._loader_args())
+        return corpora.load_shakespeare(**self._loader_args())
 
 
 class FedprivSimpsons(_FederatedTextBuilder):
@@ -135,7 +136,7 @@ class FedprivSimpsons(_FederatedTextBuilder):
     _DESCRIPTION = "The Simpsons lines from popquotes; client = speaker (fedpriv)."
 
     def _load(self) -> FederatedText:
-        return loaders.load_simpsons(**self._loader_args())
+        return corpora.load_simpsons(**self._loader_args())
 
 
 class FedprivPublicPool(_FederatedTextBuilder):
@@ -148,7 +149,7 @@ class FedprivPublicPool(_FederatedTextBuilder):
         return dict(super()._features(), source=tfds.features.Text())
 
     def _generate_examples(self):
-        pool: PublicCorpus = loaders.load_public_pool(**self._loader_args())
+        pool: PublicCorpus = public_pool.load_public_pool(**self._loader_args())
         keep = None
         if self.builder_config.max_clients is not None:
             keep = set(sorted(set(pool.doc_ids))[: self.builder_config.max_clients])

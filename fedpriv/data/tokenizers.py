@@ -10,7 +10,10 @@ tokenizer and counting all tokens of a word as correct iff the word was predicte
 
 All tokenizers share one interface (:class:`Tokenizer`) and the special ids
 
-    PAD = 0, UNK (OOV) = 1, BOS = 2, EOS = 3.
+    PAD = 0, UNK (OOV) = 1, BOS = 2, EOS = 3,
+
+defined here once (:data:`PAD_ID` ... :data:`EOS_ID`) for the whole library. The public
+tokenizer trained on the public pool is :func:`fedpriv.data.public_pool.public_sentencepiece`.
 
 ``encode`` returns the ids of the text only; BOS/EOS are added when examples are built
 (:meth:`fedpriv.data.federated.FederatedDataset.from_text`).
@@ -31,9 +34,9 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from fedpriv.data import cache as cache_lib
-from fedpriv.data.text import logger
 from fedpriv.data.errors import (EmptyCorpusError, MissingResourceError, TokenizerError,
-                                 VocabularyMismatchError)
+                                 VocabularyMismatchError, logger)
+from fedpriv.data.sources import require_file
 
 __all__ = [
     "PAD_ID",
@@ -53,7 +56,6 @@ __all__ = [
     "word_to_token_accuracy",
     "tokens_per_vocab_word",
     "word_ids_to_token_accuracy",
-    "public_sentencepiece",
 ]
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
@@ -154,10 +156,8 @@ class SentencePieceTokenizer(_SpecialsMixin):
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> SentencePieceTokenizer:
-        p = pathlib.Path(path)
-        if not p.is_file():
-            raise MissingResourceError(f"SentencePiece model file {str(p)!r}",
-                                       "train one with fedpriv.data.tokenizers.train_sentencepiece")
+        p = require_file(path, "SentencePiece model file",
+                         "train one with fedpriv.data.tokenizers.train_sentencepiece")
         return cls(p.read_bytes(), name=p.stem, source=f"SentencePiece model file {str(p)!r}")
 
     def save(self, path: str | os.PathLike) -> pathlib.Path:
@@ -204,7 +204,7 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int = 8000, *,
                         cache_dir: str | os.PathLike | None = None, use_cache: bool = True
                         ) -> SentencePieceTokenizer:
     """Train a SentencePiece model (``pad=0, unk=1, bos=2, eos=3``) on ``texts`` (one sentence
-    each; the paper's public corpus, here :func:`~fedpriv.data.loaders.load_public_pool`).
+    each; the paper's public corpus, here :func:`~fedpriv.data.public_pool.load_public_pool`).
 
     The model is cached under ``<cache>/tokenizers/`` by a hash of the texts and the options: a
     second call with the same inputs just loads the file. ``vocab_size`` is a soft limit
@@ -251,27 +251,9 @@ def train_sentencepiece(texts: Iterable[str], vocab_size: int = 8000, *,
         ) from e
     tok = SentencePieceTokenizer(model.getvalue(), name=f"spm{vocab_size}")
     if path is not None:
-        tmp = path.with_suffix(".tmp")
-        tok.save(tmp)
-        os.replace(tmp, path)
+        with cache_lib.atomic_file(path) as f:
+            f.write(tok.model_proto)
     return tok
-
-
-def public_sentencepiece(vocab_size: int = 8000, *, sources: Sequence[str] | None = None,
-                         cache_dir: str | os.PathLike | None = None, progress: bool = False
-                         ) -> SentencePieceTokenizer:
-    """The public SentencePiece tokenizer of this project: trained on the public pool
-    (:func:`fedpriv.data.loaders.load_public_pool`, ~25K sentences / ~0.6M words), cached.
-
-    Wang et al. use LaMDA's 32K SentencePiece model; our pool is small, so 8K is the default and
-    32K stops at ~31K pieces (``hard_vocab_limit=False``; check ``vocab_size``). Training takes
-    ~10 s the first time, then the cached model file is loaded.
-    """
-    from fedpriv.data.loaders import PUBLIC_SOURCES, load_public_pool
-
-    pool = load_public_pool(sources=tuple(sources or PUBLIC_SOURCES), cache_dir=cache_dir,
-                            progress=progress)
-    return train_sentencepiece(pool.texts, vocab_size, cache_dir=cache_dir)
 
 
 # --------------------------------------------------------------------------------------------
@@ -332,10 +314,8 @@ class WordTokenizer(_SpecialsMixin):
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> WordTokenizer:
-        p = pathlib.Path(path)
-        if not p.is_file():
-            raise MissingResourceError(f"word vocabulary file {str(p)!r}",
-                                       "create one with WordTokenizer.fit(...).save(path)")
+        p = require_file(path, "word vocabulary file",
+                         "create one with WordTokenizer.fit(...).save(path)")
         try:
             d = json.loads(p.read_text(encoding="utf-8"))
         except (UnicodeDecodeError, ValueError) as e:

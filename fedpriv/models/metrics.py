@@ -35,8 +35,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-PAD, UNK, BOS, EOS = 0, 1, 2, 3
-SPECIAL_TOKENS = (PAD, UNK, BOS, EOS)
+from fedpriv.data.tokenizers import (BOS_ID as BOS, EOS_ID as EOS, PAD_ID as PAD, SPECIAL_IDS,
+                                     UNK_ID as UNK)
+
+SPECIAL_TOKENS = SPECIAL_IDS.as_tuple()  # (PAD, UNK, BOS, EOS)
 
 # Keys of the per-batch sums dict returned by `lm_sums` / a task's `eval_fn` / `loss_fn` aux.
 SUM_KEYS = ("loss_sum", "num_tokens", "num_correct", "num_acc_tokens", "num_examples")

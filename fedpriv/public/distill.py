@@ -63,10 +63,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedpriv.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from fedpriv.models import llama
 from fedpriv.models import metrics
-
-PAD_ID, UNK_ID, BOS_ID, EOS_ID = metrics.PAD, metrics.UNK, metrics.BOS, metrics.EOS
 NUM_SPECIAL = 4
 FORMAT = "fedpriv-topk-v1"
 MANIFEST = "manifest.json"

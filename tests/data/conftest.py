@@ -21,28 +21,21 @@ def _timed(fn, **kw):
     return out, time.perf_counter() - t
 
 
-@pytest.fixture(scope="session")
-def chitchat(fedpriv_cache):
-    from fedpriv.data import load_chitchat
-    return _timed(load_chitchat)
+def _loaded(corpus: str):
+    """A session fixture named ``corpus``: ``(fedpriv.data.load_<corpus>(), seconds)``."""
+
+    @pytest.fixture(scope="session", name=corpus)
+    def fixture(fedpriv_cache):
+        import fedpriv.data
+        return _timed(getattr(fedpriv.data, f"load_{corpus}"))
+
+    return fixture
 
 
-@pytest.fixture(scope="session")
-def shakespeare(fedpriv_cache):
-    from fedpriv.data import load_shakespeare
-    return _timed(load_shakespeare)
-
-
-@pytest.fixture(scope="session")
-def simpsons(fedpriv_cache):
-    from fedpriv.data import load_simpsons
-    return _timed(load_simpsons)
-
-
-@pytest.fixture(scope="session")
-def public_pool(fedpriv_cache):
-    from fedpriv.data import load_public_pool
-    return _timed(load_public_pool)
+chitchat = _loaded("chitchat")
+shakespeare = _loaded("shakespeare")
+simpsons = _loaded("simpsons")
+public_pool = _loaded("public_pool")
 
 
 @pytest.fixture(scope="session")

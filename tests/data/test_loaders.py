@@ -4,7 +4,7 @@ import pytest
 
 from fedpriv.data import (FederatedText, PublicCorpus, load_chitchat, load_public_pool,
                           load_shakespeare, load_simpsons)
-from fedpriv.data import loaders as loaders_mod
+from fedpriv.data import corpora as corpora_mod
 
 
 def _assert_clean(corpus: FederatedText):
@@ -35,7 +35,7 @@ def test_chitchat_cache_hit_does_not_reparse(chitchat, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("re-parsed despite a cache entry")
 
-    monkeypatch.setattr(loaders_mod, "tqdm", boom)  # only the parser iterates with tqdm
+    monkeypatch.setattr(corpora_mod, "tqdm", boom)  # only the parser iterates with tqdm
     again = load_chitchat(progress=False)
     assert again.stats.cache_hit and again.stats.seconds < cold
     assert again.client_ids == corpus.client_ids

@@ -94,13 +94,17 @@ def data():
     return tokens, rng.integers(0, 2, n).astype(np.int32)
 
 
+def _bigram_task(with_domain: bool, seed: int, domain):
+    """(task, params, domain or None) of a bigram LM, with a domain input if ``with_domain``."""
+    task = lm.make_lm_task(DomainBigram(20) if with_domain else Bigram(20))
+    return task, task.init(jax.random.key(seed)), domain if with_domain else None
+
+
 @pytest.mark.parametrize("with_domain", [False, True])
 def test_evaluate_matches_unbatched_reference(data, with_domain):
     """N=7 with batch_size=3: one compiled shape, padded last batch, same sums as one big batch."""
     tokens, domain = data
-    task = lm.make_lm_task(DomainBigram(20) if with_domain else Bigram(20))
-    params = task.init(jax.random.key(0))
-    dom = domain if with_domain else None
+    task, params, dom = _bigram_task(with_domain, 0, domain)
     out = metrics.evaluate(task, params, tokens, batch_size=3, domain=dom)
     assert metrics._jit(task.eval_fn)._cache_size() == 1
     batch = {"tokens": tokens, "mask": np.ones(7, np.float32)}
@@ -120,9 +124,7 @@ def test_evaluate_matches_unbatched_reference(data, with_domain):
 @pytest.mark.parametrize("with_domain", [False, True])
 def test_sequence_logprob(data, with_domain):
     tokens, domain = data
-    task = lm.make_lm_task(DomainBigram(20) if with_domain else Bigram(20))
-    params = task.init(jax.random.key(1))
-    dom = domain if with_domain else None
+    task, params, dom = _bigram_task(with_domain, 1, domain)
     out = metrics.sequence_logprob(task, params, tokens, batch_size=3, domain=dom)
     assert out.shape == (7,) and out.dtype == np.float32
     logp = np.asarray(jax.nn.log_softmax(task.apply(params, tokens[:, :-1], dom)))

@@ -1,0 +1,184 @@
+"""Shared machinery of the corpus loaders (Wang et al. 2023, §2): parse -> filter -> cap -> cache.
+
+Every loader (:mod:`fedpriv.data.corpora`, :mod:`fedpriv.data.formats`,
+:mod:`fedpriv.data.public_pool`) parses, filters, caps and caches its result on disk (see
+:mod:`fedpriv.data.cache`) keyed by the SHA-256 of the source file(s) and the options; a second
+call with the same inputs reads the cache and does not re-parse. Malformed records are counted
+and reported in the returned :class:`~fedpriv.data.text.LoadStats` (``.stats``) and in a log
+line; they are fatal only if nothing usable is left
+(:class:`~fedpriv.data.errors.EmptyCorpusError`) or more than ``max_malformed`` were seen
+(:class:`~fedpriv.data.errors.MalformedDataError`).
+"""
+
+from __future__ import annotations
+
+import collections
+import pathlib
+import re
+import sqlite3
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import numpy as np
+
+from fedpriv.data import cache as cache_lib
+from fedpriv.data.errors import EmptyCorpusError, MalformedDataError, logger
+from fedpriv.data.sampling import cap_examples
+from fedpriv.data.text import FederatedText, LoadStats, normalize_whitespace
+
+__all__ = ["FORMAT_VERSION", "Parsed", "corpus_cache_path", "read_cached", "store",
+           "load_federated", "is_text", "strip_directions", "QUOTE_LINE",
+           "connect_ro"]
+
+# Bump when a parser's output changes, so old cache entries are ignored.
+FORMAT_VERSION = 9  # 9: strict UTF-8 / id checks in jsonl, text_dir, stackoverflow, simpsons
+
+_T = TypeVar("_T")
+
+
+class Parsed:
+    """Mutable accumulator a parser fills; turned into a FederatedText + LoadStats."""
+
+    def __init__(self) -> None:
+        self.clients: dict[str, list[str]] = collections.defaultdict(list)
+        self.records = 0
+        self.malformed = 0
+        self.filtered = 0
+        self.extra: dict[str, Any] = {}
+
+
+def _check_malformed(name: str, malformed: int, records: int, source: str,
+                     max_malformed: int | None) -> None:
+    if max_malformed is not None and malformed > max_malformed:
+        raise MalformedDataError(f"{name}: {malformed} malformed records out of {records} in "
+                                 f"{source} (max_malformed={max_malformed})")
+
+
+def _finish_federated(name: str, source: str, parsed: Parsed, *, max_examples_per_client,
+                      min_examples_per_client: int, seed: int, max_malformed: int | None
+                      ) -> tuple[dict, dict, dict]:
+    """Apply the per-client cap / minimum; return (clients, dropped, stats-dict)."""
+    _check_malformed(name, parsed.malformed, parsed.records, source, max_malformed)
+    rng = np.random.default_rng(seed)
+    clients: dict[str, list[str]] = {}
+    dropped: dict[str, str] = {}
+    capped = 0
+    for cid in sorted(parsed.clients):
+        ex = parsed.clients[cid]
+        if len(ex) < max(min_examples_per_client, 1):
+            dropped[cid] = (f"{len(ex)} examples after filtering "
+                            f"(< min_examples_per_client={min_examples_per_client})")
+            continue
+        kept = cap_examples(ex, max_examples_per_client, rng)
+        capped += len(ex) - len(kept)
+        clients[cid] = kept
+    if not clients:
+        raise EmptyCorpusError(
+            f"{name}: no examples left in {source} after parsing and filtering "
+            f"({parsed.records} records, {parsed.malformed} malformed, {parsed.filtered} "
+            f"filtered, {len(dropped)} clients dropped)")
+    stats = dict(name=name, source=source, records=parsed.records, malformed=parsed.malformed,
+                 filtered=parsed.filtered, capped=capped, clients=len(clients),
+                 examples=sum(len(v) for v in clients.values()), dropped_clients=len(dropped),
+                 extra=parsed.extra)
+    return clients, dropped, stats
+
+
+def corpus_cache_path(name: str, source_paths: Sequence[pathlib.Path],
+                      options: Mapping[str, Any], cache_dir) -> pathlib.Path:
+    """``<cache>/corpora/<key>.json``, keyed by the loader, :data:`FORMAT_VERSION`, the
+    sources' contents and the options."""
+    key = cache_lib.cache_key(name, FORMAT_VERSION,
+                              [cache_lib.file_digest(p) for p in source_paths], options)
+    return cache_lib.resolve_cache_dir(cache_dir) / "corpora" / f"{key}.json"
+
+
+def read_cached(path: pathlib.Path, t0: float,
+                build: Callable[[dict, LoadStats], _T]) -> _T | None:
+    """``build(entry, stats)`` from the cache entry at ``path``, or ``None`` if there is no
+    entry or one written by another layout (then the caller parses again)."""
+    hit = cache_lib.read_json(path)
+    try:
+        stats = LoadStats(**dict(hit["stats"], cache_hit=True, cache_path=str(path),
+                                 seconds=time.perf_counter() - t0))
+        return build(hit, stats)
+    except (TypeError, KeyError, ValueError):
+        return None
+
+
+def store(path: pathlib.Path | None, entry: Mapping[str, Any], stats_d: Mapping[str, Any],
+          t0: float) -> LoadStats:
+    """Write ``entry`` + ``stats_d`` to the cache (unless ``path`` is None); the fresh stats."""
+    if path is not None:
+        cache_lib.write_json_atomic(path, dict(entry, stats=stats_d))
+    return LoadStats(**stats_d, cache_hit=False, cache_path=None if path is None else str(path),
+                     seconds=time.perf_counter() - t0)
+
+
+def load_federated(name: str, source_paths: Sequence[pathlib.Path], options: Mapping[str, Any],
+                   parse: Callable[[bool], Parsed], *, cache_dir, use_cache: bool,
+                   progress: bool, max_examples_per_client, min_examples_per_client: int,
+                   seed: int, max_malformed: int | None) -> FederatedText:
+    t0 = time.perf_counter()
+    all_opts = dict(options, max_examples_per_client=max_examples_per_client,
+                    min_examples_per_client=min_examples_per_client, seed=seed)
+    source = ", ".join(str(p) for p in source_paths)
+    path = None
+    if use_cache:
+        path = corpus_cache_path(name, source_paths, all_opts, cache_dir)
+        corpus = read_cached(path, t0, lambda hit, stats: FederatedText(
+            hit["clients"], stats=stats, dropped=hit["dropped"], name=name))
+        if corpus is not None:
+            stats = corpus.stats
+            _check_malformed(name, stats.malformed, stats.records, source, max_malformed)
+            logger.info(stats.log_line())
+            return corpus
+    parsed = parse(progress)
+    clients, dropped, stats_d = _finish_federated(
+        name, source, parsed, max_examples_per_client=max_examples_per_client,
+        min_examples_per_client=min_examples_per_client, seed=seed, max_malformed=max_malformed)
+    stats = store(path, {"clients": clients, "dropped": dropped}, stats_d, t0)
+    if parsed.malformed:
+        logger.warning(stats.log_line())
+    else:
+        logger.info(stats.log_line())
+    return FederatedText(clients, stats=stats, dropped=dropped, name=name)
+
+
+def is_text(s: Any) -> bool:
+    """True for a ``str`` that is valid Unicode. JSON escapes (``"\\udc80"``) and undecodable file
+    names (``os.fsdecode``) give strings with lone surrogates: they cannot be written as UTF-8
+    and stand for raw bytes, so loaders count them as malformed instead of using them as client
+    ids or text."""
+    if not isinstance(s, str):
+        return False
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+_BRACKETED = re.compile(r"\[[^\]]*(?:\]|$)")
+_BRACKETED_CURLY = re.compile(r"[\[{][^\]}]*(?:[\]}]|$)")
+_UNOPENED = re.compile(r"^[^\[\]]*\]")   # tail of a direction opened in an earlier paragraph
+_UNOPENED_CURLY = re.compile(r"^[^\[{\]}]*[\]}]")
+
+
+def strip_directions(text: str, curly: bool = False) -> str:
+    """Remove bracketed stage directions (``[Exit.]``, ``[_sigh_]``) and the tail of one opened
+    earlier (``...by themselves.]``), then normalise spaces. ``curly=True`` also treats ``{``/``}``
+    as brackets (the Shakespeare texts have typos like ``{Aside.]``; in popquotes ``{...}`` is
+    speech and must be kept)."""
+    if curly:
+        return normalize_whitespace(_BRACKETED_CURLY.sub(" ", _UNOPENED_CURLY.sub(" ", text)))
+    return normalize_whitespace(_BRACKETED.sub(" ", _UNOPENED.sub(" ", text)))
+
+
+# A popquotes line ``Speaker: text`` (Simpsons lines and the film quotes of the public pool).
+QUOTE_LINE = re.compile(r"^\s*([^:\[\]<>\n]{1,60}?)\s*:\s*(.*)$", re.S)
+
+
+def connect_ro(path: pathlib.Path) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{path}?mode=ro", uri=True)
