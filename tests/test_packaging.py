@@ -2,6 +2,7 @@
 ``fedpriv`` console script, the license, and imports from outside the repository."""
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -14,8 +15,13 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     out = tmp_path_factory.mktemp("wheel")
+    # build from a copy of what the sdist holds: an in-tree build/ could carry stale modules
+    src = tmp_path_factory.mktemp("src")
+    for f in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy2(ROOT / f, src / f)
+    shutil.copytree(ROOT / "fedpriv", src / "fedpriv", ignore=shutil.ignore_patterns("__pycache__"))
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out),
-                           str(ROOT)], capture_output=True, text=True, timeout=600)
+                           str(src)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     (whl,) = out.glob("fedpriv-*.whl")
     return whl

@@ -29,6 +29,12 @@ def test_demo_runs_end_to_end_and_resumes(tmp_path, capsys, smoke_cfg):
     rows = [json.loads(l) for l in open(os.path.join(wd, "metrics.jsonl"))]
     assert [r["round"] for r in rows] == list(range(1, smoke_cfg.rounds + 1))
     assert all(r["nonprivate/num_clients"] == smoke_cfg.cohort_size for r in rows)
+    # same results for a fixed seed as before the library refactor (issue 10): recorded at a50269d
+    ref = json.load(open(os.path.join(os.path.dirname(__file__), "..", "fixtures",
+                                      "demo_smoke_reference.json")))
+    for k in ("epsilon", "noise_multiplier", "val_loss", "val_accuracy", "test_loss", "test_accuracy"):
+        assert s[k] == pytest.approx(ref[k], rel=1e-4), k
+    assert [r["nonprivate/train_loss"] for r in rows] == pytest.approx(ref["train_loss"], rel=1e-4)
     # issue 16 item 7: exact client statistics are marked; the DP-covered keys are not
     assert all("num_clients" not in r and "frac_clipped" not in r and "nonprivate/frac_clipped" in r
                and "clip_norm" in r for r in rows)
