@@ -22,7 +22,7 @@ demo: setup
 	$(PY) -m experiments.demo --config configs/demo.py:small --workdir runs/demo
 
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25 tests
 
 # CPU-sized (< 10 min on 2 cores): engine vs per-client loop on the StackOverflow-sized LSTM
 # (cohort 16, packing at 16/100/1000, ceiling, noise overhead, teacher top-k), then cohort

@@ -1,81 +1,73 @@
 """Privacy-utility of DP-FTRL on a real user-keyed corpus (Wang et al. 2023 §2, Table 1 "w/o
-pre-training" column; Figure 1 with ``--tokenizers``).
+pre-training" column; Figure 1 with several tokenizers).
 
-Rows: non-private FedAvg, DP-FTRL at epsilon ~ 18.71 and ~ 1.77 (delta = 1e-6; z calibrated
-for this run's own schedule of rounds and epochs), and the accuracy of always predicting the
-most frequent training token. Same data, model, seeds and rounds for every row.
+Rows: non-private FedAvg, DP-FTRL at each epsilon of the config (18.71 and 1.77 at delta 1e-6;
+z calibrated for this run's own schedule of rounds and epochs), and the accuracy of always
+predicting the most frequent training token. Same data, model, seeds and rounds for every row.
 
-    python -m experiments.privacy_utility --config configs/lm.py:small --workdir runs/privacy_utility
-    python -m experiments.privacy_utility --config configs/lm.py:small --tokenizers sentencepiece,word
+    python -m experiments.privacy_utility --config configs/privacy_utility.py:small
+    python -m experiments.privacy_utility --config "configs/privacy_utility.py:small,tokenizers=sentencepiece/word"
 """
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
-
-import numpy as np
 
 from experiments import common
 from fedpriv.recipes import lm
 
-VARIANTS = [("FedAvg (non-private)", dict(algorithm="fedavg", target_epsilon=None, noise_multiplier=None)),
-            ("DP-FTRL eps~18.7", dict(algorithm="dp_ftrl", target_epsilon=18.71, noise_multiplier=None)),
-            ("DP-FTRL eps~1.8", dict(algorithm="dp_ftrl", target_epsilon=1.77, noise_multiplier=None))]
+SUMMARY_KEYS = ("epsilon", "epsilon_executed_run", "epsilon_if_vocabulary_public",
+                "epsilon_executed_run_if_vocabulary_public", "noise_multiplier", "val_accuracy",
+                "test_accuracy", "val_loss", "wall_clock_s")
 
 
-def run(cfg, workdir: str, tokenizers=("sentencepiece",), seeds=(0,), progress: bool = True,
-        server_lrs=None) -> list[dict]:
-    """One row per (tokenizer, seed, method[, server lr]). ``server_lrs`` is a grid for the DP rows
-    (Wang et al. App. C tune the server learning rate per noise level); every point is reported."""
+def variants(cfg):
+    """(row name, LM-config overrides) of the table's training rows."""
+    out = [("FedAvg (non-private)", dict(algorithm="fedavg", target_epsilon=None, noise_multiplier=None))]
+    return out + [(f"DP-FTRL eps~{e:.3g}", dict(algorithm="dp_ftrl", target_epsilon=e, noise_multiplier=None))
+                  for e in cfg.epsilons]
+
+
+def run(cfg, workdir: str, progress: bool = True) -> list[dict]:
+    """One row per (tokenizer, seed, method[, server lr]); a finished run is read back, not rerun.
+    ``cfg.server_lrs`` is a grid for the DP rows (App. C tunes the server lr per noise level)."""
     rows = []
-    for tok in tokenizers:
-        for seed in seeds:
-            base = dataclasses.replace(cfg, tokenizer=tok, seed=seed)
+    for tok in cfg.tokenizers:
+        for seed in cfg.seeds:
+            base = dataclasses.replace(cfg.lm, tokenizer=tok, seed=seed)
             prepared = lm.prepare_data(base, progress)
-            runs = [(name, over, lr) for name, over in VARIANTS
-                    for lr in ([cfg.server_lr] if over["algorithm"] == "fedavg" or not server_lrs else server_lrs)]
-            for name, over, lr in runs:
-                vcfg = dataclasses.replace(base, server_lr=lr, **over)
-                tag = "" if lr == cfg.server_lr else f"-slr{lr:g}"
-                sub = os.path.join(workdir, f"{tok}-seed{seed}-{vcfg.algorithm}-{vcfg.target_epsilon}{tag}")
-                done = os.path.join(sub, "summary.json")
-                if os.path.exists(done):
-                    import json
-                    s = json.load(open(done))
-                else:
-                    s = lm.run_lm_fl(vcfg, sub, prepared=prepared, progress=progress,  # own noise keys
-                                  stage=f"fl-training ({vcfg.algorithm} eps={vcfg.target_epsilon}{tag})")
-                rows.append({"tokenizer": tok, "seed": seed, "method": name, "server_lr": lr, "epsilon": s["epsilon"],
-                             "epsilon_executed_run": s["epsilon_executed_run"],
-                             **({k: s[k] for k in ("epsilon_if_vocabulary_public",
-                                                   "epsilon_executed_run_if_vocabulary_public") if k in s}),
-                             "noise_multiplier": s["noise_multiplier"], "val_accuracy": s["val_accuracy"],
-                             "test_accuracy": s["test_accuracy"], "val_loss": s["val_loss"],
-                             "wall_clock_s": s["wall_clock_s"]})
+            for name, over in variants(cfg):
+                grid = cfg.server_lrs if over["algorithm"] != "fedavg" and cfg.server_lrs else [base.server_lr]
+                for lr in grid:
+                    vcfg = dataclasses.replace(base, server_lr=lr, **over)
+                    tag = "" if lr == base.server_lr else f"-slr{lr:g}"
+                    sub = os.path.join(workdir, f"{tok}-seed{seed}-{vcfg.algorithm}-{vcfg.target_epsilon}{tag}")
+                    done = os.path.join(sub, "summary.json")
+                    s = (json.load(open(done)) if os.path.exists(done) else
+                         lm.run_lm_fl(vcfg, sub, prepared=prepared, progress=progress,  # own noise keys
+                                      stage=f"fl-training ({vcfg.algorithm} eps={vcfg.target_epsilon}{tag})"))
+                    rows.append({"tokenizer": tok, "seed": seed, "method": name, "server_lr": lr,
+                                 **{k: s[k] for k in SUMMARY_KEYS if k in s}})
             rows.append({"tokenizer": tok, "seed": seed, "method": "most frequent token",
                          "val_accuracy": s["most_frequent_token_val_accuracy"]})
     return rows
 
 
-def aggregate(rows):
-    """Mean and std over seeds per (tokenizer, method)."""
-    out = {}
+def aggregate(rows: list[dict]) -> list[dict]:
+    """Mean ± std over seeds per (tokenizer, method, server lr); ``best_on_val`` marks the server
+    lr a practitioner would pick on validation accuracy."""
+    groups: dict = {}
     for r in rows:
-        out.setdefault((r["tokenizer"], r["method"], r.get("server_lr")), []).append(r)
+        groups.setdefault((r["tokenizer"], r["method"], r.get("server_lr")), []).append(r)
     table = []
-    for (tok, method, slr), rs in out.items():
-        acc = np.array([r["val_accuracy"] for r in rs], float)
-        test = np.array([r.get("test_accuracy") or np.nan for r in rs], float)
-        table.append({"tokenizer": tok, "method": method, "server_lr": slr, "epsilon": rs[0].get("epsilon"),
-                      "epsilon_executed_run": rs[0].get("epsilon_executed_run"),
-                      **({k: rs[0][k] for k in ("epsilon_if_vocabulary_public",
-                                                "epsilon_executed_run_if_vocabulary_public")
-                          if k in rs[0]}),
-                      "noise_multiplier": rs[0].get("noise_multiplier"), "seeds": len(rs),
-                      "val_accuracy_mean": acc.mean(), "val_accuracy_std": acc.std(),
-                      "test_accuracy_mean": np.nanmean(test) if np.isfinite(test).any() else None})
+    for (tok, method, slr), rs in groups.items():
+        (vm, vs, n), (tm, _, _) = (common.mean_std(r.get(k) for r in rs) for k in ("val_accuracy", "test_accuracy"))
+        table.append({"tokenizer": tok, "method": method, "server_lr": slr,
+                      **{k: rs[0][k] for k in SUMMARY_KEYS[:5] if k in rs[0]}, "seeds": n,
+                      "val_accuracy_mean": vm, "val_accuracy_std": vs, "test_accuracy_mean": tm})
     best = {}
-    for row in table:  # best server lr per (tokenizer, method), chosen on validation accuracy
+    for row in table:
         key = (row["tokenizer"], row["method"])
         if key not in best or row["val_accuracy_mean"] > best[key]["val_accuracy_mean"]:
             best[key] = row
@@ -84,43 +76,35 @@ def aggregate(rows):
     return table
 
 
-def _tokenizer_name(text: str) -> str:
-    if text not in ("sentencepiece", "word_public", "word"):
-        raise ValueError(text)
-    return text
+def notes(cfg) -> list[str]:
+    c = cfg.lm
+    out = [f"{c.corpus}, {c.arch} (embed {c.embed_dim}, hidden {c.hidden_dim}), {c.rounds} rounds, cohort "
+           f"{c.cohort_size}, delta {c.delta:g}, seeds {list(cfg.seeds)}, unit of privacy: user",
+           "in-vocabulary next-token accuracy on validation users (PAD/BOS/EOS/UNK targets excluded)",
+           "not covered by the ledger: the accuracies (exact evaluation on held-out private users)"]
+    if "word" in cfg.tokenizers:
+        out.append("tokenizer 'word': the top-k words of the training users' text, a NON-PRIVATE release: its "
+                   "epsilon is inf; epsilon_if_vocabulary_public is the epsilon if it is taken as public")
+    if c.noise_cohort_size:
+        out.append(f"noise calibrated for a cohort of {c.noise_cohort_size} (simulated population scaled by "
+                   f"{c.noise_cohort_size}/{c.cohort_size}); epsilon_executed_run is the run actually executed")
+    if cfg.server_lrs:
+        out.append(f"server learning rate grid for the DP rows: {list(cfg.server_lrs)} (every point shown)")
+    return out
 
 
 def main(argv=None):
     ap = common.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default="configs/lm.py:small")
+    ap.add_argument("--config", default="configs/privacy_utility.py:small")
     ap.add_argument("--workdir", default="runs/privacy_utility")
-    ap.add_argument("--tokenizers", default=("sentencepiece",),
-                    type=common.csv_of(_tokenizer_name, "tokenizers (sentencepiece, word_public, word)"))
-    ap.add_argument("--seeds", default=(0,), type=common.csv_of(common.non_negative_int, "seeds >= 0"))
-    ap.add_argument("--server-lrs", default=None, type=common.csv_of(common.positive_float, "numbers > 0"),
-                    help="grid of server learning rates for the DP rows, e.g. 1,0.3,0.1")
     args = ap.parse_args(argv)
     cfg = common.load_config(args.config)
-    lrs = args.server_lrs
-    rows = run(cfg, args.workdir, args.tokenizers, args.seeds, server_lrs=lrs)
-    table = aggregate(rows)
-    notes = [f"{cfg.corpus}, {cfg.arch} (embed {cfg.embed_dim}, hidden {cfg.hidden_dim}), {cfg.rounds} rounds, "
-             f"cohort {cfg.cohort_size}, delta {cfg.delta:g}, unit of privacy: user",
-             "in-vocabulary next-token accuracy on validation users (PAD/BOS/EOS/UNK targets excluded)"]
-    if "word" in args.tokenizers:
-        notes.append("tokenizer 'word': the top-k words of the training users' text, a NON-PRIVATE "
-                     "release: its epsilon is inf; epsilon_if_vocabulary_public is the epsilon that holds "
-                     "if the vocabulary is taken as public")
-    notes.append("not covered by the ledger: the accuracies (exact evaluation on held-out private users)")
-    if cfg.noise_cohort_size:
-        notes.append(f"noise calibrated for a cohort of {cfg.noise_cohort_size} (simulated population scaled "
-                     f"by {cfg.noise_cohort_size}/{cfg.cohort_size}); epsilon_executed_run is the run actually executed")
-    if lrs:
-        notes.append(f"server learning rate grid for the DP rows: {list(lrs)} (every point shown; best_on_val marks "
-                     f"the one a practitioner would pick on validation accuracy)")
+    rows = run(cfg, args.workdir)
     common.write_table(rows, args.workdir, "privacy_utility_runs")
-    _, md = common.write_table(table, args.workdir, "privacy_utility", title="Privacy-utility (Wang et al. §2)",
-                               notes=notes)
+    _, md = common.write_table(aggregate(rows), args.workdir, "privacy_utility",
+                               title="Privacy-utility (Wang et al. §2)", notes=notes(cfg))
+    common.save_json({"rows": rows, **common.run_record(cfg, list(cfg.seeds))},
+                     os.path.join(args.workdir, "summary.json"))
     print(open(md).read())
 
 

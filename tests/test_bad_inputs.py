@@ -359,10 +359,7 @@ def test_cli_wrapper_turns_user_errors_into_exit_2(capsys):
 
 
 @pytest.mark.parametrize("module, argv, message", [
-    ("privacy_utility", ["--seeds", "0,x"],
-     "argument --seeds: expected a comma-separated list of seeds >= 0, got '0,x'"),
-    ("privacy_utility", ["--tokenizers", "sentencepiece,bpe"],
-     "argument --tokenizers: expected a comma-separated list of tokenizers"),
+    ("privacy_utility", ["--seeds", "0,x"], "unrecognized arguments: --seeds 0,x"),
     ("latency_figure", ["--trials", "0"], "argument --trials: expected an integer >= 1, got '0'"),
     ("fred_table", ["--delta", "2"], "argument --delta: expected a number in (0, 1), got '2'"),
 ])
@@ -371,6 +368,18 @@ def test_bad_command_line_argument_is_one_line(capsys, module, argv, message):
     main = importlib.import_module(f"experiments.{module}").main
     with pytest.raises(SystemExit) as e:
         main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("smoke,seeds=0/x", "seeds"), ("smoke,tokenizers=bpe", "tokenizers = ('bpe',): invalid"),
+    ("smoke,epsilons=", "epsilons"), ("smoke,lm=1", "not 'lm'"), ("big", "unknown scale 'big'")])
+def test_privacy_utility_config_errors_exit_2(capsys, spec, message):
+    from experiments import privacy_utility
+    with pytest.raises(SystemExit) as e:
+        common.cli(privacy_utility.main, ["--config", f"configs/privacy_utility.py:{spec}"])
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err

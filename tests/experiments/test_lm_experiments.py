@@ -50,19 +50,25 @@ def test_demo_runs_end_to_end_and_resumes(tmp_path, capsys, smoke_cfg):
     assert f"resumed {wd} at round {smoke_cfg.rounds}" in out, out
 
 
-def test_privacy_utility_table(tmp_path, smoke_cfg):
-    import dataclasses
-    cfg = dataclasses.replace(smoke_cfg, rounds=2, eval_every=2)
-    rows = privacy_utility.run(cfg, str(tmp_path), progress=False)
+def test_privacy_utility_table(tmp_path, capsys):
+    wd = str(tmp_path / "pu")
+    privacy_utility.main(["--config", "configs/privacy_utility.py:smoke", "--workdir", wd])
+    assert "Privacy-utility" in capsys.readouterr().out
+    rows = json.load(open(os.path.join(wd, "summary.json")))["rows"]
     methods = [r["method"] for r in rows]
-    assert methods == ["FedAvg (non-private)", "DP-FTRL eps~18.7", "DP-FTRL eps~1.8", "most frequent token"]
+    assert methods == ["FedAvg (non-private)", "DP-FTRL eps~18.7", "DP-FTRL eps~1.77", "most frequent token"]
     eps = {r["method"]: r.get("epsilon") for r in rows}
     assert eps["FedAvg (non-private)"] is None
-    assert eps["DP-FTRL eps~1.8"] <= 1.77 + 1e-9 and eps["DP-FTRL eps~18.7"] <= 18.71 + 1e-9
+    assert eps["DP-FTRL eps~1.77"] <= 1.77 + 1e-9 and eps["DP-FTRL eps~18.7"] <= 18.71 + 1e-9
     z = {r["method"]: r.get("noise_multiplier") for r in rows}
-    assert z["DP-FTRL eps~1.8"] > z["DP-FTRL eps~18.7"] > 0
+    assert z["DP-FTRL eps~1.77"] > z["DP-FTRL eps~18.7"] > 0
     table = privacy_utility.aggregate(rows)
     assert len(table) == 4 and sum(r["best_on_val"] for r in table) == 4
+    with open(os.path.join(wd, "privacy_utility.csv")) as f:
+        assert len(f.read().splitlines()) == 5
+    # a finished table is read back, not retrained
+    assert privacy_utility.run(common.load_config("configs/privacy_utility.py:smoke"), wd,
+                               progress=False) == rows
 
 
 def test_word_vocabulary_of_the_users_is_recorded_as_nonprivate(tmp_path, smoke_cfg):

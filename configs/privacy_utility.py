@@ -1,0 +1,48 @@
+"""Config of the privacy-utility table (Wang et al. 2023 §2, Table 1 "w/o pre-training"; Figure 1
+with several tokenizers): FedAvg and DP-FTRL at epsilon ~18.71 and ~1.77 on one LM set-up.
+
+``get_config("small,seeds=0/1/2,tokenizers=sentencepiece/word_public")``; the FL fields come
+from ``configs/lm_fl.py`` at the same scale.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from configs.common import ConfigError, apply_overrides, check, split_spec
+from configs.lm_fl import TOKENIZERS, get_config as lm_config
+
+
+@dataclasses.dataclass(frozen=True)
+class PrivacyUtilityConfig:
+    lm: object                                  # configs.lm_fl.LMFLConfig of every row
+    tokenizers: tuple = ("sentencepiece",)      # one table block per tokenizer (Figure 1)
+    seeds: tuple = (0,)
+    epsilons: tuple = (18.71, 1.77)             # the DP-FTRL rows (delta = lm.delta)
+    server_lrs: tuple | None = None             # grid for the DP rows (App. C); None = lm.server_lr
+
+    def __post_init__(self):
+        check(self)
+        for name, vals, ok in (("tokenizers", self.tokenizers, lambda t: t in TOKENIZERS),
+                               ("seeds", self.seeds, lambda s: isinstance(s, int) and s >= 0),
+                               ("epsilons", self.epsilons, lambda e: e > 0),
+                               ("server_lrs", self.server_lrs or (), lambda v: v > 0)):
+            if not all(ok(v) for v in vals) or (name != "server_lrs" and not vals):
+                raise ConfigError(f"{name} = {vals!r}: invalid (tokenizers from {TOKENIZERS}; "
+                                  "seeds >= 0; epsilons and server_lrs > 0)")
+
+
+SCALES = {"smoke": dict(), "small": dict(seeds=(0, 1, 2)), "paper": dict(seeds=(0, 1, 2))}
+LM_SCALE = {"smoke": "smoke,rounds=2,eval_every=2", "small": "small", "paper": "paper"}
+
+
+def get_config(arg: str = "small") -> PrivacyUtilityConfig:
+    scale, overrides = split_spec(arg, "small")
+    if scale not in SCALES:
+        raise ConfigError(f"unknown scale {scale!r}; choose one of {sorted(SCALES)} "
+                          "(the spec is scale[,field=value,...])")
+    own = [o for o in overrides if o.partition("=")[0].strip() in
+           {f.name for f in dataclasses.fields(PrivacyUtilityConfig)}]
+    if any(o.partition("=")[0].strip() == "lm" for o in own):
+        raise ConfigError("set the LM fields directly (e.g. rounds=10), not 'lm'")
+    lm = lm_config(",".join([LM_SCALE[scale], *[o for o in overrides if o not in own]]))
+    return apply_overrides(PrivacyUtilityConfig(lm=lm, **SCALES[scale]), own)
