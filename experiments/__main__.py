@@ -1,0 +1,90 @@
+"""The index of the papers' artefacts: ``python -m experiments --list`` names every table and
+figure of the three papers, the module and config that regenerate it, and its scales;
+``python -m experiments <artefact> [--scale small] [--workdir DIR]`` runs one.
+
+Every module also runs on its own: ``python -m experiments.<module> --config configs/<c>.py:<scale>``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+
+from experiments import common
+
+
+@dataclasses.dataclass(frozen=True)
+class Artefact:
+    name: str             # the key on the command line
+    paper: str
+    what: str
+    module: str | None    # experiments.<module>; None: no module yet (named, so the gap is visible)
+    config: str | None    # configs/<config>.py
+    scales: tuple = ("smoke", "small", "paper")
+
+
+ARTEFACTS = (
+    Artefact("demo", "-", "the main job: DP-FTRL LSTM on chitchat (make demo)", "demo", "demo", ("smoke", "small")),
+    Artefact("wang-table1", "Wang et al. 2023", "DP-FTRL at eps 18.71 / 1.77 without pre-training "
+             "(with pre-training: wang-table2's rows)", "privacy_utility", "privacy_utility"),
+    Artefact("wang-figure1", "Wang et al. 2023", "tokenizers (SentencePiece vs word vocabularies): "
+             "privacy_utility with tokenizers=sentencepiece/word_public/word", "privacy_utility", "privacy_utility"),
+    Artefact("wang-table2", "Wang et al. 2023", "public pre-/mid-training, LLM distillation, distribution "
+             "matching", "public_training", "public_training"),
+    Artefact("wang-table3", "Wang et al. 2023", "with vs without log p_pub (rows of wang-table2's output)",
+             "public_training", "public_training"),
+    Artefact("wang-table4-5", "Wang et al. 2023", "timing T' of matching / of mid-training", None, None),
+    Artefact("wang-figure2-4", "Wang et al. 2023", "accuracy vs distillation steps; vs top-k", None, None),
+    Artefact("wang-figure3", "Wang et al. 2023", "perplexity of private vs public samples under an oracle LM "
+             "and the public LLM", None, None),
+    Artefact("hou-table1", "Hou et al. 2023", "FreD of candidate prefinetuning sets, non-private vs private",
+             "fred_table", "fred_table"),
+    Artefact("hou-pipeline", "Hou et al. 2023", "FreD -> prefinetune -> DP FL-finetune, one ledger",
+             "fred_pipeline", "fred_pipeline"),
+    Artefact("hou-table2", "Hou et al. 2023", "perplexity vs Y% of the prefinetuning set from the private "
+             "distribution", None, None),
+    Artefact("hou-figure2", "Hou et al. 2023", "FreD vs Y%; private FreD separating 99% from 100%", None, None),
+    Artefact("koga-table1", "Koga et al. 2023", "8 schemes x 2 domain-adaptation datasets",
+             "population_expansion", "population_expansion"),
+    Artefact("koga-figure1", "Koga et al. 2023", "latency model: exact vs bounds vs Monte Carlo (Prop. 3.1)",
+             "latency_figure", "latency_figure"),
+)
+
+
+def available(a: Artefact) -> bool:
+    return a.module is not None and os.path.exists(os.path.join("configs", f"{a.config}.py"))
+
+
+def listing() -> list[dict]:
+    return [{"artefact": a.name, "paper": a.paper, "what": a.what,
+             "command": (f"python -m experiments.{a.module} --config configs/{a.config}.py:<scale>"
+                         if available(a) else "NOT YET IMPLEMENTED"),
+             "scales": "/".join(a.scales) if available(a) else ""} for a in ARTEFACTS]
+
+
+def main(argv=None):
+    ap = common.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("artefact", nargs="?", choices=[a.name for a in ARTEFACTS])
+    ap.add_argument("--list", action="store_true", help="list every artefact and its command")
+    ap.add_argument("--scale", default="small")
+    ap.add_argument("--workdir", default=None, help="default runs/<artefact>")
+    args = ap.parse_args(argv)
+    if args.list or args.artefact is None:
+        rows = listing()
+        width = max(len(r["artefact"]) for r in rows)
+        for r in rows:
+            print(f"{r['artefact']:<{width}}  {r['paper']:<16}  {r['what']}\n{'':<{width}}  "
+                  f"{r['command']}" + (f"  [scales: {r['scales']}]" if r["scales"] else ""))
+        return
+    a = next(a for a in ARTEFACTS if a.name == args.artefact)
+    if not available(a):
+        raise common.ConfigError(f"{a.name} ({a.paper}: {a.what}) has no experiment module yet")
+    if args.scale not in a.scales:
+        raise common.ConfigError(f"{a.name} has scales {list(a.scales)}, not {args.scale!r}")
+    module = importlib.import_module(f"experiments.{a.module}")
+    module.main(["--config", f"configs/{a.config}.py:{args.scale}",
+                 "--workdir", args.workdir or os.path.join("runs", a.name)])
+
+
+if __name__ == "__main__":
+    common.cli(main)

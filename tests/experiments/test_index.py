@@ -1,0 +1,34 @@
+"""The experiments index: every artefact of the three papers is listed; every listed config
+builds at every scale it claims; an artefact without a module says so and exits 2."""
+import pytest
+
+from experiments import __main__ as index
+from experiments import common
+
+
+def test_list_names_every_artefact_with_its_command(capsys):
+    index.main(["--list"])
+    out = capsys.readouterr().out
+    for a in index.ARTEFACTS:
+        assert a.name in out
+    papers = {a.paper for a in index.ARTEFACTS}
+    assert {"Wang et al. 2023", "Hou et al. 2023", "Koga et al. 2023"} <= papers
+    assert out.count("python -m experiments.") == sum(index.available(a) for a in index.ARTEFACTS)
+
+
+@pytest.mark.parametrize("artefact", [a for a in index.ARTEFACTS if index.available(a)],
+                         ids=lambda a: a.name)
+def test_every_scale_of_every_listed_config_builds(artefact):
+    for scale in artefact.scales:
+        cfg = common.load_config(f"configs/{artefact.config}.py:{scale}")
+        assert cfg is not None
+
+
+def test_missing_artefact_and_bad_scale_exit_2(capsys):
+    missing = next(a for a in index.ARTEFACTS if not index.available(a))
+    with pytest.raises(SystemExit) as e:
+        common.cli(index.main, [missing.name])
+    assert e.value.code == 2 and "no experiment module yet" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        common.cli(index.main, ["demo", "--scale", "paper"])
+    assert e.value.code == 2 and "not 'paper'" in capsys.readouterr().err
