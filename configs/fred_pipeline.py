@@ -1,7 +1,10 @@
 """Config of the FreD three-stage pipeline (Hou et al. 2023, Fig. 1 / Table 1 analogue).
 
 Choose a prefinetuning dataset by private FreD -> prefinetune the on-device LM on it ->
-DP FL-finetune on the users; one privacy ledger for the whole pipeline.
+DP FL-finetune on the users; one privacy ledger for the whole pipeline. The FL stage's noise
+multiplier is always calibrated to what FreD left of ``total_epsilon`` (``lm.target_epsilon =
+total_epsilon``, ``lm.noise_multiplier = None``): a fixed z inherited from ``configs/lm_fl.py``
+(its paper scale's 8.83) would ignore the budget, and the ledger would refuse the run.
 """
 from __future__ import annotations
 
@@ -26,20 +29,24 @@ class FredPipelineConfig:
     prefinetune_batch: int = 64
     prefinetune_lr: float = 3e-3
     embed_batch: int = 64
+    embed_max_length: int | None = None  # word pieces per sentence (None: the model's 256)
     compare_all: bool = True            # also carry the non-chosen candidates through stages 2-3
     seed: int = 0
 
     def __post_init__(self):
         check(self, positive=("max_per_user", "num_sentences", "fred_epsilon", "fred_clip",
                               "pca_dims", "total_epsilon", "prefinetune_steps",
-                              "prefinetune_batch", "prefinetune_lr", "embed_batch"),
+                              "prefinetune_batch", "prefinetune_lr", "embed_batch",
+                              "embed_max_length"),
               non_negative=("seed",), open_unit=("private_fraction",),
               choices={"fred_unit": ("user", "sample")})
 
 
 SCALES = {
-    "smoke": dict(max_per_user=4, num_sentences=64, prefinetune_steps=3, prefinetune_batch=16,
-                  pca_dims=8, total_epsilon=60.0, compare_all=False),
+    # seconds, for tests: few short sentences (one embedding shape), tiny LM
+    "smoke": dict(max_per_user=2, num_sentences=16, prefinetune_steps=3, prefinetune_batch=16,
+                  pca_dims=8, total_epsilon=60.0, compare_all=False, embed_batch=16,
+                  embed_max_length=16),
     "small": dict(max_per_user=20, num_sentences=2000, prefinetune_steps=300),
     "paper": dict(max_per_user=256, num_sentences=150_000, prefinetune_steps=20_000, pca_dims=None,
                   total_epsilon=1.26 + 1.2),
@@ -56,4 +63,5 @@ def get_config(arg: str = "small") -> FredPipelineConfig:
     if any(o.partition("=")[0].strip() == "lm" for o in overrides):
         raise ConfigError("set the FL stage through configs/lm_fl.py fields, not 'lm'")
     cfg = apply_overrides(FredPipelineConfig(lm=lm_config(LM_SCALE[scale]), **SCALES[scale]), overrides)
-    return dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, target_epsilon=cfg.total_epsilon))
+    return dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, target_epsilon=cfg.total_epsilon,
+                                                           noise_multiplier=None))

@@ -361,7 +361,7 @@ def test_cli_wrapper_turns_user_errors_into_exit_2(capsys):
 @pytest.mark.parametrize("module, argv, message", [
     ("privacy_utility", ["--seeds", "0,x"], "unrecognized arguments: --seeds 0,x"),
     ("latency_figure", ["--trials", "0"], "argument --trials: expected an integer >= 1, got '0'"),
-    ("fred_table", ["--delta", "2"], "argument --delta: expected a number in (0, 1), got '2'"),
+    ("fred_table", ["--delta", "2"], "unrecognized arguments: --delta 2"),  # a config field now
 ])
 def test_bad_command_line_argument_is_one_line(capsys, module, argv, message):
     import importlib
@@ -383,6 +383,23 @@ def test_privacy_utility_config_errors_exit_2(capsys, spec, message):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("smoke,delta=2", "delta must be in (0, 1), got 2.0"),
+    ("smoke,seeds=0", "seeds must be >= 1, got 0"),
+    ("smoke,pca_dims=x", "override 'pca_dims': expected an integer, got 'x'"),
+    ("huge", "unknown scale 'huge'"),
+])
+def test_fred_table_config_error_is_one_line(tmp_path, capsys, spec, message):
+    from experiments import fred_table
+    wd = tmp_path / "wd"
+    with pytest.raises(SystemExit) as e:
+        common.cli(fred_table.main, ["--config", f"configs/fred_table.py:{spec}", "--workdir", str(wd)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("experiments.fred_table: error: ") and message in err, err
+    assert not wd.exists()  # refused before anything is written
 
 
 # --------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ import scipy.linalg
 import scipy.stats
 
 from fedpriv import fred as F
+from fedpriv.dp import moments as M
 
 from fedpriv.dp.ledger import PrivacyBudgetExceeded, PrivacyLedger
 
@@ -106,11 +107,11 @@ def test_noise_shares_sum_to_required_variance(num_clients):
     d, tau = 16, 2.5
     p, args = _zeros_packed(num_clients, d)
     mean_draws = np.concatenate([
-        np.asarray(F.secure_sum_mean(*args, 1.0, tau, p.num_clients, jax.random.key(s)))
+        np.asarray(M.secure_sum_mean(*args, 1.0, tau, p.num_clients, jax.random.key(s)))
         for s in range(40)
     ])
     cov_draws = np.concatenate([
-        np.asarray(F.secure_sum_cov(*args, jnp.zeros(d), 1.0, 1.0, tau, p.num_clients,
+        np.asarray(M.secure_sum_cov(*args, jnp.zeros(d), 1.0, 1.0, tau, p.num_clients,
                                     jax.random.key(100 + s)))
         for s in range(8)
     ])
@@ -127,7 +128,7 @@ def test_one_share_per_client_even_when_split_into_chunks():
     p, args = _zeros_packed(1, d, samples_per_client=40, chunk_size=8)  # 5 chunks, 1 client
     assert p.num_clients == 1 and p.share.sum() == 1.0 and (p.mask.sum(1) > 0).sum() == 5
     x = np.concatenate([
-        np.asarray(F.secure_sum_mean(*args, 1.0, tau, 1, jax.random.key(s))) for s in range(200)
+        np.asarray(M.secure_sum_mean(*args, 1.0, tau, 1, jax.random.key(s))) for s in range(200)
     ])
     assert abs(x.std() - tau) < 4 * tau / np.sqrt(2 * x.size)
 
@@ -144,7 +145,7 @@ def test_release_noise_std_end_to_end():
         xs.append(r.mean * r.n_divisor)
         r0 = r
     x = np.concatenate(xs)
-    tau = F.analytic_gaussian_sigma(2.0, 1e-5) * 0.5
+    tau = M.analytic_gaussian_sigma(2.0, 1e-5) * 0.5
     assert r0.mean_noise_std == pytest.approx(tau)
     assert r0.events[0].noise_multiplier == pytest.approx(r0.mean_noise_std / r0.mean_sensitivity)
     assert abs(x.std() - tau) < 4 * tau / np.sqrt(2 * x.size)
@@ -159,8 +160,8 @@ def _pre_noise(clients, unit, center, clip, cov_clip):
     p = F.pack_clients(clients, unit, chunk_size=16)
     args = (p.emb, p.mask, p.weight, p.client_id, p.share)
     key = jax.random.key(0)
-    s1 = np.asarray(F.secure_sum_mean(*args, clip, 0.0, p.num_clients, key), np.float64)
-    s2 = np.asarray(F.secure_sum_cov(*args, center, clip, cov_clip, 0.0, p.num_clients, key),
+    s1 = np.asarray(M.secure_sum_mean(*args, clip, 0.0, p.num_clients, key), np.float64)
+    s2 = np.asarray(M.secure_sum_cov(*args, center, clip, cov_clip, 0.0, p.num_clients, key),
                     np.float64)
     return s1, s2
 
@@ -223,18 +224,18 @@ def test_sensitivity_table():
 
 @pytest.mark.parametrize("eps,delta", [(0.6, 1e-6), (0.1, 1e-5), (1.0, 1e-6), (4.0, 1e-8)])
 def test_calibration_against_dp_accounting(eps, delta):
-    sigma = F.analytic_gaussian_sigma(eps, delta)
+    sigma = M.analytic_gaussian_sigma(eps, delta)
     assert dpa.get_epsilon_gaussian(sigma, delta) <= eps * (1 + 1e-9)
     acc = dpa.pld.PLDAccountant()
     acc.compose(dpa.GaussianDpEvent(sigma))
     assert acc.get_epsilon(delta) <= eps * 1.01  # PLD's pessimistic discretisation
     assert acc.get_delta(eps * 1.01) <= delta
     if eps < 1:
-        assert F.classic_gaussian_sigma(eps, delta) > sigma
+        assert M.classic_gaussian_sigma(eps, delta) > sigma
     else:
         with pytest.raises(ValueError, match="epsilon < 1"):
-            F.classic_gaussian_sigma(eps, delta)
-    both = F.composed_epsilons([dpa.GaussianDpEvent(sigma)] * 2, 2 * delta)
+            M.classic_gaussian_sigma(eps, delta)
+    both = M.composed_epsilons([dpa.GaussianDpEvent(sigma)] * 2, 2 * delta)
     assert both["pld"] <= both["rdp"] * 1.001 and both["rdp"] <= 2 * eps
 
 
@@ -317,7 +318,7 @@ def test_real_ledger_records_release():
     rel = F.private_stats(_clients(rng), 1.0, 0.6, 1e-6, "user", jax.random.key(1), ledger=led)
     spent = led.spent()
     assert spent == pytest.approx(
-        min(F.composed_epsilons(rel.events, led.delta).values()), rel=1e-3)
+        min(M.composed_epsilons(rel.events, led.delta).values()), rel=1e-3)
     F.rank_candidates({"a": rng.normal(size=(20, 6)), "b": rng.normal(size=(20, 6))}, rel)
     assert len(led.entries) == 1 and led.spent() == spent
     led_r = PrivacyLedger(epsilon=3.0, delta=1e-5, neighboring="replace_one")

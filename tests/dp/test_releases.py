@@ -11,6 +11,7 @@ from dp_accounting import rdp
 
 from fedpriv import domain as dm
 from fedpriv import fred as F
+from fedpriv.dp import moments as M
 from fedpriv.dp import accounting as acc
 from fedpriv.dp import geometric
 from fedpriv.dp.ledger import PrivacyLedger
@@ -83,7 +84,7 @@ def test_fred_covariance_noise_has_its_own_std_and_key():
     mean_noise = rel.mean * rel.n_divisor
     assert 0.75 < mean_noise.std() / rel.mean_noise_std < 1.33
     b = -rel.mean * min(1.0, clip / np.linalg.norm(rel.mean))
-    iu = F.upper_indices(d)
+    iu = M.upper_indices(d)
     cov_noise = (rel.cov_raw * rel.n_divisor - users * np.outer(b, b))[iu]
     assert 0.9 < cov_noise.std() / rel.cov_noise_std < 1.1, (cov_noise.std(), rel.cov_noise_std)
     assert abs(np.corrcoef(mean_noise, cov_noise[:d])[0, 1]) < 0.4

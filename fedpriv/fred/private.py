@@ -1,16 +1,11 @@
-"""FreD: a differentially private Fréchet distance between a public and a federated dataset.
+"""FreD's private side (Hou et al. 2023, Algorithm 1): a DP release of the users' embedding
+mean and covariance, and FreD = Eq. 2 between a public candidate and that release.
 
 Hou, Zhan, Shrivastava, Wang, Livshits, Fanti, Lazar (2023), "Privately customizing
 prefinetuning to better match user data in federated learning" (``papers/fred_hou2023.md``).
-
-Eq. 2 (Dowson & Landau 1982), the Fréchet distance of two Gaussians::
-
-    d = ||mu1 - mu2||^2 + Tr(C1 + C2 - 2 (C1 C2)^{1/2})
-
-computed on the host in float64.  ``Tr((C1 C2)^{1/2})`` is the sum of the square roots of the
-eigenvalues of the symmetric PSD matrix ``C1^{1/2} C2 C1^{1/2}`` (similar to ``C1 C2``), from
-two symmetric eigendecompositions with tiny negative eigenvalues clipped to 0: no general
-``sqrtm`` and no complex parts.
+The Gaussian releases, their calibration, sensitivities and events are
+:mod:`fedpriv.dp.moments`; this module packs the clients' embeddings, chooses the unit of
+privacy and the denominator, charges the ledger and scores candidates.
 
 Algorithm 1 (the private side), as a federated computation under secure aggregation:
 
@@ -64,205 +59,40 @@ in advance) -- and the server divides by that instead (a fixed-denominator estim
 DP-FedAvg; McMahan et al. 2018).  Shapes and counts (metadata) are checked before the ledger
 is charged; the *values* (NaN/inf) are checked after, so a bad release still costs its budget.
 
-Noise calibration: ``tau = sigma(eps, delta) * sensitivity`` with ``sigma`` from the analytic
-Gaussian mechanism (Balle & Wang 2018; ``dp_accounting.get_sigma_gaussian``, which is the noise
-for L2 sensitivity 1), exact for every ``eps > 0``.  The classic
-``sqrt(2 ln(1.25/delta)) / eps`` of Prop. 3.1 is exposed for comparison and only allowed for
-``eps < 1``.  Each release is (eps, delta)-DP; both together are (2 eps, 2 delta)-DP by basic
-composition (Prop. 3.1), and an RDP / PLD accountant composing the two
-``GaussianDpEvent(noise_multiplier = tau / sensitivity)`` events gives a tighter epsilon at
+Noise calibration (:mod:`fedpriv.dp.moments`): ``tau = sigma(eps, delta) * sensitivity`` with
+``sigma`` from the analytic Gaussian mechanism (Balle & Wang 2018), exact for every ``eps > 0``;
+the classic ``sqrt(2 ln(1.25/delta)) / eps`` of Prop. 3.1 only for ``eps < 1``.  Each release is
+(eps, delta)-DP; both together are (2 eps, 2 delta)-DP by basic composition (Prop. 3.1), and
+the RDP / PLD accountants of :mod:`fedpriv.dp.accounting` composing the two
+``GaussianDpEvent(noise_multiplier = tau / sensitivity)`` events give a tighter epsilon at
 ``2 delta``; ``PrivateStats`` reports all three.
 
-JAX runs the per-client math (clip, centre, per-client sums, noise shares): written for one
-client, ``jax.vmap``-ped over a padded set of clients (masked samples, masked padding
-clients) and ``lax.scan``-ned over groups of clients to bound memory.  Large clients are split
-into several fixed-size chunks that share one noise share.  NumPy float64 does the rest.
+The per-client math (clip, centre, per-client sums, noise shares) is
+``moments.secure_sum_mean`` / ``secure_sum_cov``, vmapped over a padded set of client chunks
+(:func:`pack_clients`: masked samples, masked padding chunks, ``C`` and ``S`` powers of two).
+Large clients are split into several fixed-size chunks that share one noise share.  NumPy
+float64 does the rest.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
-import dp_accounting as dpa
 import jax
 import jax.numpy as jnp
 import numpy as np
-from dp_accounting import pld, rdp
 
+from fedpriv.dp import moments
 from fedpriv.dp.keys import tagged_key
+from fedpriv.fred.distance import (GaussianStats, check_embeddings, frechet_distance,
+                                   gaussian_stats, project_psd)
+from fedpriv.util import check_positive, next_pow2
 
 UNITS = ("sample", "user")
-RELATIONS = ("add_remove", "replace_one")
-CALIBRATIONS = ("analytic", "classic")
-
-
-# ============================================================================================
-# Fréchet distance (Eq. 2), host-side float64
-# ============================================================================================
-
-
-def _sym(a: np.ndarray) -> np.ndarray:
-    return 0.5 * (a + a.T)
-
-
-def _as_mean_cov(mu, cov, name: str) -> tuple[np.ndarray, np.ndarray]:
-    mu = np.asarray(mu, np.float64)
-    cov = np.asarray(cov, np.float64)
-    if mu.ndim != 1 or cov.shape != (mu.shape[0], mu.shape[0]):
-        raise ValueError(f"{name}: need mean [d] and covariance [d, d], got {mu.shape}, {cov.shape}")
-    if not (np.all(np.isfinite(mu)) and np.all(np.isfinite(cov))):
-        raise ValueError(f"{name}: mean/covariance contain NaN or inf")
-    return mu, _sym(cov)
-
-
-def psd_sqrt(cov: np.ndarray) -> np.ndarray:
-    """Symmetric PSD square root ``[d, d] -> [d, d]`` (eigh, negative eigenvalues -> 0)."""
-    w, v = np.linalg.eigh(_sym(np.asarray(cov, np.float64)))
-    return (v * np.sqrt(np.clip(w, 0.0, None))) @ v.T
-
-
-def trace_sqrt_product(cov1: np.ndarray, cov2: np.ndarray) -> float:
-    """``Tr((C1 C2)^{1/2})`` = sum sqrt(eig(C1^{1/2} C2 C1^{1/2})), ``[d, d] x2 -> float``."""
-    s1 = psd_sqrt(cov1)
-    w = np.linalg.eigvalsh(_sym(s1 @ _sym(np.asarray(cov2, np.float64)) @ s1))
-    return float(np.sum(np.sqrt(np.clip(w, 0.0, None))))
-
-
-def frechet_distance(mu1, cov1, mu2, cov2) -> float:
-    """Eq. 2: ``||mu1 - mu2||^2 + Tr(C1 + C2 - 2 (C1 C2)^{1/2})`` in float64.
-
-    Args:
-      mu1, mu2: means, ``[d]``.
-      cov1, cov2: PSD covariances, ``[d, d]`` (symmetrised; negative eigenvalues from rounding
-        are clipped to 0 inside the square roots).
-
-    Returns:
-      The (squared-metric) Fréchet distance, a float >= 0 (a result below 0 can only come from
-      rounding and is returned as 0).  Exact on closed forms up to the inputs' own rounding:
-      at a zero eigenvalue ``x -> sqrt(x)`` is not Lipschitz, so a float64 rounding of 1e-16 in
-      a singular covariance shows as ~1e-8 in the trace term.
-    """
-    mu1, cov1 = _as_mean_cov(mu1, cov1, "first Gaussian")
-    mu2, cov2 = _as_mean_cov(mu2, cov2, "second Gaussian")
-    if mu1.shape != mu2.shape:
-        raise ValueError(f"dimension mismatch: {mu1.shape[0]} vs {mu2.shape[0]}")
-    diff = mu1 - mu2
-    d = float(diff @ diff + np.trace(cov1) + np.trace(cov2) - 2.0 * trace_sqrt_product(cov1, cov2))
-    return max(d, 0.0)
-
-
-def project_psd(mat: np.ndarray) -> np.ndarray:
-    """Frobenius-nearest PSD matrix to the symmetric part of ``mat``: ``[d, d] -> [d, d]``.
-
-    ``V diag(max(w, 0)) V^T`` for ``sym(mat) = V diag(w) V^T`` (Higham 1988).
-    """
-    w, v = np.linalg.eigh(_sym(np.asarray(mat, np.float64)))
-    return _sym((v * np.clip(w, 0.0, None)) @ v.T)
-
-
-def check_embeddings(emb, name: str = "embeddings", min_rows: int = 0) -> np.ndarray:
-    """Validate a ``[n, d]`` float array (finite values, at least ``min_rows`` rows)."""
-    arr = np.asarray(emb)
-    if arr.ndim != 2:
-        raise ValueError(f"{name} must be a 2-D array [n, d], got shape {arr.shape}")
-    if not np.issubdtype(arr.dtype, np.number):
-        raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
-    if arr.shape[0] < min_rows:
-        raise ValueError(
-            f"{name}: need at least {min_rows} samples for a covariance, got {arr.shape[0]}"
-        )
-    if not np.all(np.isfinite(arr)):
-        raise ValueError(f"{name} contain NaN or inf")
-    return arr
-
-
-@dataclasses.dataclass(frozen=True)
-class GaussianStats:
-    """Mean ``[d]`` and covariance ``[d, d]`` (float64) of a (public) embedding set."""
-
-    mean: np.ndarray
-    cov: np.ndarray
-    n: int
-
-    @property
-    def dim(self) -> int:
-        return int(self.mean.shape[0])
-
-
-def gaussian_stats(emb) -> GaussianStats:
-    """``[n, d] -> GaussianStats``: mean and the 1/n covariance (the private estimator's
-    normalisation), in float64.  Needs ``n >= 2`` and finite values."""
-    x = check_embeddings(emb, "embeddings", min_rows=2).astype(np.float64)
-    mu = x.mean(axis=0)
-    xc = x - mu
-    return GaussianStats(mu, _sym(xc.T @ xc / x.shape[0]), int(x.shape[0]))
-
-
-def pca_basis(public_embeddings, k: int) -> np.ndarray:
-    """Top-``k`` principal directions of *public* embeddings: ``[n, d] -> float64[d, k]``.
-
-    Not part of the paper: an optional, privacy-free way to shrink the released covariance.
-    The noise on the ``d x d`` covariance grows like ``sqrt(d)`` in spectral norm and its
-    PSD projection adds roughly ``d * 2 R / (3 pi)`` to the trace (``R = 2 tau_2 sqrt(d) / n``),
-    which swamps the signal when ``n`` is small (e.g. user level).  Composing the embedder
-    with ``x -> x @ basis`` (basis from public data only) makes FreD a distance between the
-    projected distributions, released with the same privacy cost in ``k`` dimensions.
-    """
-    x = check_embeddings(public_embeddings, "public embeddings", min_rows=2).astype(np.float64)
-    if not 1 <= k <= x.shape[1]:
-        raise ValueError(f"k must be in [1, {x.shape[1]}], got {k}")
-    xc = x - x.mean(axis=0)
-    w, v = np.linalg.eigh(xc.T @ xc)
-    return np.ascontiguousarray(v[:, np.argsort(w)[::-1][:k]])
-
-
-def fred_nonprivate(public_emb, private_emb) -> float:
-    """Non-private Fréchet distance between two embedding sets ``[n1, d]``, ``[n2, d]``."""
-    a = gaussian_stats(public_emb)
-    b = gaussian_stats(private_emb)
-    if a.dim != b.dim:
-        raise ValueError(f"dimension mismatch between public ({a.dim}) and private ({b.dim})")
-    return frechet_distance(a.mean, a.cov, b.mean, b.cov)
-
-
-# ============================================================================================
-# Noise calibration and sensitivities
-# ============================================================================================
-
-
-def _check_eps_delta(epsilon: float, delta: float) -> None:
-    if not (isinstance(epsilon, (int, float, np.floating)) and math.isfinite(epsilon) and epsilon > 0):
-        raise ValueError(f"epsilon must be a finite number > 0, got {epsilon!r}")
-    if not (isinstance(delta, (int, float, np.floating)) and 0 < delta < 1):
-        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
-
-
-def analytic_gaussian_sigma(epsilon: float, delta: float) -> float:
-    """Noise std for L2 sensitivity 1 giving exactly (eps, delta)-DP (Balle & Wang 2018)."""
-    _check_eps_delta(epsilon, delta)
-    return float(dpa.get_sigma_gaussian(float(epsilon), float(delta)))
-
-
-def classic_gaussian_sigma(epsilon: float, delta: float) -> float:
-    """Prop. 3.1's ``sqrt(2 ln(1.25/delta)) / eps`` (Dwork & Roth Thm. A.1; only for eps < 1)."""
-    _check_eps_delta(epsilon, delta)
-    if epsilon >= 1:
-        raise ValueError(
-            f"the classic Gaussian calibration holds only for epsilon < 1 (got {epsilon}); "
-            "use calibration='analytic'"
-        )
-    return math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon
-
-
-def gaussian_sigma(epsilon: float, delta: float, calibration: str = "analytic") -> float:
-    if calibration == "analytic":
-        return analytic_gaussian_sigma(epsilon, delta)
-    if calibration == "classic":
-        return classic_gaussian_sigma(epsilon, delta)
-    raise ValueError(f"calibration must be one of {CALIBRATIONS}, got {calibration!r}")
+RELATIONS = moments.RELATIONS
+CALIBRATIONS = moments.CALIBRATIONS
 
 
 def sensitivities(clip: float, cov_clip: float, unit: str, relation: str) -> tuple[float, float]:
@@ -273,164 +103,7 @@ def sensitivities(clip: float, cov_clip: float, unit: str, relation: str) -> tup
     """
     if unit not in UNITS:
         raise ValueError(f"unit must be one of {UNITS}, got {unit!r}")
-    if relation == "add_remove":
-        return float(clip), float(cov_clip) ** 2
-    if relation == "replace_one":
-        return 2.0 * float(clip), math.sqrt(2.0) * float(cov_clip) ** 2
-    raise ValueError(f"relation must be one of {RELATIONS}, got {relation!r}")
-
-
-def composed_epsilons(events: Sequence[dpa.DpEvent], delta: float) -> dict[str, float]:
-    """Epsilon at ``delta`` of the composition of ``GaussianDpEvent``s: RDP and PLD.
-
-    The events' noise multipliers are relative to the sensitivity under the release's own
-    neighbouring relation, so the add/remove accountants (a Gaussian of sensitivity 1) apply.
-    PLD is skipped (NaN) for noise multipliers below 0.3 (its discretisation would need tens
-    of GiB).  Results are cached on ``(noise multipliers, delta)``.
-    """
-    for e in events:
-        if not isinstance(e, dpa.GaussianDpEvent):
-            raise TypeError(f"expected GaussianDpEvent, got {type(e).__name__}")
-    return dict(_composed_epsilons(tuple(float(e.noise_multiplier) for e in events), float(delta)))
-
-
-@functools.lru_cache(maxsize=256)
-def _composed_epsilons(sigmas: tuple[float, ...], delta: float) -> tuple[tuple[str, float], ...]:
-    acc = rdp.RdpAccountant()
-    for z in sigmas:
-        acc.compose(dpa.GaussianDpEvent(z))
-    out = {"rdp": float(acc.get_epsilon(delta)), "pld": float("nan")}
-    if min(sigmas) >= _PLD_MIN_NOISE_MULTIPLIER:
-        pacc = pld.PLDAccountant(dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
-        for z in sigmas:
-            pacc.compose(dpa.GaussianDpEvent(z))
-        out["pld"] = float(pacc.get_epsilon(delta))
-    return tuple(out.items())
-
-
-# Below this the PLD discretisation needs ~1e10 buckets (tens of GiB); RDP is reported alone.
-_PLD_MIN_NOISE_MULTIPLIER = 0.3
-
-
-# ============================================================================================
-# Per-client math in JAX (one client, unbatched), then vmap + scan over padded clients
-# ============================================================================================
-
-
-def clip_rows(x: jax.Array, clip) -> jax.Array:
-    """Clip each row of ``[S, d]`` to L2 norm ``clip`` (Def. 2.4: ``v / max(1, ||v|| / c)``)."""
-    norm = jnp.linalg.norm(x, axis=-1, keepdims=True)
-    return x * jnp.minimum(1.0, clip / jnp.maximum(norm, 1e-30))
-
-
-def upper_indices(d: int) -> tuple[np.ndarray, np.ndarray]:
-    """Row/column indices of the upper triangle with diagonal, ``P = d (d + 1) / 2`` entries."""
-    return np.triu_indices(d)
-
-
-def from_upper(vec: np.ndarray, d: int) -> np.ndarray:
-    """``[P] -> [d, d]`` symmetric matrix mirrored from its upper triangle (float64)."""
-    iu = upper_indices(d)
-    m = np.zeros((d, d), np.float64)
-    m[iu] = np.asarray(vec, np.float64)
-    return m + np.triu(m, 1).T
-
-
-def client_mean_contribution(emb: jax.Array, mask: jax.Array, weight, clip) -> jax.Array:
-    """One client's contribution to the mean sum: ``weight * sum_j mask_j clip_c(e_j)``.
-
-    Args:
-      emb: ``[S, d]`` embeddings (padded rows arbitrary), mask: ``[S]`` 0/1, weight: scalar
-        (1 at sample level, ``1/k_u`` at user level), clip: scalar ``c``.
-    Returns:
-      ``[d]``.
-    """
-    x = clip_rows(emb, clip) * mask[:, None]
-    return weight * jnp.sum(x, axis=0)
-
-
-def client_cov_contribution(
-    emb: jax.Array, mask: jax.Array, weight, center: jax.Array, clip, cov_clip
-) -> jax.Array:
-    """One client's contribution to the covariance sum, upper triangle only.
-
-    ``b_j = clip_{c_cov}(clip_c(e_j) - center)``; returns ``weight * upper(sum_j mask_j b_j
-    b_j^T)`` as ``[P]``, ``P = d (d + 1) / 2``.  ``emb: [S, d]``, ``mask: [S]``, ``center: [d]``.
-    """
-    d = emb.shape[-1]
-    b = clip_rows(clip_rows(emb, clip) - center[None, :], cov_clip) * mask[:, None]
-    iu = upper_indices(d)
-    return weight * (b.T @ b)[iu]
-
-
-def _noise_share(key, client_id, share, size: int, total_std, num_clients) -> jax.Array:
-    """Client ``client_id``'s share ``N(0, total_std^2 / m)`` per coordinate (0 if ``share=0``)."""
-    k = jax.random.fold_in(key, client_id)
-    std = total_std / jnp.sqrt(jnp.asarray(num_clients, jnp.float32))
-    return share * std * jax.random.normal(k, (size,), jnp.float32)
-
-
-def _scan_sum(per_chunk: Callable, xs: tuple, group: int, size: int) -> jax.Array:
-    """Sum of ``vmap(per_chunk)`` over the leading (chunk) axis, ``group`` chunks at a time."""
-    num = xs[0].shape[0]
-    grouped = tuple(x.reshape((num // group, group) + x.shape[1:]) for x in xs)
-
-    def body(acc, g):
-        return acc + jnp.sum(jax.vmap(per_chunk)(*g), axis=0), None
-
-    total, _ = jax.lax.scan(body, jnp.zeros((size,), jnp.float32), grouped)
-    return total
-
-
-@jax.jit
-def secure_sum_mean(emb, mask, weight, client_id, share, clip, noise_std, num_clients, key):
-    """Noisy securely aggregated mean sum (step 1 of Algorithm 1), jitted.
-
-    Args:
-      emb: ``[C, S, d]`` padded chunks of client embeddings; mask ``[C, S]``; weight ``[C]``;
-      client_id ``[C]`` int32 (chunks of one client share it); share ``[C]`` 1.0 on exactly one
-      chunk per real client, 0 elsewhere; clip ``c``; noise_std ``tau_1`` of the *aggregate*
-      (0 gives the pre-noise sum); num_clients ``m``; key: PRNG key.
-      ``C`` must be a multiple of the group size ``_GROUP``.
-    Returns:
-      ``[d]`` float32: ``sum_u contribution_u + sum_u share_u``, shares ``N(0, tau_1^2/m)``.
-    """
-    d = emb.shape[-1]
-
-    def per_chunk(e, m, w, cid, s):
-        return client_mean_contribution(e, m, w, clip) + _noise_share(
-            key, cid, s, d, noise_std, num_clients
-        )
-
-    return _scan_sum(per_chunk, (emb, mask, weight, client_id, share), _GROUP, d)
-
-
-@jax.jit
-def secure_sum_cov(
-    emb, mask, weight, client_id, share, center, clip, cov_clip, noise_std, num_clients, key
-):
-    """Noisy securely aggregated covariance sum, upper triangle ``[P]`` (step 2), jitted.
-
-    Same arguments as :func:`secure_sum_mean` plus ``center [d]`` (the released DP mean) and
-    ``cov_clip``; one noise draw per upper-triangle entry.
-    """
-    d = emb.shape[-1]
-    size = d * (d + 1) // 2
-
-    def per_chunk(e, m, w, cid, s):
-        return client_cov_contribution(e, m, w, center, clip, cov_clip) + _noise_share(
-            key, cid, s, size, noise_std, num_clients
-        )
-
-    return _scan_sum(per_chunk, (emb, mask, weight, client_id, share), _GROUP, size)
-
-
-# Chunks are processed ``_GROUP`` at a time (vmap), groups sequentially (scan).
-_GROUP = 8
-
-
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, int(x - 1).bit_length())
+    return moments.moment_sensitivities(clip, cov_clip, relation)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -496,13 +169,13 @@ def pack_clients(
         arrays = [a[:max_samples_per_user] for a in arrays]
     arrays = [a for a in arrays if a.shape[0] > 0]
     largest = max(a.shape[0] for a in arrays)
-    s = min(_next_pow2(max(largest, 8)), _next_pow2(chunk_size))
+    s = min(next_pow2(max(largest, 8)), next_pow2(chunk_size))
     pieces = []  # (client index, array slice, weight, first?)
     for i, a in enumerate(arrays):
         w = 1.0 if unit == "sample" else 1.0 / a.shape[0]
         for j, start in enumerate(range(0, a.shape[0], s)):
             pieces.append((i, a[start : start + s], w, j == 0))
-    c = _GROUP * _next_pow2(-(-len(pieces) // _GROUP))
+    c = moments.GROUP * next_pow2(-(-len(pieces) // moments.GROUP))
     emb = np.zeros((c, s, d), np.float32)
     mask = np.zeros((c, s), np.float32)
     weight = np.zeros((c,), np.float32)
@@ -645,12 +318,10 @@ def private_stats(
       :class:`PrivateStats` (mean ``[d]``, cov ``[d, d]``, privacy figures, unit).
     """
     # ---- parameters (no data) ----
-    _check_eps_delta(epsilon, delta)
-    if not (isinstance(clip, (int, float, np.floating)) and math.isfinite(clip) and clip > 0):
-        raise ValueError(f"clip must be a finite number > 0, got {clip!r}")
+    moments.check_epsilon_delta(epsilon, delta)
+    check_positive(clip, "clip")
     cov_clip = clip if cov_clip is None else cov_clip
-    if not (isinstance(cov_clip, (int, float, np.floating)) and math.isfinite(cov_clip) and cov_clip > 0):
-        raise ValueError(f"cov_clip must be a finite number > 0, got {cov_clip!r}")
+    check_positive(cov_clip, "cov_clip")
     if unit not in UNITS:
         raise ValueError(f"unit must be one of {UNITS}, got {unit!r}")
     if max_samples_per_user is not None and unit != "user":
@@ -675,10 +346,10 @@ def private_stats(
         )
     if n_public is not None and not (math.isfinite(n_public) and n_public > 0):
         raise ValueError(f"n_public must be > 0, got {n_public!r}")
-    sigma = gaussian_sigma(epsilon, delta, calibration)
+    sigma = moments.gaussian_sigma(epsilon, delta, calibration)
     mean_sens, cov_sens = sensitivities(clip, cov_clip, unit, relation)
     tau1, tau2 = sigma * mean_sens, sigma * cov_sens
-    events = (dpa.GaussianDpEvent(sigma), dpa.GaussianDpEvent(sigma))
+    events = moments.moment_events(sigma)
 
     # ---- metadata: shapes and counts (no values) ----
     arrays, _ = _client_shapes(client_embeddings)
@@ -695,7 +366,7 @@ def private_stats(
 
     # ---- charge the ledger before any private value is read (fail closed) ----
     if ledger is not None:
-        ledger.spend(name, dpa.ComposedDpEvent(list(events)), populations=tuple(populations))
+        ledger.spend(name, moments.release_event(events), populations=tuple(populations))
 
     # ---- clients: values ----
     for i, a in enumerate(arrays):
@@ -711,15 +382,17 @@ def private_stats(
         jnp.asarray(packed.share),
     )
     m = packed.num_clients
-    noisy_sum = secure_sum_mean(*args, clip, tau1, m, k_mean)
+    noisy_sum = moments.secure_sum_mean(*args, clip, tau1, m, k_mean)
     pmean = np.asarray(noisy_sum, np.float64) / divisor  # server
-    noisy_cov = secure_sum_cov(
+    noisy_cov = moments.secure_sum_cov(
         *args, jnp.asarray(pmean, jnp.float32), clip, cov_clip, tau2, m, k_cov
     )
-    cov_raw = from_upper(np.asarray(noisy_cov, np.float64), packed.dim) / divisor
+    cov_raw = moments.from_upper(np.asarray(noisy_cov, np.float64), packed.dim) / divisor
     pcov = project_psd(cov_raw)
 
-    eps_acc = composed_epsilons(events, 2 * delta)
+    # (at a total delta >= 1 every mechanism is DP with epsilon 0: no accountant figure, NaN)
+    eps_acc = (moments.composed_epsilons(events, 2 * delta) if 2 * delta < 1
+               else {"rdp": float("nan"), "pld": float("nan")})
     return PrivateStats(
         mean=pmean,
         cov=pcov,
