@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from fedpriv.data import loaders
+from fedpriv import data as loaders
 from fedpriv.data.text import split_client_ids
 
 HELD_OUT = "chitchat (held-out senders)"
