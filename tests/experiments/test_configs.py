@@ -5,7 +5,8 @@ from experiments import common
 
 
 @pytest.mark.parametrize("path", ["configs/lm_fl.py", "configs/demo.py", "configs/population_expansion.py",
-                                  "configs/public_training.py", "configs/fred_pipeline.py"])
+                                  "configs/public_training.py", "configs/fred_pipeline.py",
+                                  "configs/latency_figure.py"])
 @pytest.mark.parametrize("scale", ["smoke", "small", "paper"])
 def test_every_scale_loads(path, scale):
     assert common.load_config(f"{path}:{scale}") is not None
