@@ -1,4 +1,4 @@
-"""Tests for fedpriv/domain.py (Koga et al. 2023: unigrams, Eq. 3 weights, datasets, Table 1,
+"""Tests for fedpriv/expansion (Koga et al. 2023: unigrams, Eq. 3 weights, datasets, Table 1,
 Prop. 3.1 latency)."""
 
 import math
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from dp_accounting import dp_event
 
-from fedpriv import domain as dm
+from configs.population_expansion import SCHEMES_BY_NAME, TOTAL_BUDGET, TRAINING_SCHEMES
+from fedpriv import expansion
 from fedpriv.data.federated import FederatedDataset
 from fedpriv.dp import geometric
 
@@ -65,49 +66,49 @@ def random_user(rng, n, vocab, length=11):
 
 def test_user_contribution_bounded_by_50():
     rng = np.random.default_rng(0)
-    assert dm.unigram_sensitivity() == 50
+    assert expansion.unigram_sensitivity() == 50
     heavy = random_user(rng, 100, 40)  # 100 sequences of 10 non-PAD targets
-    c = dm.bounded_user_counts(heavy, 40, np.random.default_rng(1))
+    c = expansion.bounded_user_counts(heavy, 40, np.random.default_rng(1))
     assert c.dtype == np.int64 and c.shape == (40,)
     assert c.sum() == 50 and c[PAD] == 0 and c[BOS] == 0
     # Longer rows: still at most 10 tokens per sequence.
     long = random_user(rng, 100, 40, length=31)
-    assert dm.bounded_user_counts(long, 40, rng).sum() == 50
+    assert expansion.bounded_user_counts(long, 40, rng).sum() == 50
     # Rows with PAD: only non-PAD targets count; an all-PAD row is never chosen.
     r = rows([5, 6, EOS], [], [7, UNK, 8, EOS])
-    c = dm.bounded_user_counts(r, 10, rng)
+    c = expansion.bounded_user_counts(r, 10, rng)
     np.testing.assert_array_equal(c, np.bincount([5, 6, EOS, 7, UNK, 8, EOS], minlength=10))
     # Removing a user moves the summed count vector by at most 50 in L1. (Same seed on both
     # sides, and only one user has > 5 rows, so no other user's row choice is re-randomised.)
     users = {f"u{i:02d}": random_user(rng, int(rng.integers(1, 6)), 40) for i in range(20)}
     users["heavy"] = heavy
-    full = dm.unigram_counts(users, 40, np.random.default_rng(5))
+    full = expansion.unigram_counts(users, 40, np.random.default_rng(5))
     for drop in ("heavy", "u03", "u19"):
         rest = {k: v for k, v in users.items() if k != drop}
-        part = dm.unigram_counts(rest, 40, np.random.default_rng(5))
+        part = expansion.unigram_counts(rest, 40, np.random.default_rng(5))
         diff = full - part
         assert np.all(diff >= 0) and 0 < diff.sum() <= 50
     with pytest.raises(ValueError):
-        dm.bounded_user_counts(rows([45]), 40, rng)
+        expansion.bounded_user_counts(rows([45]), 40, rng)
 
 
 def test_unigram_counts_example_domain_filter():
     rng = np.random.default_rng(0)
-    client = {"tokens": rows([4, 4], [5]), "domain": np.array([dm.SOURCE, dm.TARGET], np.int8)}
-    c = dm.unigram_counts({"c": client}, 8, rng, example_domain=dm.TARGET)
+    client = {"tokens": rows([4, 4], [5]), "domain": np.array([expansion.SOURCE, expansion.TARGET], np.int8)}
+    c = expansion.unigram_counts({"c": client}, 8, rng, example_domain=expansion.TARGET)
     np.testing.assert_array_equal(c, np.bincount([5], minlength=8))
-    c = dm.unigram_counts({"c": client}, 8, rng)
+    c = expansion.unigram_counts({"c": client}, 8, rng)
     np.testing.assert_array_equal(c, np.bincount([4, 4, 5], minlength=8))
 
 
 def test_normalise_counts():
-    u = dm.normalise_counts(np.array([-3, 0, 5, 10]), smoothing=1.0)
+    u = expansion.normalise_counts(np.array([-3, 0, 5, 10]), smoothing=1.0)
     np.testing.assert_allclose(u, np.array([1, 1, 6, 11]) / 19)
-    u = dm.normalise_counts(np.array([7, 0, 5, 10]), smoothing=0.5, zero_ids=(0,))
+    u = expansion.normalise_counts(np.array([7, 0, 5, 10]), smoothing=0.5, zero_ids=(0,))
     np.testing.assert_allclose(u, np.array([0.5, 0.5, 5.5, 10.5]) / 17)
-    assert np.all(dm.normalise_counts(np.full(5, -100)) == 0.2)
+    assert np.all(expansion.normalise_counts(np.full(5, -100)) == 0.2)
     with pytest.raises(ValueError):
-        dm.normalise_counts(np.array([1, 2]), smoothing=0.0)
+        expansion.normalise_counts(np.array([1, 2]), smoothing=0.0)
 
 
 def test_private_unigrams_noise_free_limit_and_ledger_event():
@@ -115,9 +116,9 @@ def test_private_unigrams_noise_free_limit_and_ledger_event():
     users = {i: random_user(rng, 8, 12) for i in range(30)}
     ledger = FakeLedger()
     # eps = 1e6: a = exp(-2e4) = 0, so the Geometric noise is exactly 0.
-    u = dm.private_unigram_frequencies(users, 12, 1e6, np.random.default_rng(9),
+    u = expansion.private_unigram_frequencies(users, 12, 1e6, np.random.default_rng(9),
                                        population="T", ledger=ledger)
-    counts = dm.unigram_counts(users, 12, np.random.default_rng(9))
+    counts = expansion.unigram_counts(users, 12, np.random.default_rng(9))
     counts[[PAD, BOS]] = 0
     np.testing.assert_allclose(u, (counts + 1.0) / (counts.sum() + 12.0), rtol=1e-12)
     assert u.dtype == np.float64 and math.isclose(u.sum(), 1.0) and np.all(u > 0)
@@ -131,7 +132,7 @@ def test_private_unigrams_paper_budget_is_noisy_but_valid():
     rng = np.random.default_rng(4)
     users = {i: random_user(rng, 10, 50) for i in range(200)}
     ledger = FakeLedger()
-    u = dm.private_unigram_frequencies(users, 50, 0.8, rng, population="S", ledger=ledger)
+    u = expansion.private_unigram_frequencies(users, 50, 0.8, rng, population="S", ledger=ledger)
     assert np.all(u > 0) and math.isclose(u.sum(), 1.0)
     assert u[PAD] == u[BOS] == u.min()  # floor only
     event = ledger.calls[0][1]
@@ -144,7 +145,7 @@ def test_ledger_is_charged_before_data_is_read():
 
     ledger = FakeLedger(refuse=Refused("budget exceeded"))
     with pytest.raises(Refused):
-        dm.private_unigram_frequencies(Untouchable(), 20, 0.8, np.random.default_rng(0),
+        expansion.private_unigram_frequencies(Untouchable(), 20, 0.8, np.random.default_rng(0),
                                        population="T", ledger=ledger)
     assert len(ledger.calls) == 1
     # The project's ledger: a budget below eps0 refuses before the data is read ...
@@ -152,7 +153,7 @@ def test_ledger_is_charged_before_data_is_read():
 
     small = PrivacyLedger(0.5, 1e-6)
     with pytest.raises(PrivacyBudgetExceeded):
-        dm.private_unigram_frequencies(Untouchable(), 20, 0.8, np.random.default_rng(0),
+        expansion.private_unigram_frequencies(Untouchable(), 20, 0.8, np.random.default_rng(0),
                                        population="T", ledger=small)
     assert small.entries == []
     # ... and u_hat_S, u_hat_T on disjoint populations compose in parallel: 0.8, not 1.6.
@@ -160,7 +161,7 @@ def test_ledger_is_charged_before_data_is_read():
     rng = np.random.default_rng(1)
     users = {i: random_user(rng, 3, 20) for i in range(10)}
     for pop in ("S", "T"):
-        dm.private_unigram_frequencies(users, 20, 0.8, rng, population=pop, ledger=led)
+        expansion.private_unigram_frequencies(users, 20, 0.8, rng, population=pop, ledger=led)
     assert [e.populations for e in led.entries] == [("S",), ("T",)]
     assert abs(led.spent() - 0.8) < 1e-3
 
@@ -180,36 +181,36 @@ def test_weights_hand_computed():
     # x1: p_T = .01, p_S = .25 -> w = .01/(.001 + .225) = 5/113
     # x2: p_T = .4, p_S = .1 -> w = .4/(.04 + .09) = 40/13
     # x3: no counted token -> p = 1 in both -> w = 1
-    np.testing.assert_allclose(dm.sequence_log_density(x, U_T),
+    np.testing.assert_allclose(expansion.sequence_log_density(x, U_T),
                                np.log([0.008, 0.01, 0.4, 1.0]), rtol=1e-12)
-    dom = np.full(4, dm.SOURCE)
-    w = dm.importance_weights(x, dom, U_S, U_T, 0.1)
+    dom = np.full(4, expansion.SOURCE)
+    w = expansion.importance_weights(x, dom, U_S, U_T, 0.1)
     assert w.dtype == np.float32 and w.shape == (4,)
     np.testing.assert_allclose(w, [80 / 53, 5 / 113, 40 / 13, 1.0], rtol=1e-6)
     assert np.all(w <= 1 / 0.1)
     # Target-domain examples: exactly 1 (Eq. 3 with pi = T), whatever the densities.
-    wt = dm.importance_weights(x, np.full(4, dm.TARGET), U_S, U_T, 0.1)
+    wt = expansion.importance_weights(x, np.full(4, expansion.TARGET), U_S, U_T, 0.1)
     assert np.all(wt == 1.0)
-    log_w = dm.relative_log_weights(np.log([0.008, 0.3]), np.log([0.008, 0.3]), 0.1)
+    log_w = expansion.relative_log_weights(np.log([0.008, 0.3]), np.log([0.008, 0.3]), 0.1)
     np.testing.assert_allclose(np.exp(log_w), 1.0, rtol=1e-15)
     # alpha = 1: everything weighs 1.
-    assert np.all(dm.importance_weights(x, dom, U_S, U_T, 1.0) == 1.0)
+    assert np.all(expansion.importance_weights(x, dom, U_S, U_T, 1.0) == 1.0)
     # Bounding.
-    np.testing.assert_allclose(dm.bound_weights(w, 0.1, mode="scale"),
+    np.testing.assert_allclose(expansion.bound_weights(w, 0.1, mode="scale"),
                                0.1 * np.array([80 / 53, 5 / 113, 40 / 13, 1.0]), rtol=1e-6)
-    np.testing.assert_allclose(dm.bound_weights(w, 0.1, mode="clip", w_max=2.0),
+    np.testing.assert_allclose(expansion.bound_weights(w, 0.1, mode="clip", w_max=2.0),
                                [80 / 53, 5 / 113, 2.0, 1.0], rtol=1e-6)
     with pytest.raises(ValueError):
-        dm.bound_weights(w, 0.1, mode="clip")
+        expansion.bound_weights(w, 0.1, mode="clip")
     with pytest.raises(ValueError):
-        dm.importance_weights(x, dom, U_S, U_T, 0.0)
+        expansion.importance_weights(x, dom, U_S, U_T, 0.0)
 
 
 def test_weights_log_space_stable_for_long_sequences():
     # log-densities around -1000 (p underflows to 0 in float64): naive Eq. 3 gives 0/0.
     lt = np.array([-1000.0, -1000.0, -5000.0, -1000.0])
     lo = np.array([-1005.0, -995.0, -5000.0, -3000.0])
-    w = np.exp(dm.relative_log_weights(lt, lo, 0.1))
+    w = np.exp(expansion.relative_log_weights(lt, lo, 0.1))
     expect = 1 / (0.1 + 0.9 * np.exp(lo - lt))
     np.testing.assert_allclose(w, expect, rtol=1e-12)
     assert np.all(np.isfinite(w)) and np.all(w <= 10.0 + 1e-12) and np.all(w >= 0)
@@ -221,18 +222,18 @@ def test_weights_log_space_stable_for_long_sequences():
     toks[0, 1:4] = [4, 4, 5]
     toks[1, 1:3] = [5, 4]
     toks[2, -1] = 4
-    lt = dm.sequence_log_density(toks, U_T)
-    ls = dm.sequence_log_density(toks, U_S)
+    lt = expansion.sequence_log_density(toks, U_T)
+    ls = expansion.sequence_log_density(toks, U_S)
     assert np.all(lt < -1000) and np.all(np.exp(lt) == 0)
-    w = dm.importance_weights(toks, np.zeros(3, int), U_S, U_T, 0.1)
+    w = expansion.importance_weights(toks, np.zeros(3, int), U_S, U_T, 0.1)
     np.testing.assert_allclose(w, 1 / (0.1 + 0.9 * np.exp(ls - lt)), rtol=1e-5)
     assert np.all(np.isfinite(w)) and np.all(w > 0.01)
 
 
 def test_add_importance_weights_does_not_mutate():
     client = {"tokens": rows([4, 5], [5, 5], length=5),
-              "domain": np.array([dm.SOURCE, dm.TARGET], np.int8)}
-    out = dm.add_importance_weights({"c": client}, U_S, U_T, 0.1)
+              "domain": np.array([expansion.SOURCE, expansion.TARGET], np.int8)}
+    out = expansion.add_importance_weights({"c": client}, U_S, U_T, 0.1)
     assert "weight" not in client
     w = out["c"]["weight"]
     assert w.dtype == np.float32 and w.shape == (2,) and w[1] == 1.0
@@ -249,12 +250,12 @@ def test_assemble_domain_dataset_strings_and_split():
     src["both"] = ["typed by both"]
     tgt["both"] = ["spoken by both", "again"]
     src["empty"] = []
-    ds = dm.assemble_domain_dataset(src, tgt, seed=0)
-    assert ds.population["both"] == dm.TARGET and ds.population["s000"] == dm.SOURCE
+    ds = expansion.assemble_domain_dataset(src, tgt, seed=0)
+    assert ds.population["both"] == expansion.TARGET and ds.population["s000"] == expansion.SOURCE
     assert "empty" not in ds.population
     # Stratified 6:2:2: 50 S -> 30/10/10, 11 T -> 7/2/2 (largest remainder).
-    assert [ds.num_clients(s, dm.SOURCE) for s in ("train", "val", "test")] == [30, 10, 10]
-    assert [ds.num_clients(s, dm.TARGET) for s in ("train", "val", "test")] == [7, 2, 2]
+    assert [ds.num_clients(s, expansion.SOURCE) for s in ("train", "val", "test")] == [30, 10, 10]
+    assert [ds.num_clients(s, expansion.TARGET) for s in ("train", "val", "test")] == [7, 2, 2]
     assert math.isclose(ds.alpha, 7 / 37)
     ids = [set(ds.split(s)) for s in ("train", "val", "test")]
     assert not (ids[0] & ids[1]) and not (ids[0] & ids[2]) and not (ids[1] & ids[2])
@@ -266,19 +267,19 @@ def test_assemble_domain_dataset_strings_and_split():
             np.testing.assert_array_equal(ex["domain"], [0, 1, 1])
             assert ex["domain"].dtype == np.int32
     # Same seed -> same split; another seed -> another split.
-    ds2 = dm.assemble_domain_dataset(src, tgt, seed=0)
+    ds2 = expansion.assemble_domain_dataset(src, tgt, seed=0)
     assert list(ds2.train) == list(ds.train)
-    assert set(dm.assemble_domain_dataset(src, tgt, seed=1).train) != set(ds.train)
+    assert set(expansion.assemble_domain_dataset(src, tgt, seed=1).train) != set(ds.train)
     # Overlap modes.
-    ds_t = dm.assemble_domain_dataset(src, tgt, seed=0, overlap="target_examples")
+    ds_t = expansion.assemble_domain_dataset(src, tgt, seed=0, overlap="target_examples")
     ex = next(ds_t.split(s)["both"] for s in ("train", "val", "test") if "both" in ds_t.split(s))
     assert ex["texts"] == ["spoken by both", "again"] and np.all(ex["domain"] == 1)
-    ds_d = dm.assemble_domain_dataset(src, tgt, seed=0, overlap="drop")
+    ds_d = expansion.assemble_domain_dataset(src, tgt, seed=0, overlap="drop")
     assert "both" not in ds_d.population and len(ds_d.population) == 60
     with pytest.raises(ValueError):
-        dm.assemble_domain_dataset(src, tgt, seed=0, overlap="split")
+        expansion.assemble_domain_dataset(src, tgt, seed=0, overlap="split")
     with pytest.raises(ValueError):
-        dm.assemble_domain_dataset(src, {}, seed=0)
+        expansion.assemble_domain_dataset(src, {}, seed=0)
 
 
 def test_assemble_domain_dataset_tokens_and_select():
@@ -286,31 +287,31 @@ def test_assemble_domain_dataset_tokens_and_select():
     src = {f"s{i}": random_user(rng, 3, 20) for i in range(20)}
     tgt = {f"t{i}": random_user(rng, 2, 20) for i in range(5)}
     tgt["s0"] = random_user(rng, 1, 20)  # s0 also has target data
-    ds = dm.assemble_domain_dataset(src, tgt, seed=3)
+    ds = expansion.assemble_domain_dataset(src, tgt, seed=3)
     assert isinstance(ds.train, FederatedDataset)
     assert all(ds.train[c]["domain"].dtype == np.int32 for c in ds.train)
     allc = {**ds.train, **ds.val, **ds.test}
     assert allc["s0"]["tokens"].shape == (4, 11) and allc["s0"]["tokens"].dtype == np.int32
     np.testing.assert_array_equal(allc["s0"]["domain"], [0, 0, 0, 1])
-    assert ds.population["s0"] == dm.TARGET
-    t_only = dm.select_clients(allc, ds.population, (dm.TARGET,), (dm.TARGET,))
+    assert ds.population["s0"] == expansion.TARGET
+    t_only = expansion.select_clients(allc, ds.population, (expansion.TARGET,), (expansion.TARGET,))
     assert set(t_only) == {"s0"} | {f"t{i}" for i in range(5)}
     assert t_only["s0"]["tokens"].shape == (1, 11) and np.all(t_only["s0"]["domain"] == 1)
-    s_only = dm.select_clients(allc, ds.population, (dm.SOURCE,), (dm.SOURCE,))
+    s_only = expansion.select_clients(allc, ds.population, (expansion.SOURCE,), (expansion.SOURCE,))
     assert "s0" not in s_only and len(s_only) == 19  # disjoint populations
-    weighted = dm.add_importance_weights(allc, np.full(20, 0.05), np.full(20, 0.05), ds.alpha)
+    weighted = expansion.add_importance_weights(allc, np.full(20, 0.05), np.full(20, 0.05), ds.alpha)
     assert all(np.all(v["weight"] == 1.0) for v in weighted.values())  # equal densities -> w = 1
     # FederatedDataset in -> FederatedDataset out.
-    sel = ds.clients("train", (dm.SOURCE, dm.TARGET), (dm.TARGET,))
+    sel = ds.clients("train", (expansion.SOURCE, expansion.TARGET), (expansion.TARGET,))
     assert isinstance(sel, FederatedDataset) and all(np.all(sel[c]["domain"] == 1) for c in sel)
-    w = dm.add_importance_weights(ds.train, np.full(20, 0.05), np.full(20, 0.05), ds.alpha)
+    w = expansion.add_importance_weights(ds.train, np.full(20, 0.05), np.full(20, 0.05), ds.alpha)
     assert isinstance(w, FederatedDataset) and set(w.array_keys) == {"tokens", "domain", "weight"}
 
 
 def test_chunk_sentence_app_a():
-    r = dm.chunk_sentence([10, 11, 12], seq_len=2)
+    r = expansion.chunk_sentence([10, 11, 12], seq_len=2)
     np.testing.assert_array_equal(r, [[BOS, 10, 11], [11, 12, EOS]])
-    r = dm.chunk_sentence(list(range(4, 24)), seq_len=10)  # 20 words + EOS = 21 targets
+    r = expansion.chunk_sentence(list(range(4, 24)), seq_len=10)  # 20 words + EOS = 21 targets
     assert r.shape == (3, 11)
     targets = r[:, 1:][r[:, 1:] != PAD]
     np.testing.assert_array_equal(targets, [*range(4, 24), EOS])  # each token a target once
@@ -330,10 +331,10 @@ def test_end_to_end_strings_to_weighted_clients():
     src = {f"s{i}": [sent(s_words, int(rng.integers(3, 25))) for _ in range(4)] for i in range(40)}
     tgt = {f"t{i}": [sent(t_words, int(rng.integers(3, 25))) for _ in range(4)] for i in range(10)}
     tgt["s1"] = ["vote today"]  # s1 also has target data -> T-client
-    ds = dm.assemble_domain_dataset(src, tgt, seed=0)
-    tok = WordTokenizer.fit(ds.texts("train", dm.TARGET), k=10_000)
+    ds = expansion.assemble_domain_dataset(src, tgt, seed=0)
+    tok = WordTokenizer.fit(ds.texts("train", expansion.TARGET), k=10_000)
     assert "stock" not in tok.words and "vote" in tok.words  # S-only words -> UNK
-    enc = dm.encode_domain_dataset(ds, tok, max_tokens_per_client=30)
+    enc = expansion.encode_domain_dataset(ds, tok, max_tokens_per_client=30)
     assert enc.train.seq_len == 10 and math.isclose(enc.alpha, ds.alpha)
     for c in enc.train:
         ex = enc.train[c]
@@ -341,21 +342,21 @@ def test_end_to_end_strings_to_weighted_clients():
         n_targets = np.sum(ex["tokens"][:, 1:] != PAD) - np.sum(ex["tokens"][:, 1:] == EOS)
         assert n_targets <= 30
     s1 = next(enc.split(n)["s1"] for n in ("train", "val", "test") if "s1" in enc.split(n))
-    assert s1["domain"][0] == dm.TARGET or dm.TARGET in s1["domain"]  # T text kept under the cap
+    assert s1["domain"][0] == expansion.TARGET or expansion.TARGET in s1["domain"]  # T text kept under the cap
     ledger = PrivacyLedger(2.0, 1e-6)
     V = tok.vocab_size
-    u_s, u_t = dm.domain_unigram_frequencies(enc, V, 0.8, rng, ledger=ledger)
+    u_s, u_t = expansion.domain_unigram_frequencies(enc, V, 0.8, rng, ledger=ledger)
     assert [e.populations for e in ledger.entries] == [("S",), ("T",)]
     assert abs(ledger.spent() - 0.8) < 1e-3
-    stage = dm.SCHEMES_BY_NAME["IW"].stages[0]
+    stage = SCHEMES_BY_NAME["IW"].stages[0]
     assert stage.weighted
-    iw = dm.add_importance_weights(stage.clients(enc, "train"), u_s, u_t, enc.alpha)
+    iw = expansion.add_importance_weights(stage.clients(enc, "train"), u_s, u_t, enc.alpha)
     assert set(iw) == set(enc.train)
-    ft = dm.SCHEMES_BY_NAME["PT"].stages[1].clients(enc)
-    assert all(enc.population[c] == dm.TARGET and np.all(ft[c]["domain"] == 1) for c in ft)
+    ft = SCHEMES_BY_NAME["PT"].stages[1].clients(enc)
+    assert all(enc.population[c] == expansion.TARGET and np.all(ft[c]["domain"] == 1) for c in ft)
     for c in iw:
         w, dom = iw[c]["weight"], iw[c]["domain"]
-        assert w.dtype == np.float32 and np.all(w[dom == dm.TARGET] == 1.0)
+        assert w.dtype == np.float32 and np.all(w[dom == expansion.TARGET] == 1.0)
         assert np.all((w > 0) & (w <= 1 / enc.alpha + 1e-5))
 
 
@@ -363,9 +364,9 @@ def test_end_to_end_strings_to_weighted_clients():
 
 
 def test_training_schemes_table():
-    names = [s.name for s in dm.TRAINING_SCHEMES]
+    names = [s.name for s in TRAINING_SCHEMES]
     assert names == ["T w. alpha*C", "T w. C", "S u T", "DSDSR", "DEMix", "IW", "PT", "IWPT"]
-    by = dm.SCHEMES_BY_NAME
+    by = SCHEMES_BY_NAME
     assert by["T w. alpha*C"].stages[0].cohort_size(5000, 0.1) == 500
     assert by["T w. alpha*C"].stages[0].cohort_size(400, 0.1) == 40
     assert by["T w. C"].stages[0].cohort_size(5000, 0.1) == 5000
@@ -377,18 +378,18 @@ def test_training_schemes_table():
     assert pt.stages[1].cohort_size(5000, 0.1) == 500
     # Every scheme spends at most (2, 1e-6) per user of each population; PT and IWPT reach it on
     # S and on T separately (parallel composition over disjoint populations).
-    for s in dm.TRAINING_SCHEMES:
+    for s in TRAINING_SCHEMES:
         for pop, (eps, delta) in s.per_population_budget().items():
             assert eps <= 2.0 + 1e-12 and delta <= 1e-6 * (1 + 1e-12), (s.name, pop)
     assert by["PT"].per_population_budget() == {"S": (2.0, 1e-6), "T": (2.0, 1e-6)}
-    iw = by["IW"].privacy_plan({dm.SOURCE: "chitchat", dm.TARGET: "simpsons"})
+    iw = by["IW"].privacy_plan({expansion.SOURCE: "chitchat", expansion.TARGET: "simpsons"})
     assert [(p.epsilon, p.delta, p.populations) for p in iw] == [
         (0.8, 0.0, ("chitchat",)), (0.8, 0.0, ("simpsons",)), (1.2, 1e-6, ("chitchat", "simpsons"))]
     eps, delta = by["IWPT"].per_population_budget()["T"]
     assert math.isclose(eps, 2.0) and delta == 1e-6
     with pytest.raises(ValueError):
-        dm.Stage((0,), (0,), "2C", False, 1.0, (1.0, 0.0))
-    md = dm.schemes_markdown()
+        expansion.Stage((0,), (0,), "2C", False, 1.0, (1.0, 0.0))
+    md = expansion.schemes_markdown(TRAINING_SCHEMES)
     assert len(md.splitlines()) == 2 + 8
     assert "S[S] 5000/400 x 1000 weighted @ (1.2, 1e-06); then T[T] 500/40 x 1000" in md
 
@@ -410,10 +411,10 @@ def test_latency_exact_within_bounds_over_grid():
     n = 0
     for N, C, p, q in _grid():
         for lam in (0.5, 2.0):
-            lo = dm.latency_lower_bound(N, C, p, q, lam)
-            ex = dm.expected_latency(N, C, p, q, lam)
-            up = dm.latency_upper_bound(N, C, lam)
-            tight = dm.latency_upper_bound_tight(N, C, p, q, lam)
+            lo = expansion.latency_lower_bound(N, C, p, q, lam)
+            ex = expansion.expected_latency(N, C, p, q, lam)
+            up = expansion.latency_upper_bound(N, C, lam)
+            tight = expansion.latency_upper_bound_tight(N, C, p, q, lam)
             assert q >= C / N - 1e-15
             assert lo <= ex * (1 + 1e-12) and ex <= tight * (1 + 1e-12), (N, C, p, q)
             assert tight <= up * (1 + 1e-12), (N, C, p, q)
@@ -429,10 +430,10 @@ def test_latency_exact_matches_high_precision_harmonic_sums():
     for m, k in [(1, 1), (10, 3), (5000, 4097), (5000, 4096), (10**6, 10**6), (10**9, 10**6),
                  (10**9, 10**9 - 3), (10**7, 5), (10**5, 50_000)]:
         exact = float(mpmath.harmonic(m) - mpmath.harmonic(m - k))
-        assert math.isclose(dm.expected_kth_arrival(m, k, 1.0), exact, rel_tol=1e-14)
-        assert math.isclose(dm.expected_kth_arrival(m, k, 4.0), exact / 4, rel_tol=1e-14)
+        assert math.isclose(expansion.expected_kth_arrival(m, k, 1.0), exact, rel_tol=1e-14)
+        assert math.isclose(expansion.expected_kth_arrival(m, k, 4.0), exact / 4, rel_tol=1e-14)
     # Small case by hand: m = 3, k = 2: 1/3 + 1/2.
-    assert math.isclose(dm.expected_kth_arrival(3, 2, 1.0), 1 / 3 + 1 / 2)
+    assert math.isclose(expansion.expected_kth_arrival(3, 2, 1.0), 1 / 3 + 1 / 2)
 
 
 @pytest.mark.parametrize("N,C,p,q,lam,method", [
@@ -444,24 +445,24 @@ def test_latency_exact_matches_high_precision_harmonic_sums():
 ])
 def test_latency_monte_carlo_matches_exact(N, C, p, q, lam, method):
     rng = np.random.default_rng(2023)
-    est = dm.simulate_latency(N, C, p, q, lam, rng, trials=2000, method=method)
-    exact = dm.expected_latency(N, C, p, q, lam)
+    est = expansion.simulate_latency(N, C, p, q, lam, rng, trials=2000, method=method)
+    exact = expansion.expected_latency(N, C, p, q, lam)
     assert est.trials == 2000 and est.stderr > 0
     assert abs(est.mean - exact) < 4 * est.stderr, (est, exact)
 
 
 def test_latency_no_wait_and_never():
     # k <= 0: enough devices available already.
-    assert dm.latency_counts(1000, 100, 0.5, 0.5) == (500, -150)
-    assert dm.expected_latency(1000, 100, 0.5, 0.5, 1.0) == 0.0
-    assert dm.latency_lower_bound(1000, 100, 0.5, 0.5, 1.0) == 0.0
-    assert dm.simulate_latency(1000, 100, 0.5, 0.5, 1.0, np.random.default_rng(0), 10).mean == 0.0
+    assert expansion.latency_counts(1000, 100, 0.5, 0.5) == (500, -150)
+    assert expansion.expected_latency(1000, 100, 0.5, 0.5, 1.0) == 0.0
+    assert expansion.latency_lower_bound(1000, 100, 0.5, 0.5, 1.0) == 0.0
+    assert expansion.simulate_latency(1000, 100, 0.5, 0.5, 1.0, np.random.default_rng(0), 10).mean == 0.0
     # k > m (q < C/N and few unavailable devices): the cohort never fills.
-    assert dm.latency_counts(100, 90, 0.5, 0.1) == (50, 85)
-    assert dm.expected_latency(100, 90, 0.5, 0.1, 1.0) == math.inf
-    est = dm.simulate_latency(100, 90, 0.5, 0.1, 1.0, np.random.default_rng(0), 10)
+    assert expansion.latency_counts(100, 90, 0.5, 0.1) == (50, 85)
+    assert expansion.expected_latency(100, 90, 0.5, 0.1, 1.0) == math.inf
+    est = expansion.simulate_latency(100, 90, 0.5, 0.1, 1.0, np.random.default_rng(0), 10)
     assert est.mean == math.inf
-    assert dm.latency_upper_bound(100, 100, 1.0) == math.inf
+    assert expansion.latency_upper_bound(100, 100, 1.0) == math.inf
 
 
 @pytest.mark.parametrize("args,exc", [
@@ -482,36 +483,37 @@ def test_latency_no_wait_and_never():
 ])
 def test_latency_errors(args, exc):
     with pytest.raises(exc):
-        dm.expected_latency(*args)
+        expansion.expected_latency(*args)
     with pytest.raises(exc):
-        dm.latency_lower_bound(*args)
+        expansion.latency_lower_bound(*args)
     with pytest.raises(exc):
-        dm.simulate_latency(*args, np.random.default_rng(0), 10)
+        expansion.simulate_latency(*args, np.random.default_rng(0), 10)
 
 
 def test_latency_simulator_arguments():
     rng = np.random.default_rng(0)
     with pytest.raises(ValueError):
-        dm.simulate_kth_arrival(10, 3, 1.0, rng, 10, method="exact")
+        expansion.simulate_kth_arrival(10, 3, 1.0, rng, 10, method="exact")
     with pytest.raises(ValueError):
-        dm.simulate_kth_arrival(50_000_000, 3, 1.0, rng, 10)  # too many clocks
-    est = dm.simulate_kth_arrival(50_000_000, 3, 1.0, rng, 4000, method="order_statistic")
-    assert abs(est.mean - dm.expected_kth_arrival(50_000_000, 3, 1.0)) < 4 * est.stderr
+        expansion.simulate_kth_arrival(50_000_000, 3, 1.0, rng, 10)  # too many clocks
+    est = expansion.simulate_kth_arrival(50_000_000, 3, 1.0, rng, 4000, method="order_statistic")
+    assert abs(est.mean - expansion.expected_kth_arrival(50_000_000, 3, 1.0)) < 4 * est.stderr
     with pytest.raises(ValueError):
-        dm.simulate_kth_arrival(-1, 3, 1.0, rng, 10)
+        expansion.simulate_kth_arrival(-1, 3, 1.0, rng, 10)
     with pytest.raises(ValueError):
-        dm.simulate_kth_arrival(10, 3, 1.0, rng, 0)  # trials must be positive
+        expansion.simulate_kth_arrival(10, 3, 1.0, rng, 0)  # trials must be positive
 
 
 def test_latency_accepts_numpy_integers():
-    assert dm.expected_latency(np.int64(1000), np.int32(100), 0.5, 0.11, 1.0) > 0
+    assert expansion.expected_latency(np.int64(1000), np.int32(100), 0.5, 0.11, 1.0) > 0
 
 
 def test_latency_figure_smoke(tmp_path):
     from experiments import latency_figure
 
-    out = latency_figure.main(["--workdir", str(tmp_path), "--seed", "1", "--trials", "40"])
-    for name in ("latency.csv", "latency.md", "latency.png", "latency_curve.csv"):
+    out = latency_figure.main(["--config", "configs/latency_figure.py:smoke",
+                               "--workdir", str(tmp_path)])
+    for name in ("latency.csv", "latency.md", "latency.png", "latency_curve.csv", "summary.json"):
         assert (tmp_path / name).stat().st_size > 0
     for r in out["table"]:
         assert r["lower"] <= r["exact"] <= r["upper_tight"] <= r["upper"] * (1 + 1e-12)
@@ -523,8 +525,8 @@ def test_domain_unigrams_count_own_population_only_and_charge_first(monkeypatch)
     rng = np.random.default_rng(0)
     src = {"s0": rows([4, 4]), "s1": rows([5]), "both": rows([6, 6, 6])}
     tgt = {"t0": rows([7]), "both": rows([8])}
-    ds = dm.assemble_domain_dataset(src, tgt, seed=0, fractions=(1.0, 0.0, 0.0))
-    u_s, u_t = dm.domain_unigram_frequencies(ds, 10, 1e6, rng, smoothing=1.0)
+    ds = expansion.assemble_domain_dataset(src, tgt, seed=0, fractions=(1.0, 0.0, 0.0))
+    u_s, u_t = expansion.domain_unigram_frequencies(ds, 10, 1e6, rng, smoothing=1.0)
     # No noise at eps = 1e6: u_S has the S-clients' tokens 4, 4, 5 (not the T-client's 6s).
     cs = np.bincount([4, 4, 5], minlength=10).astype(float)
     ct = np.bincount([7, 8], minlength=10).astype(float)
@@ -534,9 +536,9 @@ def test_domain_unigrams_count_own_population_only_and_charge_first(monkeypatch)
     def boom(*a, **k):
         raise AssertionError("private data was read")
 
-    monkeypatch.setattr(dm.DomainDataset, "clients", boom)
+    monkeypatch.setattr(expansion.DomainDataset, "clients", boom)
     with pytest.raises(RuntimeError):
-        dm.domain_unigram_frequencies(ds, 10, 0.8, rng, ledger=FakeLedger(RuntimeError("no")))
+        expansion.domain_unigram_frequencies(ds, 10, 0.8, rng, ledger=FakeLedger(RuntimeError("no")))
 
 
 def test_table1_budget_split_through_the_real_ledger():
@@ -557,10 +559,10 @@ def test_table1_budget_split_through_the_real_ledger():
         return make(accounting.calibrate_noise_multiplier(make, eps, delta))
 
     for name in ("T w. C", "IW", "PT", "IWPT"):
-        scheme = dm.SCHEMES_BY_NAME[name]
-        led = PrivacyLedger(*dm.TOTAL_BUDGET, accountant="rdp")
+        scheme = SCHEMES_BY_NAME[name]
+        led = PrivacyLedger(*TOTAL_BUDGET, accountant="rdp")
         for sp in scheme.privacy_plan():
-            event = (geometric.geometric_dp_event(sp.epsilon, dm.unigram_sensitivity())
+            event = (geometric.geometric_dp_event(sp.epsilon, expansion.unigram_sensitivity())
                      if sp.delta == 0 else training_event(sp.epsilon, sp.delta))
             led.spend(sp.name, event, sp.populations)
         by_pop = led.epsilon_by_population()

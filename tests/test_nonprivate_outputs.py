@@ -64,12 +64,11 @@ def test_metrics_log_marks_every_exact_client_statistic_nonprivate(tmp_path):
 
 
 def test_unigram_diagnostics_are_marked_nonprivate():
-    from experiments import population_expansion as pe
-    from fedpriv import domain
+    from fedpriv import expansion
 
     rng = np.random.default_rng(0)
     clients = {f"c{i}": {"tokens": rng.integers(4, 20, size=(3, 6)).astype(np.int32),
-                         "domain": np.full(3, (domain.SOURCE, domain.TARGET)[i % 2], np.int32)}
+                         "domain": np.full(3, (expansion.SOURCE, expansion.TARGET)[i % 2], np.int32)}
                for i in range(12)}
 
     class _DS:
@@ -77,7 +76,7 @@ def test_unigram_diagnostics_are_marked_nonprivate():
             return {c: v for c, v in clients.items() if int(v["domain"][0]) in pops}
 
     u = [np.full(20, 1 / 16), np.full(20, 1 / 16)]
-    out = pe.unigram_diagnostics(_DS(), u, 20, 0.8, seed=0)
+    out = expansion.unigram_diagnostics(_DS(), u, 20, 0.8, seed=0)
     for pop in ("S", "T"):
         assert set(out[pop]) == {"nonprivate/counted_tokens", "nonprivate/tv_distance_to_nonprivate",
                                  "noise_std_per_word"}
@@ -144,7 +143,7 @@ def test_vocabularies_default_to_public_data():
 
 
 def test_population_expansion_vocabulary_public_by_default_private_only_on_request():
-    from experiments import population_expansion as pe
+    from fedpriv import expansion as pe
     from fedpriv.data import load_public_pool
     from fedpriv.data.tokenizers import WordTokenizer
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from dp_accounting import rdp
 
-from fedpriv import domain as dm
+from configs.population_expansion import SCHEMES_BY_NAME, TRAINING_SCHEMES
+from fedpriv import expansion
 from fedpriv import fred as F
 from fedpriv.dp import moments as M
 from fedpriv.dp import accounting as acc
@@ -43,7 +44,7 @@ def _released_noise(u, vocab, counted=500, smoothing=1.0):
 def test_unigram_noise_and_charge_follow_the_ledgers_relation(relation, sensitivity):
     users, vocab = _unigram_users()
     led = PrivacyLedger(5.0, 1e-6, neighboring=relation)
-    u = dm.private_unigram_frequencies(users, vocab, 2.0, np.random.default_rng(0), population="T",
+    u = expansion.private_unigram_frequencies(users, vocab, 2.0, np.random.default_rng(0), population="T",
                                        ledger=led)
     (entry,) = led.entries
     assert entry.event == geometric.geometric_dp_event(2.0, sensitivity)
@@ -56,16 +57,16 @@ def test_unigram_noise_and_charge_follow_the_ledgers_relation(relation, sensitiv
 
 def test_unigram_relation_must_agree_with_the_ledger():
     with pytest.raises(ValueError, match="differs from the ledger"):
-        dm.private_unigram_frequencies({}, 10, 0.8, np.random.default_rng(0), population="T",
+        expansion.private_unigram_frequencies({}, 10, 0.8, np.random.default_rng(0), population="T",
                                        ledger=PrivacyLedger(2.0, 1e-6, neighboring="replace_one"),
                                        neighboring="add_remove")
 
 
 def test_unigram_releases_from_one_seed_draw_independent_noise():
     users, vocab = _unigram_users(num_tokens=400)
-    rel = {pop: _released_noise(dm.private_unigram_frequencies(users, vocab, 2.0, 0, population=pop), vocab)
+    rel = {pop: _released_noise(expansion.private_unigram_frequencies(users, vocab, 2.0, 0, population=pop), vocab)
            for pop in ("S", "T")}
-    again = _released_noise(dm.private_unigram_frequencies(users, vocab, 2.0, 0, population="S"), vocab)
+    again = _released_noise(expansion.private_unigram_frequencies(users, vocab, 2.0, 0, population="S"), vocab)
     np.testing.assert_allclose(again, rel["S"], atol=1e-6)  # tagged keys are deterministic ...
     assert not np.allclose(rel["S"], rel["T"])               # ... and carry the population
     assert abs(np.corrcoef(rel["S"], rel["T"])[0, 1]) < 0.2
@@ -127,13 +128,13 @@ def test_ledger_epsilon_is_at_its_own_delta():
 
 # ------------------------------------------------------------------ stages of two populations
 def test_every_stage_is_charged_to_every_population_it_samples():
-    for scheme in dm.TRAINING_SCHEMES:
+    for scheme in TRAINING_SCHEMES:
         plan = [p for p in scheme.privacy_plan() if "/stage" in p.name]
         assert len(plan) == len(scheme.stages)
         for stage, spend in zip(scheme.stages, plan):
-            assert set(spend.populations) == {"S" if p == dm.SOURCE else "T" for p in stage.populations}
+            assert set(spend.populations) == {"S" if p == expansion.SOURCE else "T" for p in stage.populations}
             assert set(stage.population_labels) == set(spend.populations)
-    union = dm.SCHEMES_BY_NAME["S u T"]
+    union = SCHEMES_BY_NAME["S u T"]
     led = PrivacyLedger(10.0, 1e-6)
     ev = acc.dp_fedavg_poisson_event(1.0, 0.05, 20)
     for spend in union.privacy_plan():

@@ -6,7 +6,8 @@ from experiments import common
 
 @pytest.mark.parametrize("path", ["configs/lm_fl.py", "configs/demo.py", "configs/population_expansion.py",
                                   "configs/public_training.py", "configs/fred_pipeline.py",
-                                  "configs/fred_table.py"])
+                                  "configs/fred_table.py", "configs/latency_figure.py",
+                                  "configs/privacy_utility.py"])
 @pytest.mark.parametrize("scale", ["smoke", "small", "paper"])
 def test_every_scale_loads(path, scale):
     assert common.load_config(f"{path}:{scale}") is not None

@@ -10,30 +10,35 @@ import numpy as np
 import pytest
 from absl import logging
 
+from configs.population_expansion import SCHEMES_BY_NAME, TOTAL_BUDGET, TRAINING_SCHEMES
 from experiments import common
 from experiments import population_expansion as pe
-from fedpriv.dp.ledger import PrivacyLedger
-from fedpriv import domain
+from fedpriv import expansion
 from fedpriv.dp import geometric
+from fedpriv.data.tokenizers import BOS_ID, PAD_ID
+from fedpriv.dp.ledger import PrivacyLedger
 
 logging.set_verbosity(logging.ERROR)  # dp_accounting's RDP order warnings at large q
 
 CONFIG = "configs/population_expansion.py"
-# The end-to-end run covers every code path with three rows of Table 1: Eq. 3 weights on a
-# S u T stage with the unigram release (IW), two stages on disjoint populations with weighted
-# pretraining (IWPT), and a domain-adaptive model reading batch['domain'] (DSDSR).
-E2E_SCHEMES = "schemes=IW/IWPT/DSDSR"
-BUDGET = domain.TOTAL_BUDGET
+# ONE end-to-end run covers every code path with two rows of Table 1: the unigram release and
+# two stages on disjoint populations with Eq. 3-weighted pretraining (IWPT), and a domain-adaptive
+# model reading batch['domain'] on a S u T stage (DSDSR); with Koga et al.'s vocabulary (top-k
+# words of T's training text), recorded as a non-private release. (Eq. 3 weights on a S u T
+# stage, IW, are checked on the stage's clients: test_iw_weights_on_source_examples_only.)
+E2E_SCHEMES = "schemes=IWPT/DSDSR"
+E2E_VOCAB = "vocabulary=target_train"
+BUDGET = TOTAL_BUDGET
 
 
 @pytest.fixture(scope="module")
 def smoke_cfg():
-    return common.load_config(f"{CONFIG}:smoke,{E2E_SCHEMES}")
+    return common.load_config(f"{CONFIG}:smoke,{E2E_SCHEMES},{E2E_VOCAB}")
 
 
 @pytest.fixture(scope="module")
 def prepared(smoke_cfg):
-    return pe.prepare_dataset("topics", smoke_cfg)
+    return expansion.prepare_dataset("topics", smoke_cfg)
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +48,8 @@ def e2e(tmp_path_factory, smoke_cfg):
     t0 = time.time()
     first = pe.run(smoke_cfg, workdir, log=logs.append)
     t1 = time.time()
-    # Simulate an interruption after IWPT's last checkpoint but before its summary was written:
-    # the rerun must resume it from its stage checkpoints and skip the finished schemes.
+    # Simulate an interruption after IWPT's last stage but before its summary was written: the
+    # rerun must take its stages from stages.json and its checkpoints, and skip finished schemes.
     os.remove(os.path.join(workdir, "topics", "seed0", "IWPT", "summary.json"))
     second = pe.run(smoke_cfg, workdir, log=logs.append)
     return workdir, first, second, t1 - t0, time.time() - t1
@@ -69,12 +74,12 @@ def test_configs_scale_and_override():
 def test_balance_populations_reaches_alpha():
     src = {f"s{i}": ["a b"] for i in range(90)}
     tgt = {f"t{i}": ["c d"] for i in range(40)}
-    s, t, side = pe.balance_populations(src, tgt, 0.1, seed=0)
+    s, t, side = expansion.balance_populations(src, tgt, 0.1, seed=0)
     assert side == "T" and len(s) == 90 and len(t) == 10
-    s, t, side = pe.balance_populations(src, {f"t{i}": ["x"] for i in range(5)}, 0.1, seed=0)
+    s, t, side = expansion.balance_populations(src, {f"t{i}": ["x"] for i in range(5)}, 0.1, seed=0)
     assert side == "S" and len(s) == 45 and len(t) == 5
-    again = pe.balance_populations(src, tgt, 0.1, seed=0)[1]
-    assert sorted(again) == sorted(pe.balance_populations(src, tgt, 0.1, seed=0)[1])
+    again = expansion.balance_populations(src, tgt, 0.1, seed=0)[1]
+    assert sorted(again) == sorted(expansion.balance_populations(src, tgt, 0.1, seed=0)[1])
 
 
 def test_topics_dataset_is_two_disjoint_play_groups(prepared, smoke_cfg):
@@ -83,9 +88,9 @@ def test_topics_dataset_is_two_disjoint_play_groups(prepared, smoke_cfg):
     for split in ("train", "val", "test"):
         for cid in ds.split(split):
             play = cid.split("/", 1)[0]
-            want = domain.TARGET if play in pe.FOLIO_COMEDIES else domain.SOURCE
+            want = expansion.TARGET if play in expansion.FOLIO_COMEDIES else expansion.SOURCE
             assert pop[cid] == want
-            assert play in pe.FOLIO_COMEDIES + pe.FOLIO_HISTORIES + pe.FOLIO_TRAGEDIES
+            assert play in expansion.FOLIO_COMEDIES + expansion.FOLIO_HISTORIES + expansion.FOLIO_TRAGEDIES
     assert math.isclose(ds.alpha, smoke_cfg.alpha, abs_tol=0.05)
     assert prepared.val_tokens.shape[1] == smoke_cfg.seq_len + 1
     assert prepared.vocab_size == smoke_cfg.vocab_words + 4
@@ -96,24 +101,24 @@ def test_iw_weights_on_source_examples_only(prepared, smoke_cfg):
     S examples w(x) = p_T / (alpha p_T + (1 - alpha) p_S) in (0, 1/alpha] and not all 1."""
     ds = prepared.ds
     v = prepared.vocab_size
-    u_s, u_t = domain.domain_unigram_frequencies(ds, v, 0.8, np.random.default_rng(0))
-    stage = domain.SCHEMES_BY_NAME["IW"].stages[0]
-    clients = pe.stage_clients(ds, stage, (u_s, u_t))
+    u_s, u_t = expansion.domain_unigram_frequencies(ds, v, 0.8, np.random.default_rng(0))
+    stage = SCHEMES_BY_NAME["IW"].stages[0]
+    clients = expansion.stage_clients(ds, stage, (u_s, u_t))
     arr = clients.concat_examples()
     w, dom = arr["weight"], arr["domain"]
     assert w.dtype == np.float32 and w.shape == dom.shape
-    assert np.all(w[dom == domain.TARGET] == 1.0)
-    ws = w[dom == domain.SOURCE]
+    assert np.all(w[dom == expansion.TARGET] == 1.0)
+    ws = w[dom == expansion.SOURCE]
     assert ws.size > 0 and np.all(ws > 0) and np.all(ws <= 1 / ds.alpha + 1e-4)
     assert np.std(ws) > 0 and not np.allclose(ws, 1.0)
     # the same weights as the paper's formula, for one source row, by hand
-    row = arr["tokens"][dom == domain.SOURCE][0]
-    x = row[1:][(row[1:] != domain.PAD_ID) & (row[1:] != domain.BOS_ID)]
+    row = arr["tokens"][dom == expansion.SOURCE][0]
+    x = row[1:][(row[1:] != PAD_ID) & (row[1:] != BOS_ID)]
     log_pt, log_ps = np.log(u_t[x]).sum(), np.log(u_s[x]).sum()
     want = math.exp(log_pt) / (ds.alpha * math.exp(log_pt) + (1 - ds.alpha) * math.exp(log_ps))
     assert math.isclose(float(ws[0]), want, rel_tol=1e-4)
     # unweighted stages get no weight field
-    assert "weight" not in pe.stage_clients(ds, domain.SCHEMES_BY_NAME["S u T"].stages[0]
+    assert "weight" not in expansion.stage_clients(ds, SCHEMES_BY_NAME["S u T"].stages[0]
                                             ).concat_examples()
 
 
@@ -121,13 +126,13 @@ def test_every_scheme_fits_the_budget_per_population(prepared, smoke_cfg):
     """The ledger of every row of Table 1 (unigram releases + calibrated training stages) stays
     within (2, 1e-6) per population; PT/IWPT spend on S and T separately (parallel)."""
     uniform = np.full(prepared.vocab_size, 1.0 / prepared.vocab_size)
-    for scheme in domain.TRAINING_SCHEMES:
+    for scheme in TRAINING_SCHEMES:
         led = PrivacyLedger(*BUDGET, accountant="rdp")
         if scheme.unigram_budget is not None:
             for pop in ("S", "T"):
                 led.spend(f"unigrams[{pop}]", geometric.geometric_dp_event(
-                    scheme.unigram_budget[0], domain.unigram_sensitivity()), (pop,))
-        plans = pe.plan_stages(scheme, prepared.ds, smoke_cfg, seed=0, u_hat=(uniform, uniform))
+                    scheme.unigram_budget[0], expansion.unigram_sensitivity()), (pop,))
+        plans = expansion.plan_stages(scheme, prepared.ds, smoke_cfg, seed=0, u_hat=(uniform, uniform))
         for i, sp in enumerate(plans):
             led.spend(f"stage{i}", sp.event, sp.stage.population_labels)
             assert sp.dp.noise_cohort_size == sp.noise_cohort
@@ -141,7 +146,7 @@ def test_every_scheme_fits_the_budget_per_population(prepared, smoke_cfg):
         if scheme.name.startswith("T w."):
             assert set(by_pop) == {"T"}
     # alpha*C stages train (and simulate noise) with alpha times the cohort of C stages
-    a, c = (pe.plan_stages(domain.SCHEMES_BY_NAME[n], prepared.ds, smoke_cfg, 0)[0]
+    a, c = (expansion.plan_stages(SCHEMES_BY_NAME[n], prepared.ds, smoke_cfg, 0)[0]
             for n in ("T w. alpha*C", "T w. C"))
     assert a.noise_cohort == round(prepared.ds.alpha * smoke_cfg.noise_cohort)
     assert c.noise_cohort == smoke_cfg.noise_cohort
@@ -164,65 +169,74 @@ def test_end_to_end_tables_and_privacy(e2e, smoke_cfg):
     assert set(runs) == set(smoke_cfg.schemes)
     for r in runs.values():
         assert np.isfinite(r["val_ppl"]) and np.isfinite(r["test_ppl"]) and r["val_ppl"] > 1
-        by_pop = r["epsilon_by_population"]
+        # S: the DP epsilon; T: inf (the vocabulary), with the epsilon if it were public beside it
+        by_pop = dict(r["epsilon_by_population"], T=r["epsilon_if_public"]["epsilon_by_population"]["T"])
         assert by_pop and all(e <= BUDGET[0] * (1 + 1e-9) for e in by_pop.values())
         assert r["ledger"]["delta"] == BUDGET[1] and r["ledger"]["budget_epsilon"] == BUDGET[0]
         # the run actually executed (small cohort, same noise) has a much larger epsilon
-        assert all(r["epsilon_executed_by_population"][p] > by_pop[p] for p in by_pop)
+        executed = dict(r["epsilon_executed_by_population"],
+                        T=r["epsilon_if_public"]["epsilon_executed_by_population"]["T"])
+        assert all(executed[p] > by_pop[p] for p in by_pop)
     # PT-style parallel composition: IWPT's stages are charged to disjoint populations
     entries = runs["IWPT"]["ledger"]["entries"]
     stage_pops = [e["populations"] for e in entries if "/stage" in e["name"]]
     assert stage_pops == [["S"], ["T"]]
-    assert sorted(e["populations"][0] for e in entries if "unigram" in e["name"]) == ["S", "T"]
-    # IW: weights were attached during training, 1 on T examples, Eq. 3 on S examples
-    ws = runs["IW"]["stages"][0]["weight_stats"]
-    assert ws["T"]["min"] == ws["T"]["max"] == 1.0
-    assert ws["S"]["n"] > 0 and ws["S"]["min"] < ws["S"]["max"]
-    assert runs["IWPT"]["stages"][0]["weight_stats"].keys() == {"S"}
+    assert sorted(e["populations"][0] for e in entries
+                  if e["name"].startswith(expansion.UNIGRAM_ENTRY)) == ["S", "T"]
+    assert [e["name"] for e in entries] == [expansion.PRIVATE_VOCABULARY, expansion.unigram_entry_name("S"),
+                                            expansion.unigram_entry_name("T"), "IWPT/stage0",
+                                            "IWPT/stage1"]
+    # IWPT: Eq. 3 weights were attached during the weighted S stage only; none without weighting
+    ws = runs["IWPT"]["stages"][0]["weight_stats"]
+    assert ws.keys() == {"S"} and ws["S"]["n"] > 0 and ws["S"]["min"] < ws["S"]["max"]
     assert runs["IWPT"]["stages"][1]["weight_stats"] == {}
-    # issue 16 items 6-7: the default vocabulary is public (no non-private entry); the unigram
-    # diagnostics' exact statistics are marked; the run record says what the ledger covers
-    assert first["data"]["topics"]["vocabulary"] == "public pool top-k words"
+    assert runs["DSDSR"]["stages"][0]["weight_stats"] == {}
+    # issue 16 items 6-7: the unigram diagnostics' exact statistics are marked; the run record
+    # says what the ledger covers
     for r in runs.values():
-        assert "nonprivate_entries" not in r["ledger"] and r["epsilon_if_public"] is None
         assert any("nonprivate/" in x for x in r["outputs"]["not_covered"])
-    diag = runs["IW"]["unigram_diagnostics"]
+    assert runs["DSDSR"]["unigram_diagnostics"] is None
+    diag = runs["IWPT"]["unigram_diagnostics"]
     assert set(diag) == {"S", "T"} and all(
         k.startswith("nonprivate/") or k == "noise_std_per_word" for d in diag.values() for k in d)
 
 
-def test_vocabulary_of_the_target_users_is_recorded_as_nonprivate(tmp_path):
-    """Koga et al.'s vocabulary (top-k words of T's training text) is only an explicit option;
-    the ledger records it as non-private: eps T = inf, and beside it the eps if it were public."""
-    cfg = common.load_config(f"{CONFIG}:smoke,schemes=T w. C,vocabulary=target_train")
-    out = pe.run(cfg, str(tmp_path), log=lambda _: None)
-    (r,) = out["runs"]
+def test_vocabulary_of_the_target_users_is_recorded_as_nonprivate(e2e):
+    """Koga et al.'s vocabulary (top-k words of T's training text) is only an explicit option
+    (the default is public: tests/test_nonprivate_outputs.py); the ledger records it as
+    non-private, its only non-private entry: eps T = inf, and beside it the eps if it were public."""
+    workdir, out, _, _, _ = e2e
     assert out["data"]["topics"]["vocabulary"].startswith("NON-PRIVATE")
-    assert r["ledger"]["nonprivate_entries"] == [pe.PRIVATE_VOCABULARY]
-    assert r["epsilon_by_population"]["T"] == math.inf
-    assert r["epsilon_executed_by_population"]["T"] == math.inf
-    pub = r["epsilon_if_public"]
-    assert pub["entries_taken_as_public"] == [pe.PRIVATE_VOCABULARY]
-    assert 0 < pub["epsilon_by_population"]["T"] <= BUDGET[0] * (1 + 1e-9)
-    assert pub["epsilon_executed_by_population"]["T"] > pub["epsilon_by_population"]["T"]
-    table = open(tmp_path / "table.md").read()
+    for r in out["runs"]:
+        assert r["ledger"]["nonprivate_entries"] == [expansion.PRIVATE_VOCABULARY]
+        assert r["epsilon_by_population"]["T"] == math.inf
+        assert r["epsilon_executed_by_population"]["T"] == math.inf
+        assert r["epsilon_by_population"]["S"] < math.inf  # S users are not in the vocabulary
+        pub = r["epsilon_if_public"]
+        assert pub["entries_taken_as_public"] == [expansion.PRIVATE_VOCABULARY]
+        assert 0 < pub["epsilon_by_population"]["T"] <= BUDGET[0] * (1 + 1e-9)
+        assert pub["epsilon_executed_by_population"]["T"] > pub["epsilon_by_population"]["T"]
+    table = open(os.path.join(workdir, "table.md")).read()
     assert "eps T (sim.) if vocab public" in table and "NON-PRIVATE" in table
 
 
-def test_rerun_skips_finished_schemes_and_resumes_interrupted_ones(e2e):
+def test_rerun_skips_finished_schemes_and_resumes_interrupted_ones(e2e, smoke_cfg):
     workdir, first, second, t_first, t_second = e2e
     assert not any(r["skipped"] for r in first["runs"])
+    assert all(r["stages_done_earlier"] == [] for r in first["runs"])
     skipped = {r["scheme"]: r["skipped"] for r in second["runs"]}
-    assert skipped == {"IW": True, "IWPT": False, "DSDSR": True}
+    assert skipped == {"IWPT": False, "DSDSR": True}
     assert [r["val_ppl"] for r in second["runs"]] == pytest.approx(
         [r["val_ppl"] for r in first["runs"]], rel=1e-6)
     iwpt = next(r for r in second["runs"] if r["scheme"] == "IWPT")
-    assert [st["resumed_from_round"] for st in iwpt["stages"]] == [
-        st["rounds"] for st in iwpt["stages"]]  # nothing retrained
+    # nothing retrained: every stage came from stages.json, the params from the checkpoints
+    assert iwpt["stages_done_earlier"] == [expansion.UNIGRAM_STAGE, "stage0", "stage1"]
     first_iwpt = next(r for r in first["runs"] if r["scheme"] == "IWPT")
+    assert iwpt["stages"] == first_iwpt["stages"] and iwpt["curve"] == first_iwpt["curve"]
+    assert iwpt["ledger"]["entries"] == first_iwpt["ledger"]["entries"]
     assert iwpt["epsilon_by_population"] == pytest.approx(first_iwpt["epsilon_by_population"])
     assert t_second < t_first
     # a different config in the same workdir is refused instead of mixing results
-    other = common.load_config(f"{CONFIG}:smoke,{E2E_SCHEMES},client_lr=0.1")
+    other = common.load_config(f"{CONFIG}:smoke,{E2E_SCHEMES},{E2E_VOCAB},client_lr=0.1")
     with pytest.raises(ValueError, match="different config"):
         pe.run(other, workdir, log=lambda _: None)

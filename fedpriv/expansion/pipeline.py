@@ -1,0 +1,371 @@
+"""One row of Koga et al. 2023 Table 1 on one dataset and seed: unigram release -> PT -> FT.
+
+`run_scheme` trains a `TrainingScheme` with DP-FedAvg (Poisson sampling, Gaussian noise), a
+FedAdam-style server and SGD clients through the one round loop (`fedpriv.fl.loop.train`), as a
+pipeline of `fedpriv.fl.stages` with ONE `PrivacyLedger(*scheme.budget)` threaded through
+(unit: the user, add/remove neighbouring):
+
+* ``unigrams`` (IW / IWPT): private unigram frequencies u_hat_S, u_hat_T with the Geometric
+  mechanism at (0.8, 0), each charged to its own population (`domain_unigram_frequencies`);
+  S examples are then weighted by Eq. 3, w(x) = p_T(x) / (alpha p_T(x) + (1 - alpha) p_S(x)),
+  T examples w = 1, and training spends (1.2, 1e-6).
+* ``stage0``, ``stage1``, ...: the scheme's DP-FL stages (PT / IWPT: pretrain on S with cohort C,
+  then finetune on T with cohort alpha*C, each spending its budget on its own population:
+  parallel composition, visible in the ledger's per-population epsilons).
+
+Noise cohort (McMahan et al. 2018; Sec. 4.2: C = 5000 for the noise, 400 trained): every stage
+trains with ``train_cohort`` (x alpha for alpha*C stages) clients per round in expectation but adds
+the noise of ``noise_cohort``. Its noise multiplier z is calibrated so that the stage's
+``privacy_event`` (the simulated run: cohort ``noise_cohort`` from a population scaled up by the
+same factor, same sampling rate) meets the stage's budget (`calibrate_stage`). The epsilon of the
+run actually executed (``privacy_event(..., simulated=False)``) is far larger and reported next to
+it (`executed_by_population`).
+
+``cfg`` is a ``configs/population_expansion.py`` config.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+import os
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+import optax
+
+from fedpriv.dp import accounting, geometric
+from fedpriv.dp.ledger import PrivacyLedger
+from fedpriv.expansion.data import POPULATION_LABELS as LABELS, SOURCE, TARGET, DomainDataset
+from fedpriv.expansion.datasets import PRIVATE_VOCABULARY, Prepared
+from fedpriv.expansion.schemes import Stage, TrainingScheme
+from fedpriv.expansion.unigrams import (DEFAULT_IGNORE_IDS, domain_unigram_frequencies,
+                                        normalise_counts, unigram_counts, unigram_entry_name,
+                                        unigram_sensitivity)
+from fedpriv.expansion.weights import add_importance_weights
+from fedpriv.fl import algorithms as algs
+from fedpriv.fl import stages as fl_stages
+from fedpriv.fl.loop import NONPRIVATE, OUTPUTS, load_run, train
+from fedpriv.fl.samplers import PoissonSampler
+from fedpriv.models.domain_lm import make_demix_task, make_dsdsr_task
+from fedpriv.models.lm import LMConfig, count_params, make_lm, make_lm_task
+from fedpriv.models.metrics import evaluate
+from fedpriv.report import metric_curve, save_json
+
+__all__ = ["UNIGRAM_STAGE", "build_task", "calibrate_stage", "stage_clients", "StagePlan",
+           "plan_stages", "unigram_diagnostics", "run_scheme", "executed_by_population",
+           "outputs"]
+
+UNIGRAM_STAGE = "unigrams"  # the pipeline stage of the unigram release (before the training stages)
+
+
+def build_task(model: str, cfg, vocab_size: int):
+    """The LM task of a scheme's ``model``: "lstm" (McMahan et al. 2018), "dsdsr" or "demix"."""
+    lm_cfg = LMConfig(vocab_size=vocab_size, embed_dim=cfg.embed_dim, hidden_dim=cfg.hidden_dim,
+                      max_len=max(64, cfg.seq_len))
+    if model == "lstm":
+        return make_lm_task(make_lm(lm_cfg))
+    if model == "dsdsr":
+        return make_dsdsr_task(lm_cfg)
+    if model == "demix":
+        return make_demix_task(lm_cfg)
+    raise ValueError(f"unknown model {model!r}")
+
+
+@functools.lru_cache(maxsize=256)
+def calibrate_stage(num_clients: int, rate: float, rounds: int, noise_cohort: int,
+                    clip_norm: float, epsilon: float, delta: float) -> float:
+    """z of a stage: the smallest multiplier whose simulated-run ``privacy_event`` (Poisson
+    DP-FedAvg, ``rounds`` rounds at ``rate``, noise of ``noise_cohort``) meets (epsilon, delta)."""
+    sampler = PoissonSampler(num_clients, rate)
+    make = lambda z: algs.privacy_event(  # noqa: E731
+        algs.DPConfig(clip_norm, z, "gaussian", noise_cohort_size=noise_cohort), sampler, rounds)
+    return accounting.calibrate_noise_multiplier(make, epsilon, delta)
+
+
+def stage_clients(ds: DomainDataset, stage: Stage, u_hat=None, weight_mode="none",
+                  weight_max=None):
+    """The stage's training clients (its populations, its example domains); for a weighted
+    stage every example carries its Eq. 3 weight: S examples w(x) from (u_hat_S, u_hat_T), T
+    examples exactly 1 (`fedpriv.expansion.weights.add_importance_weights`)."""
+    clients = stage.clients(ds, "train")
+    if stage.weighted:
+        if u_hat is None:
+            raise ValueError("a weighted stage needs the private unigram frequencies")
+        clients = add_importance_weights(clients, u_hat[0], u_hat[1], ds.alpha,
+                                         mode=weight_mode, w_max=weight_max)
+    return clients
+
+
+@dataclasses.dataclass
+class StagePlan:
+    """Everything a stage needs before training: its clients (with Eq. 3 weights if weighted),
+    Poisson sampler, DP config with the calibrated z, and its simulated / executed events."""
+
+    stage: Stage
+    rounds: int
+    clients: Any
+    client_ids: list
+    sampler: PoissonSampler
+    dp: algs.DPConfig
+    noise_cohort: int
+    event: Any
+    executed_event: Any
+
+
+def _seed_for(seed: int, row: int, stage_index: int) -> int:
+    return int(seed) * 1000 + row * 10 + stage_index
+
+
+def plan_stages(scheme: TrainingScheme, ds: DomainDataset, cfg, seed: int,
+                u_hat=None) -> list[StagePlan]:
+    """The stages of ``scheme`` on ``ds``: expected cohort ``train_cohort`` (x alpha for alpha*C
+    stages) by Poisson sampling at rate q = cohort / N (capped at 1), noise of ``noise_cohort``
+    (x alpha), z calibrated so the stage's simulated-run event meets the stage's budget."""
+    out = []
+    for i, (stage, rounds) in enumerate(zip(scheme.stages, scheme.stage_rounds(cfg.rounds))):
+        clients = stage_clients(ds, stage, u_hat, cfg.weight_mode, cfg.weight_max)
+        ids = list(clients.client_ids)
+        n = len(ids)
+        train_c = stage.cohort_size(cfg.train_cohort, ds.alpha)
+        noise_c = stage.cohort_size(cfg.noise_cohort, ds.alpha)
+        rate = min(1.0, train_c / n)
+        z = calibrate_stage(n, rate, rounds, noise_c, cfg.clip_norm, *stage.budget)
+        sampler = PoissonSampler(n, rate, seed=_seed_for(seed, scheme.row, i))
+        dp = algs.DPConfig(cfg.clip_norm, z, "gaussian", noise_cohort_size=noise_c)
+        out.append(StagePlan(stage, rounds, clients, ids, sampler, dp, noise_c,
+                             algs.privacy_event(dp, sampler, rounds, simulated=True),
+                             algs.privacy_event(dp, sampler, rounds, simulated=False)))
+    return out
+
+
+def unigram_diagnostics(ds: DomainDataset, u_hat, vocab_size: int, epsilon: float,
+                        seed: int) -> dict:
+    """Evaluation-only diagnostic of the unigram release (never fed back into training): per
+    population, the number of counted tokens (<= 5 x 10 per user), the Geometric noise std per
+    word, and the total-variation distance between the private u_hat and the same bounded
+    counts without noise. With few users the noise mass (V words x std) swamps the counts.
+    The counted tokens and the distance to the noise-free frequencies are exact statistics of
+    the private users: keyed ``nonprivate/...`` (not covered by the ledger); the noise std is a
+    function of epsilon only."""
+    out = {}
+    for pop, u in zip((SOURCE, TARGET), u_hat):
+        counts = unigram_counts(ds.clients("train", (pop,), (pop,)), vocab_size,
+                                np.random.default_rng([seed, 11, pop]))
+        exact = normalise_counts(counts, zero_ids=DEFAULT_IGNORE_IDS)
+        out[LABELS[pop]] = {
+            NONPRIVATE + "counted_tokens": int(counts.sum()),
+            "noise_std_per_word": math.sqrt(geometric.geometric_variance(
+                epsilon, unigram_sensitivity())),
+            NONPRIVATE + "tv_distance_to_nonprivate": float(0.5 * np.abs(np.asarray(u) - exact).sum())}
+    return out
+
+
+def _weight_stats(clients) -> dict:
+    arr = clients.concat_examples()
+    if "weight" not in arr:
+        return {}
+    out = {}
+    for pop in (SOURCE, TARGET):
+        w = arr["weight"][arr["domain"] == pop]
+        if len(w):
+            out[LABELS[pop]] = {"n": int(len(w)), "mean": float(w.mean()),
+                                "min": float(w.min()), "max": float(w.max()),
+                                "frac_below_0.1": float(np.mean(w < 0.1))}
+    return out
+
+
+def _epsilon(events, delta: float, accountant: str) -> float:
+    return accounting.compute_epsilon(list(events), delta, "add_remove", accountant)[0]
+
+
+def executed_by_population(ledger: PrivacyLedger, executed_events, delta: float,
+                           accountant: str, if_public: bool = False) -> dict:
+    """Per population: the unigram releases (pure DP, unchanged; the entries named
+    ``unigram_entry_name(label)``) and non-private entries (eps = inf; left out with
+    ``if_public``) composed with the training stages' events *as executed* (small cohort, noise
+    z * train/noise cohort). ``executed_events``: [(event, population labels)] per stage."""
+    unigram_entries = {unigram_entry_name(label) for label in LABELS.values()}
+    per_pop: dict[str, list] = {}
+    for entry in ledger.entries:
+        if entry.name in unigram_entries or (entry.nonprivate and not if_public):
+            for p in entry.populations:
+                per_pop.setdefault(p, []).append(entry.event)
+    for event, pops in executed_events:
+        for p in pops:
+            per_pop.setdefault(p, []).append(event)
+    return {p: _epsilon(evs, delta, accountant) for p, evs in sorted(per_pop.items())}
+
+
+def outputs() -> dict:
+    """Which outputs of a scheme's run the ledger covers (the run record)."""
+    return {"covered_by_ledger": ["private unigram frequencies (u_hat)", "trained model",
+                                  "instance weights (post-processing of u_hat)"],
+            "not_covered": ["unigram_diagnostics " + NONPRIVATE + "* (exact counted tokens, TV "
+                            "distance to the noise-free frequencies)",
+                            "val/test perplexity, loss, accuracy (exact evaluation on held-out "
+                            "private T users)",
+                            "the vocabulary, when vocabulary='target_train' (recorded in the "
+                            "ledger as non-private: eps = inf)"],
+            "metrics.jsonl": OUTPUTS}
+
+
+def _fingerprint(cfg, dataset: str, seed: int, scheme: str) -> str:
+    keep = {k: v for k, v in dataclasses.asdict(cfg).items()
+            if k not in ("datasets", "schemes", "seeds", "progress", "eval_every",
+                         "checkpoint_every", "eval_batch_size")}
+    blob = json.dumps([keep, dataset, seed, scheme], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _fmt_eps(d: dict) -> str:
+    return ", ".join(f"{k}: {v:.3g}" for k, v in sorted(d.items()))
+
+
+def run_scheme(scheme: TrainingScheme, prep: Prepared, cfg, seed: int, workdir: str,
+               log: Callable[[str], None] = print) -> dict:
+    """Train one scheme (all its stages) and evaluate perplexity on T; returns its summary.
+
+    The stages run through `fedpriv.fl.stages.run_stages` in ``workdir`` with one ledger:
+    ``unigrams`` (if the scheme uses them), then ``stage0``, ``stage1``, ... (each in
+    ``workdir/<i>-<name>`` with the loop's checkpoints). Resumable per stage; a finished
+    scheme's ``summary.json`` is returned without training (``skipped``).
+    """
+    path = os.path.join(workdir, "summary.json")
+    fp = _fingerprint(cfg, prep.name, seed, scheme.name)
+    if os.path.exists(path):
+        with open(path) as f:
+            done = json.load(f)
+        if done.get("fingerprint") != fp:
+            raise ValueError(f"{path} was written by a different config; use another --workdir")
+        done["skipped"] = True
+        return done
+    t0 = time.time()
+    ds, tag = prep.ds, f"[{prep.name} seed {seed}] {scheme.name}"
+    budget_eps, budget_delta = scheme.budget
+    ledger = PrivacyLedger(budget_eps, budget_delta, accountant=cfg.accountant)
+    if not prep.vocabulary_public:  # an explicit choice: recorded, eps = inf on T from here on
+        ledger.record_nonprivate(
+            PRIVATE_VOCABULARY, (LABELS[TARGET],),
+            note=f"NON-PRIVATE: the top-{cfg.vocab_words} words of the target users' training "
+                 "text (Koga et al. assume it known in advance); the DP epsilon holds only if "
+                 "this vocabulary is taken as public")
+    task = build_task(scheme.model, cfg, prep.vocab_size)
+    init = jax.jit(task.init)(jax.random.key(seed))  # one compile, not one per eager op
+
+    def evaluate_on(tokens, p):  # T sequences; domain-adaptive models read their domain id
+        dom = {"domain": np.full(len(tokens), TARGET, np.int32)} if task.uses_domain else {}
+        return evaluate(task, p, tokens, cfg.eval_batch_size, **dom)
+
+    eval_fn = functools.partial(evaluate_on, prep.val_tokens)
+    plans: list[StagePlan] = []
+    params: dict[int, Any] = {}  # stage index -> params trained in this session
+
+    def u_hat_of(results):
+        u = results.get(UNIGRAM_STAGE)
+        return None if u is None else (np.asarray(u["S"]), np.asarray(u["T"]))
+
+    def release_unigrams(ctx):
+        eps0, delta0 = scheme.unigram_budget
+        if delta0 != 0:
+            raise ValueError("the Geometric mechanism is (eps0, 0)-DP")
+        # seeded, so an interrupted stage re-derives the very same release (charged once)
+        rng = np.random.default_rng([seed, scheme.row, 7])
+        u_s, u_t = domain_unigram_frequencies(ds, prep.vocab_size, eps0, rng, ledger=ctx.ledger,
+                                              labels=LABELS)
+        return {"S": u_s.tolist(), "T": u_t.tolist()}
+
+    def algorithm(sp: StagePlan):
+        return algs.build_algorithm(task.loss_fn, optax.sgd(cfg.client_lr),
+                                    algs.server_optimizer(cfg.server_optimizer, cfg.server_lr),
+                                    sp.dp, sp.sampler.expected_cohort_size)
+
+    def trained(i: int, stage_dir: str):
+        """Stage i's final params: from this session, else from its checkpoint."""
+        if i not in params:
+            params[i] = load_run(stage_dir, algorithm(plans[i]).init(init, jax.random.key(seed))
+                                 ).state.params
+        return params[i]
+
+    def train_stage(i: int):
+        def run(ctx):
+            if not plans:
+                plans.extend(plan_stages(scheme, ds, cfg, seed, u_hat_of(ctx.results)))
+            sp, offset = plans[i], sum(p.rounds for p in plans[:i])
+            start = init if i == 0 else trained(i - 1, ctx.dir(f"stage{i - 1}"))
+            log(f"{tag} stage {i}: {'+'.join(sp.stage.population_labels)} clients "
+                f"{len(sp.client_ids)}, cohort {sp.sampler.expected_cohort_size:.1f} trained / "
+                f"{sp.noise_cohort} noise, q = {sp.sampler.sampling_rate:.4f}, {sp.rounds} rounds, "
+                f"z = {sp.dp.noise_multiplier:.4f}{', Eq. 3 weights' if sp.stage.weighted else ''}")
+            result = train(algorithm(sp), start, sp.clients, sp.client_ids, sp.sampler,
+                           rounds=sp.rounds, batch_size=cfg.batch_size,
+                           seed=_seed_for(seed, scheme.row, i), workdir=ctx.workdir,
+                           max_steps=cfg.max_local_steps, eval_fn=eval_fn,
+                           eval_every=cfg.eval_every, checkpoint_every=cfg.checkpoint_every,
+                           ledger=ctx.ledger, stage=f"{scheme.name}/stage{i}",
+                           populations=sp.stage.population_labels, fingerprint={"config": fp},
+                           progress=cfg.progress, log=log)
+            params[i] = result.state.params
+            return {"populations": list(sp.stage.population_labels),
+                    "example_domains": [LABELS[d] for d in sp.stage.example_domains],
+                    "clients": len(sp.client_ids), "rounds": sp.rounds, "cohort": sp.stage.cohort,
+                    "train_cohort_expected": sp.sampler.expected_cohort_size,
+                    "train_cohort_requested": sp.stage.cohort_size(cfg.train_cohort, ds.alpha),
+                    "noise_cohort": sp.noise_cohort, "sampling_rate": sp.sampler.sampling_rate,
+                    "capacity": sp.sampler.max_cohort_size, "noise_multiplier": sp.dp.noise_multiplier,
+                    "budget": list(sp.stage.budget), "weighted": sp.stage.weighted,
+                    "weight_stats": _weight_stats(sp.clients),
+                    "epsilon_simulated_alone": _epsilon((sp.event,), budget_delta, cfg.accountant),
+                    "epsilon_executed_alone": _epsilon((sp.executed_event,), budget_delta,
+                                                       cfg.accountant),
+                    "resumed_from_round": result.resumed_from,
+                    "curve": metric_curve(ctx.workdir, "eval_perplexity", offset)}
+        return fl_stages.Stage(f"stage{i}", run)
+
+    pipeline = ([fl_stages.Stage(UNIGRAM_STAGE, release_unigrams)]
+                if scheme.unigram_budget is not None else [])
+    pipeline += [train_stage(i) for i in range(len(scheme.stages))]
+    done = fl_stages.run_stages(pipeline, workdir, ledger, log=log,
+                                fingerprint={"config": fp, "scheme": scheme.name, "seed": seed})
+    u_hat = u_hat_of(done.results)
+    if not plans:  # every stage was done in an earlier session
+        plans.extend(plan_stages(scheme, ds, cfg, seed, u_hat))
+    last = len(plans) - 1
+    final = trained(last, fl_stages.stage_dir(workdir, len(pipeline) - 1, f"stage{last}"))
+    stages = [dict(done.results[f"stage{i}"]) for i in range(len(plans))]
+    curve = [tuple(pt) for st in stages for pt in st.pop("curve")]
+    diagnostics = None
+    if u_hat is not None:
+        diagnostics = unigram_diagnostics(ds, u_hat, prep.vocab_size, scheme.unigram_budget[0], seed)
+    val = eval_fn(final)
+    test = evaluate_on(prep.test_tokens, final)
+    report = ledger.report()
+    executed = [(sp.executed_event, sp.stage.population_labels) for sp in plans]
+    executed_by_pop = executed_by_population(ledger, executed, budget_delta, cfg.accountant)
+    if_public = None
+    if ledger.nonprivate_entries:  # eps = inf; beside it the eps if those choices were public
+        if_public = {"entries_taken_as_public": ledger.nonprivate_entries,
+                     "epsilon_by_population": report["by_population_if_public"],
+                     "epsilon_executed_by_population": executed_by_population(
+                         ledger, executed, budget_delta, cfg.accountant, if_public=True)}
+    summary = {
+        "dataset": prep.name, "scheme": scheme.name, "model": scheme.model, "seed": seed,
+        "fingerprint": fp, "val_ppl": val["perplexity"], "test_ppl": test["perplexity"],
+        "val_loss": val["loss"], "test_loss": test["loss"], "val_accuracy": val["accuracy"],
+        "test_accuracy": test["accuracy"], "num_params": count_params(final),
+        "alpha": ds.alpha, "stages": stages, "unigram_budget": scheme.unigram_budget,
+        "ledger": report, "epsilon_by_population": report["by_population"],
+        "epsilon_executed_by_population": executed_by_pop, "curve": curve,
+        "epsilon_if_public": if_public, "outputs": outputs(),
+        "unigram_diagnostics": diagnostics, "stages_done_earlier": done.resumed,
+        "wall_clock_s": time.time() - t0, "skipped": False, "unit_of_privacy": "user",
+    }
+    save_json(summary, path)
+    log(f"{tag}: val PPL {val['perplexity']:.2f}, test PPL {test['perplexity']:.2f}, eps by "
+        f"population {_fmt_eps(report['by_population'])} (executed run: "
+        f"{_fmt_eps(executed_by_pop)}), {summary['wall_clock_s']:.0f}s")
+    return summary
