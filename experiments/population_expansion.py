@@ -68,7 +68,7 @@ def run(cfg, workdir: str, log: Callable[[str], None] = print) -> dict:
                      "perplexity on T (lower is better)", TITLE, series=("val", "test"))
     common.plot_curves(tables.curve_series(summaries, cfg.seeds[0]),
                        os.path.join(workdir, "curves.png"), "server round", "val perplexity on T",
-                       f"seed {cfg.seeds[0]}")
+                       f"seed {cfg.seeds[0]}", log=True)
     out = {"table": rows, "runs": summaries, "data": {k: p.stats for k, p in preps.items()},
            "notes": notes, "wall_clock_s": time.time() - t0,
            # training + evaluation time of every scheme, including those a rerun skipped

@@ -64,8 +64,9 @@ def write_table(rows: list[dict], workdir: str, name: str, columns: list[str] | 
     return csv_path, md_path
 
 
-def plot_curves(curves: dict[str, tuple[list, list]], path: str, xlabel: str, ylabel: str, title: str = ""):
-    """Line plot of ``{label: (xs, ys)}`` to a PNG."""
+def plot_curves(curves: dict[str, tuple[list, list]], path: str, xlabel: str, ylabel: str, title: str = "",
+                log: bool = False):
+    """Line plot of ``{label: (xs, ys)}`` to a PNG (``log``: logarithmic y axis)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -74,10 +75,12 @@ def plot_curves(curves: dict[str, tuple[list, list]], path: str, xlabel: str, yl
         ax.plot(xs, ys, marker="o", label=label)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
+    if log:
+        ax.set_yscale("log")
     if title:
         ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=7 if len(curves) > 6 else None)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
