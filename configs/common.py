@@ -1,4 +1,4 @@
-"""Config plumbing shared by every ``configs/<experiment>.py`` (DESIGN.md principle 6).
+"""Config plumbing shared by every ``configs/<experiment>.py`` (docs/design.md §1.6).
 
 ``from_scale(base, scales, "small,rounds=60,seeds=0/1")`` = ``base`` with the scale's overrides,
 then ``field=value`` overrides parsed by the type of the field (its annotation, else its current

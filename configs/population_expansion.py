@@ -64,7 +64,7 @@ class PopulationExpansionConfig:
     split: tuple = (0.6, 0.2, 0.2)        # train / val / test by client (Sec. 4.2)
     data_seed: int = 0                    # population subsampling + client split (fixed over seeds)
     vocab_words: int = 10_000             # vocabulary size k (App. A: 10K)
-    # the word vocabulary is a release too (DESIGN.md): "public" = the top-k words of the public
+    # the word vocabulary is a release too (docs/design.md §3): "public" = the top-k words of the public
     # pool (no privacy cost); "target_train" = the top-k words of T's training texts, as Koga
     # et al. assume it known in advance — NON-PRIVATE: recorded so in the ledger (eps = inf,
     # the eps that holds if the vocabulary is taken as public reported beside it)

@@ -1,7 +1,7 @@
 """On-disk cache of processed corpora and trained tokenizers.
 
 Parsing the real corpora (Wang et al. 2023 §2 use StackOverflow; here chitchat, Shakespeare,
-Simpsons and a public pool stand in for it, see DESIGN.md) takes seconds; the processed result
+Simpsons and a public pool stand in for it, see docs/design.md §4) takes seconds; the processed result
 is cached as JSON under a cache directory, keyed by a SHA-256 of the source file contents, the
 loader name, its format version and its options. A changed file or option gives a new key, so
 a cache entry is never stale.

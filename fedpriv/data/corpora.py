@@ -1,7 +1,7 @@
 """Private user-keyed corpora (Wang et al. 2023, §2): chitchat, Shakespeare, Simpsons.
 
 The paper trains on StackOverflow (clients = forum users, examples = their sentences). It cannot
-be downloaded here, so (DESIGN.md, "Real data and models available offline") these corpora stand
+be downloaded here, so (docs/design.md §4) these corpora stand
 in for it:
 
 =================  ==========================================  ===============================

@@ -1,6 +1,6 @@
 """The public pool (Wang et al. 2023, §3.2) and the public SentencePiece tokenizer trained on it.
 
-The paper uses C4 as public data; it cannot be downloaded here, so (DESIGN.md, "Real data and
+The paper uses C4 as public data; it cannot be downloaded here, so (docs/design.md §4, "Real data and
 models available offline") :func:`load_public_pool` stands in for it: Wikipedia, Lee news and
 film quote sentences, every sentence with a ``source`` label. :func:`public_sentencepiece`
 trains (and caches) the project's public sub-word tokenizer on it (§3.1).

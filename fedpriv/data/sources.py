@@ -1,4 +1,4 @@
-"""Locations of the real corpora installed by ``make setup`` (DESIGN.md, "Real data and models
+"""Locations of the real corpora installed by ``make setup`` (docs/design.md §4, "Real data and models
 available offline").
 
 Files are found inside installed packages with :func:`importlib.util.find_spec` (the packages

@@ -1,6 +1,6 @@
 """Privacy accounting with ``dp_accounting`` (RDP and PLD) for the mechanisms of fedpriv.
 
-Conventions (DESIGN.md): the unit of privacy is the user; the noise multiplier ``z`` is the
+Conventions (docs/design.md §3): the unit of privacy is the user; the noise multiplier ``z`` is the
 noise std on a *sum* over the clip norm (per tree node for DP-FTRL).
 
 Events:

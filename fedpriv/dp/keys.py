@@ -1,4 +1,4 @@
-"""Purpose-tagged PRNG keys: no two releases ever share noise (DESIGN.md, privacy conventions).
+"""Purpose-tagged PRNG keys: no two releases ever share noise (docs/design.md §3).
 
 Every private release derives its key from the run's root key by folding in a distinct tag
 per level (stage, run/row, purpose), e.g. ``tagged_key(seed, "fred", "mean-noise")`` and

@@ -11,7 +11,7 @@ optax.scale(1 / m), optax.sgd(lr))``) and the federated engine (``fedpriv.fl.alg
 uses these very objects on its normalised sums.
 
 * **Gaussian** (DP-FedAvg, McMahan et al. 2018): ``sum + N(0, std^2 I)`` with fresh noise
-  every round, ``std = z * C`` (noise multiplier z, clip norm C; DESIGN.md convention).
+  every round, ``std = z * C`` (noise multiplier z, clip norm C; docs/design.md §3).
 * **Tree** (DP-FTRL, Kairouz et al. 2021, "Practical and private (deep) learning without
   sampling or shuffling", Alg. 1 and App. D): the server releases noisy *prefix sums*
   ``S_t = sum_{s<=t} x_s + n(t)`` where ``n(t)`` is the sum of the i.i.d. ``N(0, std^2)``

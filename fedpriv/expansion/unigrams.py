@@ -235,7 +235,7 @@ def private_unigram_frequencies(
       rng: a ``np.random.Generator`` (its stream chooses the bounded rows, then draws the
         noise), or a JAX PRNG key / int seed: then the row choice and the noise come from
         ``keys.numpy_generator(key, "unigram", population, "rows" | "noise")`` — keys carrying
-        their purpose (DESIGN.md), so no other release ever draws the same noise.
+        their purpose (docs/design.md §3), so no other release ever draws the same noise.
       neighboring: "add_remove" or "replace_one"; default: the ledger's, else "add_remove".
     """
     if isinstance(vocab_size, bool) or int(vocab_size) != vocab_size or vocab_size < 1:

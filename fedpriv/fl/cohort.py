@@ -1,4 +1,4 @@
-"""Cohort arrays for the client updates (DESIGN.md principle 3): packed lanes and padded cohorts.
+"""Cohort arrays for the client updates (docs/design.md §1.3): packed lanes and padded cohorts.
 
 **Packed lanes** (``pack_cohort``, what the round loop uses). Clients differ in size by orders
 of magnitude (log-normal), so padding every client to the largest one wastes most of the work.

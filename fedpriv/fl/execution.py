@@ -1,4 +1,4 @@
-"""Cohort execution: how a sampled cohort becomes packed lanes on the devices (DESIGN.md §3).
+"""Cohort execution: how a sampled cohort becomes packed lanes on the devices (docs/design.md §1.3).
 
 ``CohortExecutor`` is what the round loop calls every round: it packs the sampled clients into
 lanes of real local steps (``fedpriv.fl.cohort.pack_cohort``), places them on the devices

@@ -1,10 +1,10 @@
-"""The one generic round loop (DESIGN.md principle 7).
+"""The one generic round loop (docs/design.md §1.7).
 
 sampling (host, NumPy) -> padded cohort -> jitted round (vmapped client updates, clipping,
 aggregation, noise, server optimizer) -> metrics (JSON lines) -> eval every k rounds ->
 checkpoint every k rounds. Experiments assemble pieces and call ``train``; they never copy it.
 
-Privacy (DESIGN.md, privacy conventions): the loop derives the event of what it runs,
+Privacy (docs/design.md §3): the loop derives the event of what it runs,
 ``algorithms.privacy_event(algorithm.dp, sampler, rounds)``, and spends it in the ledger under
 the run's ``stage`` name before round 0 — refused (``PrivacyBudgetExceeded``) before any
 private data is touched. A private algorithm never runs without a ledger unless the caller says
@@ -268,7 +268,7 @@ def _reconcile_metrics(workdir: str, last_round: int) -> None:
 
 
 # Every per-round output of the loop is either covered by the ledger or marked non-private
-# (DESIGN.md): the keys below are functions of the DP releases (the noised adaptive-clipping
+# (docs/design.md §3): the keys below are functions of the DP releases (the noised adaptive-clipping
 # count and the clip norm it sets); every other training metric is an exact statistic of the
 # sampled private clients (clipped fraction, pre-clip norms, cohort size, non-finite updates,
 # loss/accuracy sums, engine step counts) and is written as ``nonprivate/<name>``. ``round`` is

@@ -42,7 +42,7 @@ user          replace_one     2c                   sqrt(2) c_cov^2
   spectral-norm argument).  Here both releases use the same relation: add/remove gives
   ``(c, c^2)``, replace-one ``(2c, sqrt(2) c^2)`` -- replacing ``b`` by ``b'`` moves
   ``b b^T`` by ``||b b^T - b' b'^T||_F^2 = ||b||^4 + ||b'||^4 - 2 (b.b')^2 <= 2 c^4``.
-* **User level** (DESIGN.md's default unit): a user's whole contribution is bounded.  User
+* **User level** (docs/design.md §3): a user's whole contribution is bounded.  User
   ``u`` keeps at most ``max_samples_per_user`` sentences (first ones, if set), clips each and
   contributes the *average* ``v_u = (1/k_u) sum_j clip_c(e_uj)`` (norm <= c) to the mean sum
   and ``A_u = (1/k_u) sum_j b_uj b_uj^T`` (PSD, ``||A_u||_F <= Tr A_u <= c_cov^2``) to the
@@ -270,7 +270,7 @@ class PrivateStats:
 
 def fred_noise_keys(key, name: str = "fred") -> tuple[jax.Array, jax.Array]:
     """The keys of FreD's two releases: ``tagged_key(key, "fred", name, "mean-noise")`` and
-    ``(..., "cov-noise")`` — keys carry their purpose (DESIGN.md), so the mean's and the
+    ``(..., "cov-noise")`` — keys carry their purpose (docs/design.md §3), so the mean's and the
     covariance's shares, and any other release from the same root key (FL training, unigrams),
     never draw the same noise. Client ``i``'s share key is ``fold_in(k, i)``."""
     return (tagged_key(key, "fred", name, "mean-noise"), tagged_key(key, "fred", name, "cov-noise"))

@@ -1,4 +1,4 @@
-"""Loaders on the real installed corpora (DESIGN.md "Real data and models available offline")."""
+"""Loaders on the real installed corpora (docs/design.md §4)."""
 
 import pytest
 

@@ -1,4 +1,4 @@
-"""Engine properties (DESIGN.md §8): FedAvg equivalence, sensitivity, padding, non-finite."""
+"""Engine properties (docs/design.md §1.8): FedAvg equivalence, sensitivity, padding, non-finite."""
 import math
 
 import jax
