@@ -339,6 +339,9 @@ def _run_entry(module: str, *args: str) -> subprocess.CompletedProcess:
      "experiments.demo: error: config file 'README.md' is not a Python file"),
     ("experiments.fred_pipeline", "configs/fred_pipeline.py:smoke,compare_all=ture",
      "experiments.fred_pipeline: error: override 'compare_all': expected a boolean"),
+    ("experiments.public_training", "configs/public_training.py:smoke,teacher_path=/no/teacher.gguf",
+     "experiments.public_training: error: FileNotFoundError: teacher GGUF '/no/teacher.gguf' does "
+     "not exist"),
 ])
 def test_experiment_user_error_exits_2_with_one_line(tmp_path, module, spec, message):
     wd = tmp_path / "wd"
