@@ -322,8 +322,8 @@ def table_notes(cfg, rr: "RowRuns", seconds: float) -> list[str]:
     notes = [f"{cfg.corpus} (private, user-level DP-FTRL, delta={cfg.delta:g}); public pool "
              f"{st['num_sequences']} sentences {st['pool_sources']}; teacher SmolLM2-135M "
              f"(top-{cfg.topk}); student {cfg.arch} (embed {cfg.embed_dim}, hidden {cfg.hidden_dim}, "
-             f"{count_params(jax.eval_shape(task.init, jax.random.key(0)))} params) on the teacher's BPE restricted to "
-             f"V={st['vocab_kept']} ids (+4 specials)",
+             f"{count_params(jax.eval_shape(task.init, jax.random.key(0)))} params) on the "
+             f"teacher's BPE restricted to V={st['vocab_kept']} ids (+4 specials)",
              f"T={cfg.rounds} rounds, T'={cfg.t_prime_rounds}, cohort {cfg.cohort_size}, "
              f"{cfg.max_local_steps} local steps of batch {cfg.batch_size}; q={cfg.q:g} of the pool "
              f"({select.num_selected(st['num_sequences'], cfg.q)} sequences), "
