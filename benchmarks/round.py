@@ -281,9 +281,9 @@ def measure(args) -> dict:
                          "tokens_per_s": real_tokens(data, ids) / dt, "peak_memory_bytes": peak_memory_bytes()})
         out["scaling"] = rows
     if args.teacher:
-        from fedpriv.models import llama
+        from fedpriv.models import gguf
         from fedpriv.public import distill
-        teacher = llama.load_teacher()
+        teacher = gguf.load_teacher()
         ids = np.random.default_rng(0).integers(0, teacher.config.vocab_size, (args.teacher_batch, L + 1))
         fn = distill._topk_fn(teacher, 10)
         t = time.perf_counter()

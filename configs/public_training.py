@@ -112,12 +112,12 @@ BASE = PublicTrainingConfig()
 
 SCALES = {
     # seconds, for tests: a handful of public sequences, tiny LSTM, a few rounds
-    "smoke": dict(max_clients=60, seq_len=10, max_examples_per_client=16, max_local_steps=1,
-                  vocab_kept=300, vocab_texts=2000, pool_size=16, teacher_batch_size=40,
-                  embed_dim=16, hidden_dim=32, rounds=4, cohort_size=8, q=0.25,
-                  pretrain_steps=3, distill_steps=3, central_batch_size=4, clip_norm=1.0,
+    "smoke": dict(max_clients=40, seq_len=8, max_examples_per_client=8, max_local_steps=1,
+                  vocab_kept=200, vocab_texts=500, pool_size=8, teacher_batch_size=8,
+                  embed_dim=8, hidden_dim=16, rounds=2, cohort_size=8, q=0.25,
+                  pretrain_steps=2, distill_steps=2, central_batch_size=2, clip_norm=1.0,
                   epsilons=(18.71,), eval_every=2, checkpoint_every=2,
-                  max_eval_examples=128, eval_batch_size=128),
+                  max_eval_examples=64, eval_batch_size=64),
     # a real reproduction on a shared 2-core CPU in about half an hour
     "small": dict(max_clients=None, seq_len=20, max_examples_per_client=64, max_local_steps=2,
                   vocab_kept=3000, pool_size=1024, embed_dim=96, hidden_dim=128, rounds=60,

@@ -329,6 +329,9 @@ def _run_entry(module: str, *args: str) -> subprocess.CompletedProcess:
      "experiments.fred_pipeline: error: override 'compare_all': expected a boolean"),
     ("experiments.latency_figure", "configs/latency_figure.py:smoke,trials=0",
      "experiments.latency_figure: error: trials must be >= 1, got 0"),
+    ("experiments.public_training", "configs/public_training.py:smoke,teacher_path=/no/teacher.gguf",
+     "experiments.public_training: error: FileNotFoundError: teacher GGUF '/no/teacher.gguf' does "
+     "not exist"),
 ])
 def test_experiment_user_error_exits_2_with_one_line(tmp_path, module, spec, message):
     wd = tmp_path / "wd"

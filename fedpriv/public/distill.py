@@ -64,7 +64,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedpriv.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from fedpriv.models import llama
+from fedpriv.models import bucketing, llama
 from fedpriv.models import metrics
 NUM_SPECIAL = 4
 FORMAT = "fedpriv-topk-v1"
@@ -237,9 +237,9 @@ def build_topk_corpus(teacher: llama.Teacher, sequences: Sequence[Sequence[int]]
         if _shard_matches(partial / name, token_ids[start:stop]):
             continue  # resumed build: this shard was finished before the interruption
         seqs = [token_ids[i, :lengths[i]] for i in range(start, stop)]
-        outs = llama.map_bucketed(fn, seqs, batch_size=batch_size, buckets=(seq_len + 1,),
-                                  trim=False, progress=progress,
-                                  desc=f"top-{k} shard {s + 1}/{-(-n // shard_size)}")
+        outs = bucketing.map_bucketed(fn, seqs, batch_size=batch_size, buckets=(seq_len + 1,),
+                                      trim=False, progress=progress,
+                                      desc=f"top-{k} shard {s + 1}/{-(-n // shard_size)}")
         arrays = {name_: np.stack([o[name_] for o in outs]) for name_ in outs[0]}
         valid = (np.arange(seq_len)[None, :] < (lengths[start:stop, None] - 1))
         arrays["topk_ids"] = np.where(valid[..., None], arrays["topk_ids"], 0).astype(np.int32)

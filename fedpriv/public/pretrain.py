@@ -17,6 +17,7 @@ caller's ``fingerprint`` fields) that a resumed run must match.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import sys
@@ -55,6 +56,19 @@ def _data_digest(data: Mapping[str, np.ndarray]) -> str:
         h.update(f"{k}{a.dtype.str}{a.shape}".encode())
         h.update(a.tobytes())
     return h.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=8)
+def _step_fn(loss_fn: Callable, optimizer: optax.GradientTransformation) -> Callable:
+    """The jitted optimizer step of (loss_fn, optimizer), one per pair: calls of `train_central`
+    with the same loss and optimizer objects share its compilations."""
+    @jax.jit
+    def step_fn(params, opt_state, batch, rng):
+        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, rng)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return step_fn
 
 
 def train_central(loss_fn: Callable, params, data: Mapping[str, np.ndarray], *, steps: int,
@@ -112,12 +126,7 @@ def train_central(loss_fn: Callable, params, data: Mapping[str, np.ndarray], *, 
             if log is not None:
                 log(f"{desc}: resumed {workdir} at step {start} of {steps}")
 
-    @jax.jit
-    def step_fn(params, opt_state, batch, rng):
-        (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, rng)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
+    step_fn = _step_fn(loss_fn, optimizer)
     saved_at = [start if loaded_any else None]
 
     def save(step):

@@ -1,23 +1,26 @@
 """Smoke test of the public-training experiment (Wang et al. 2023, Table 2 rows) on the real
-teacher (16 public sequences), real chitchat users and the real public pool."""
+teacher (8 public sequences), real chitchat users and the real public pool: one run, checked for
+its artefacts, every row's ledger and round count, the Algorithm-1 stages, and its resume."""
 import json
 import os
 
 import pytest
 
 from experiments import common, public_training
-from fedpriv.public import pipeline
+from fedpriv.fl.stages import STATE
+from fedpriv.models import gguf
+from fedpriv.recipes.public import TITLES
 
 
 def test_smoke_config_writes_tables_and_resumes(tmp_path, capsys):
     cfg = common.load_config("configs/public_training.py:smoke")
     wd = str(tmp_path / "pt")
-    out = public_training.run(cfg, wd, teacher=pipeline.cached_teacher(), progress=False)
+    out = public_training.run(cfg, wd, teacher=gguf.cached_teacher(), progress=False)
     for name in ("public_training.md", "public_training.csv", "public_training_runs.csv",
                  "source_shares.md", "teacher_and_corpus.md", "summary.json",
-                 "curves_eps18.71.png", "public_training.png"):
+                 f"curves_eps{cfg.epsilons[0]:g}.png", "public_training.png"):
         assert os.path.getsize(os.path.join(wd, name)) > 0, name
-    assert [r["method"] for r in out["table"]] == [public_training.TITLES[r] for r in cfg.rows]
+    assert [r["method"] for r in out["table"]] == [TITLES[r] for r in cfg.rows]
     runs = out["runs"]
     assert len(runs) == len(cfg.rows) * len(cfg.epsilons)
     for r in runs:
@@ -33,7 +36,11 @@ def test_smoke_config_writes_tables_and_resumes(tmp_path, capsys):
         assert r["ledger"]["spent_epsilon"] == pytest.approx(r["epsilon"], rel=1e-6)
         if r["row"] != "none":
             assert 0.0 <= r["public"]["eval_after_public_training"]["accuracy"] <= 1.0
-    # source shares for both matching betas at both epsilons, shares summing to 1
+            # Algorithm 1 ran as stages with one ledger, recorded next to the row's runs
+            state = json.load(open(os.path.join(wd, f"seed{r['seed']}",
+                                                f"eps{r['target_epsilon']:g}", r["row"], STATE)))
+            assert [e["name"] for e in state["ledger"]["entries"]] == names
+    # source shares for both matching betas at every epsilon
     shares = out["shares"]
     assert {(s["target_epsilon"], s["beta"]) for s in shares} == {
         (e, b) for e in cfg.epsilons for b in cfg.match_betas}
@@ -41,7 +48,7 @@ def test_smoke_config_writes_tables_and_resumes(tmp_path, capsys):
     assert st["corpus"]["bytes_per_1k_sequences"] > 0 and st["num_sequences"] == cfg.pool_size
     assert 0 <= st["restriction_cost"]["unk_rate"] <= 1
     # rows are skipped once their summary exists
-    again = public_training.run(cfg, wd, teacher=pipeline.cached_teacher(), progress=False)
+    again = public_training.run(cfg, wd, teacher=gguf.cached_teacher(), progress=False)
     assert "done before, skipped" in capsys.readouterr().out
     assert [r["test_accuracy"] for r in again["runs"]] == [r["test_accuracy"] for r in runs]
     with open(os.path.join(wd, "summary.json")) as f:

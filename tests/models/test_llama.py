@@ -1,4 +1,4 @@
-"""Tests for the teacher LLM (fedpriv.models.llama): parity on the real packaged GGUF, tokenizer,
+"""Tests for the teacher LLM (fedpriv.models.llama, .gguf, .bucketing): parity on the real packaged GGUF, tokenizer,
 bucketed batching, and the rotary-permutation bookkeeping."""
 
 import numpy as np
@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from fedpriv.models import llama
+from fedpriv.models import bucketing, gguf, llama
 
 PARITY_SENTENCE = "The capital of France is Paris. It is known for the Eiffel Tower and"
 # Perplexity of PARITY_SENTENCE without BOS (its 16 tokens, 15 of them scored): 7.696 measured.
@@ -20,7 +20,7 @@ TINY = llama.LlamaConfig(vocab_size=50, dim=16, n_layers=2, n_heads=4, n_kv_head
 def teacher():
     # No skip: `make setup` installs the teacher, so a missing file is a broken set-up (the
     # error names `make setup`).
-    return llama.load_teacher(llama.find_teacher_gguf())
+    return gguf.load_teacher(gguf.find_teacher_gguf())
 
 
 def test_config_from_gguf_metadata(teacher):
@@ -80,7 +80,7 @@ def test_bucketed_forward_equals_unbatched():
     def fn(ids, mask):
         return llama.teacher_logits(teacher, ids, mask)
 
-    outs = llama.map_bucketed(fn, seqs, batch_size=2, buckets=(4, 8), progress=False)
+    outs = bucketing.map_bucketed(fn, seqs, batch_size=2, buckets=(4, 8), progress=False)
     alone = [np.asarray(llama.teacher_logits(teacher, np.asarray([s], np.int32)))[0]
              for s in seqs]
     for s, out, ref in zip(seqs, outs, alone):
@@ -105,11 +105,11 @@ def test_flax_module_is_the_same_model():
 
 
 def test_bucket_length():
-    assert llama.bucket_length(1, (4, 8)) == 4
-    assert llama.bucket_length(8, (4, 8)) == 8
-    assert llama.bucket_length(9, (4, 8)) == 16
+    assert bucketing.bucket_length(1, (4, 8)) == 4
+    assert bucketing.bucket_length(8, (4, 8)) == 8
+    assert bucketing.bucket_length(9, (4, 8)) == 16
     with pytest.raises(ValueError):
-        llama.bucket_length(0)
+        bucketing.bucket_length(0)
 
 
 def test_unpermute_inverts_llama_cpp_permutation_and_preserves_attention():
@@ -118,7 +118,7 @@ def test_unpermute_inverts_llama_cpp_permutation_and_preserves_attention():
     w_ref = rng.normal(size=(n_heads * head_dim, d))
     # llama.cpp's converter: reference (rotate-half) rows -> interleaved-pair rows.
     w_gguf = w_ref.reshape(n_heads, 2, head_dim // 2, d).swapaxes(1, 2).reshape(w_ref.shape)
-    np.testing.assert_array_equal(llama._unpermute_rope_rows(w_gguf, n_heads), w_ref)
+    np.testing.assert_array_equal(gguf._unpermute_rope_rows(w_gguf, n_heads), w_ref)
 
     # Rotate-half RoPE on the reference rows == interleaved RoPE on the GGUF rows, up to the
     # same permutation of each head's coordinates (so q·k is unchanged).
@@ -137,6 +137,6 @@ def test_unpermute_inverts_llama_cpp_permutation_and_preserves_attention():
 
 def test_missing_teacher_file_names_make_setup():
     with pytest.raises(FileNotFoundError, match="make setup"):
-        llama.find_teacher_gguf(package="no_such_package_fedpriv")
+        gguf.find_teacher_gguf(package="no_such_package_fedpriv")
     with pytest.raises(FileNotFoundError, match="make setup"):
-        llama.load_teacher("/nonexistent/teacher.gguf")
+        gguf.load_teacher("/nonexistent/teacher.gguf")

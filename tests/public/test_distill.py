@@ -12,7 +12,7 @@ import numpy as np
 import optax
 import pytest
 
-from fedpriv.models import llama, metrics
+from fedpriv.models import bucketing, llama, metrics
 from fedpriv.public import distill
 
 TINY = llama.LlamaConfig(vocab_size=40, dim=16, n_layers=2, n_heads=4, n_kv_heads=2,
@@ -82,7 +82,7 @@ def test_corpus_matches_teacher_round_trips_and_caches(tiny_teacher, tmp_path, m
     def boom(*a, **kw):
         raise AssertionError("teacher ran on a cache hit")
 
-    monkeypatch.setattr(llama, "map_bucketed", boom)
+    monkeypatch.setattr(bucketing, "map_bucketed", boom)
     again = distill.build_topk_corpus(tiny_teacher, seqs, cache_dir=tmp_path, k=k,
                                       seq_len=seq_len, batch_size=4, shard_size=3,
                                       logits_dtype="float32", progress=False)
@@ -100,8 +100,8 @@ def test_corpus_matches_teacher_round_trips_and_caches(tiny_teacher, tmp_path, m
     (partial / "shard-00002.npz").unlink()
     monkeypatch.undo()
     calls = []
-    real = llama.map_bucketed
-    monkeypatch.setattr(llama, "map_bucketed",
+    real = bucketing.map_bucketed
+    monkeypatch.setattr(bucketing, "map_bucketed",
                         lambda fn, s, **kw: calls.append(len(s)) or real(fn, s, **kw))
     resumed = distill.build_topk_corpus(tiny_teacher, seqs, cache_dir=tmp_path, k=k,
                                         seq_len=seq_len, batch_size=4, shard_size=3,

@@ -19,8 +19,10 @@ from fedpriv.dp.ledger import PrivacyLedger
 from fedpriv.fl.algorithms import dp_ftrl, server_optimizer
 from fedpriv.fl.loop import METRICS, load_run
 from fedpriv.fl.samplers import ShuffledPassSampler
+from fedpriv.fl.stages import STATE
+from fedpriv.models import gguf
 from fedpriv.models.lm import LMConfig, make_lm, make_lm_task
-from fedpriv.public import pipeline, pretrain
+from fedpriv.public import algorithm as alg1, pool as pool_lib, pretrain, vocab
 
 SEQ_LEN = 10
 POOL, PRIVATE_LIKE = 200, 20          # base rate 10%
@@ -29,15 +31,15 @@ Q = 0.1
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    teacher = pipeline.cached_teacher()
+    teacher = gguf.cached_teacher()
     pub = load_public_pool(progress=False)
     chat = load_chitchat(progress=False)
     rng = np.random.default_rng(0)
-    restriction = pipeline.restriction_from_texts(teacher, pub.texts, 2000)
-    tok = pipeline.RestrictedTeacherTokenizer(teacher, restriction)
+    restriction = vocab.restriction_from_texts(teacher, pub.texts, 2000)
+    tok = vocab.RestrictedTeacherTokenizer(teacher, restriction)
     eligible = [c for c in chat.client_ids if chat.num_examples(c) >= 20]
     users = sorted(rng.choice(eligible, 500, replace=False).tolist())
-    train_ds, held = pipeline.private_datasets(chat.subset(users), tok, split=(0.8, 0.2),
+    train_ds, held = vocab.private_datasets(chat.subset(users), tok, split=(0.8, 0.2),
                                                split_seed=0, seq_len=SEQ_LEN,
                                                max_examples_per_client=64, seed=0)
     held_msgs = [m for c in held.client_ids for m in chat[c] if len(m.split()) >= 3]
@@ -46,7 +48,7 @@ def setup(tmp_path_factory):
              + list(rng.choice(wiki, POOL - PRIVATE_LIKE, replace=False)))
     labels = ["private_like"] * PRIVATE_LIKE + ["wikipedia"] * (POOL - PRIVATE_LIKE)
     perm = rng.permutation(POOL)
-    pool = pipeline.build_public_pool(teacher, [str(texts[i]) for i in perm],
+    pool = pool_lib.build_public_pool(teacher, [str(texts[i]) for i in perm],
                                       [labels[i] for i in perm], restriction, seq_len=SEQ_LEN,
                                       cache_dir=str(tmp_path_factory.mktemp("teacher")),
                                       with_topk=False, batch_size=40, progress=False)
@@ -58,7 +60,7 @@ def test_tokenisation_bridge(setup):
     assert tok.vocab_size == 2004
     t = setup["train"].concat_examples()["tokens"]
     assert t.shape[1] == SEQ_LEN + 1 and t.max() < tok.vocab_size and (t[:, 0] == 2).all()
-    assert 0.05 < pipeline.unk_rate(t) < 0.5
+    assert 0.05 < vocab.unk_rate(t) < 0.5
     # student ids map back to the teacher's BPE of the same text (kept tokens only)
     ids = tok.encode("Hello there, how are you?")
     back = setup["restriction"].to_teacher(np.array(ids))
@@ -82,17 +84,17 @@ def test_selection_recovers_private_like_sentences(setup):
                                           optimizer=pretrain.adam_with_clipping(3e-3),
                                           progress=False)
     assert hist[-1]["loss"] < hist[0]["loss"] - 2.0
-    logp_priv = pipeline.private_logprob(task, params, pool)
-    raw = pipeline.private_logprob(task, params, pool, unk_correction=False)
+    logp_priv = alg1.private_logprob(task, params, pool)
+    raw = alg1.private_logprob(task, params, pool, unk_correction=False)
     is_priv = np.array([s == "private_like" for s in pool.sources])
     base = is_priv.mean()
     prec = {}
     for beta in (0.0, 0.5, 1.0):
-        idx = pipeline.select_public(POOL, Q, selection="matching", logp_priv=logp_priv,
+        idx = alg1.select_public(POOL, Q, selection="matching", logp_priv=logp_priv,
                                      logp_pub=pool.logp_pub, beta=beta)
         assert len(idx) == 20 and len(set(idx.tolist())) == 20
         prec[beta] = is_priv[idx].mean()
-    prec["raw"] = is_priv[pipeline.select_public(POOL, Q, selection="matching", logp_priv=raw,
+    prec["raw"] = is_priv[alg1.select_public(POOL, Q, selection="matching", logp_priv=raw,
                                                  logp_pub=pool.logp_pub, beta=1.0)].mean()
     print("precision of the top-10% (base rate 10%):", prec)
     # Measured here: beta=1 0.65, beta=0.5 0.35, teacher alone 0.10, beta=1 without the UNK
@@ -104,9 +106,9 @@ def test_selection_recovers_private_like_sentences(setup):
     # The teacher alone does not find them: it prefers encyclopedic text (chat is informal,
     # short, and a document rarely ends after one message: EOS costs ~13 nats).
     assert prec[0.0] <= 1.5 * base < prec[0.5]
-    rnd = pipeline.select_public(POOL, Q, selection="random", seed=0)
+    rnd = alg1.select_public(POOL, Q, selection="random", seed=0)
     assert len(rnd) == 20 and (np.diff(rnd) > 0).all()
-    assert len(pipeline.select_public(POOL, Q, selection="all")) == POOL
+    assert len(alg1.select_public(POOL, Q, selection="all")) == POOL
 
 
 T, TP = 6, 3
@@ -124,7 +126,7 @@ def tiny(setup):
     alg = dp_ftrl(task.loss_fn, optax.sgd(0.5), server_optimizer("sgd", 1.0), clip_norm=1.0,
                   noise_multiplier=0.5, expected_cohort_size=8,
                   rounds_per_epoch=sampler.rounds_per_epoch)
-    private = pipeline.PrivateTraining(alg, sampler, data, data.client_ids, rounds=rounds,
+    private = alg1.PrivateTraining(alg, sampler, data, data.client_ids, rounds=rounds,
                                        batch_size=16, seed=1, max_steps=2, progress=False)
     return task, private, task.init(jax.random.key(0))
 
@@ -135,10 +137,10 @@ def test_algorithm1_ledger_rounds_and_tree_continue(setup, tiny, tmp_path):
     ref = private.run(init, str(tmp_path / "reference"), PrivacyLedger(eps_full, 1e-6))
     spent = ref.ledger.spent()
     stage1 = str(tmp_path / "stage1")
-    spec = pipeline.PublicTrainingSpec(t_prime=TP, q=Q, selection="matching", beta=0.5,
+    spec = alg1.PublicTrainingSpec(t_prime=TP, q=Q, selection="matching", beta=0.5,
                                        kd_beta=0.0, steps=0, batch_size=16)
     # zero public steps: Algorithm 1 must reproduce the uninterrupted run exactly
-    same = pipeline.algorithm1(private, task, init, setup["pool"], spec,
+    same = alg1.algorithm1(private, task, init, setup["pool"], spec,
                                workdir=str(tmp_path / "zero"), stage1_workdir=stage1,
                                ledger=PrivacyLedger(eps_full, 1e-6), progress=False, log=lambda s: None)
     for a, b in zip(jax.tree_util.tree_leaves(ref.state), jax.tree_util.tree_leaves(same.result.state)):
@@ -148,9 +150,9 @@ def test_algorithm1_ledger_rounds_and_tree_continue(setup, tiny, tmp_path):
 
     # real mid-training, forked from the same stage 1
     wd = str(tmp_path / "mid")
-    spec = pipeline.PublicTrainingSpec(t_prime=TP, q=Q, selection="matching", beta=0.5,
+    spec = alg1.PublicTrainingSpec(t_prime=TP, q=Q, selection="matching", beta=0.5,
                                        kd_beta=0.0, steps=15, batch_size=16, learning_rate=3e-3)
-    out = pipeline.algorithm1(private, task, init, setup["pool"], spec, workdir=wd,
+    out = alg1.algorithm1(private, task, init, setup["pool"], spec, workdir=wd,
                               stage1_workdir=stage1, ledger=PrivacyLedger(eps_full, 1e-6),
                               progress=False, log=lambda s: None)
     led = out.result.ledger
@@ -163,28 +165,55 @@ def test_algorithm1_ledger_rounds_and_tree_continue(setup, tiny, tmp_path):
     np.testing.assert_array_equal(jax.random.key_data(ns.key), jax.random.key_data(rs.key))
     assert not np.allclose(np.asarray(jax.tree_util.tree_leaves(out.result.state.params)[0]),
                            np.asarray(jax.tree_util.tree_leaves(ref.state.params)[0]))
-    rows = [json.loads(line) for line in open(os.path.join(wd, METRICS))]
+    state = json.load(open(os.path.join(wd, STATE)))  # one ledger through the three stages
+    assert state["stages"] == ["dp-ftrl-1", "public mid-training", "dp-ftrl-2"]
+    assert [e["name"] for e in state["ledger"]["entries"]] == ["dp-ftrl", "public mid-training"]
+    rows = [json.loads(line) for line in open(os.path.join(out.workdir, METRICS))]
     assert [r["round"] for r in rows] == list(range(1, T + 1))
     assert len(out.selected) == 20 and out.logp_priv.shape == (POOL,)
     assert sum(r["selected_count"] for r in out.shares.values()) == 20
     assert out.public["num_selected"] == 20 and out.public["round"] == TP
     # resuming a finished run is a no-op with the same state and ledger
-    again = pipeline.algorithm1(private, task, init, setup["pool"], spec, workdir=wd,
-                                progress=False, log=lambda s: None)
+    again = alg1.algorithm1(private, task, init, setup["pool"], spec, workdir=wd,
+                            ledger=PrivacyLedger(eps_full, 1e-6), progress=False, log=lambda s: None)
     assert int(again.result.state.round) == T and len(again.result.ledger.entries) == 2
     np.testing.assert_array_equal(again.selected, out.selected)
-    assert load_run(wd, private.template(init)).round == T
+    assert again.workdir == out.workdir and load_run(out.workdir, private.template(init)).round == T
+
+    # interrupted after the public stage swapped the params, before the stage was committed:
+    # the rerun does not train again, and ends where the uninterrupted run ended
+    def swap_then_crash(*a, **kw):
+        real_replace(*a, **kw)
+        raise KeyboardInterrupt
+    real_replace = alg1.replace_params
+    cut = str(tmp_path / "cut")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(alg1, "replace_params", swap_then_crash)
+        with pytest.raises(KeyboardInterrupt):
+            alg1.algorithm1(private, task, init, setup["pool"], spec, workdir=cut,
+                            stage1_workdir=stage1, ledger=PrivacyLedger(eps_full, 1e-6),
+                            progress=False, log=lambda s: None)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(alg1, "public_training", lambda *a, **kw: pytest.fail("trained again"))
+        resumed = alg1.algorithm1(private, task, init, setup["pool"], spec, workdir=cut,
+                                  stage1_workdir=stage1, ledger=PrivacyLedger(eps_full, 1e-6),
+                                  progress=False, log=lambda s: None)
+    assert [e.name for e in resumed.result.ledger.entries] == ["dp-ftrl", "public mid-training"]
+    assert resumed.public["num_selected"] == 20
+    for a, b in zip(jax.tree_util.tree_leaves(out.result.state.params),
+                    jax.tree_util.tree_leaves(resumed.result.state.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_pretraining_variant_and_validation(setup, tiny, tmp_path):
     with pytest.raises(ValueError, match="T' > 0"):
-        pipeline.PublicTrainingSpec(t_prime=0, selection="matching")
+        alg1.PublicTrainingSpec(t_prime=0, selection="matching")
     with pytest.raises(ValueError, match="distillation|top-k"):
         setup["pool"].arrays([0, 1], distill_arrays=True)
     task, private, init = tiny
-    spec = pipeline.PublicTrainingSpec(t_prime=0, q=0.5, selection="random", kd_beta=0.0,
+    spec = alg1.PublicTrainingSpec(t_prime=0, q=0.5, selection="random", kd_beta=0.0,
                                        steps=5, batch_size=16)
-    out = pipeline.algorithm1(private, task, init, setup["pool"], spec,
+    out = alg1.algorithm1(private, task, init, setup["pool"], spec,
                               workdir=str(tmp_path / "pre"), ledger=PrivacyLedger(1e4, 1e-6),
                               progress=False, log=lambda s: None)
     assert [e.name for e in out.result.ledger.entries] == ["public pre-training", "dp-ftrl"]
@@ -205,7 +234,7 @@ def test_suggestion_eval_ignores_special_predictions():
         return {**params, "head": {**params["head"], "logits": {**params["head"]["logits"],
                                                                 "bias": bias}}}
     loud, quiet = with_special_bias(100.0), with_special_bias(-100.0)
-    suggest = pipeline.suggestion_eval_task(task)
+    suggest = vocab.suggestion_eval_task(task)
     assert evaluate(task, loud, tokens, 8)["accuracy"] == 0.0  # always predicts a special id
     # masking the special logits = a model that never ranks them first
     assert evaluate(suggest, loud, tokens, 8)["accuracy"] == pytest.approx(

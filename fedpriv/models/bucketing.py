@@ -1,0 +1,75 @@
+"""Length-bucketed batching of variable-length token sequences for a jitted function.
+
+Teacher forcing over a corpus (`fedpriv.models.llama.token_logprobs`, the top-k corpus of
+`fedpriv.public.distill`) sorts sequences by length and pads each batch to one of a few bucket
+lengths, so `jit` compiles one program per bucket.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512)
+
+
+def bucket_length(n: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:
+    """Smallest bucket >= n; beyond the largest, the next multiple of the largest."""
+    if n < 1:
+        raise ValueError(f"sequence length must be >= 1, got {n}")
+    for b in sorted(buckets):
+        if n <= b:
+            return int(b)
+    top = max(buckets)
+    return int(-(-n // top) * top)
+
+
+def map_bucketed(fn: Callable[[np.ndarray, np.ndarray], Any], sequences: Sequence[Sequence[int]],
+                 *, batch_size: int = 16, buckets: Sequence[int] = DEFAULT_BUCKETS,
+                 pad_id: int = 0, trim: bool = True, progress: bool = True,
+                 desc: str = "teacher") -> list:
+    """Apply a batched function to variable-length sequences, length-bucketed.
+
+    Sequences are sorted by length, cut into batches of `batch_size`, and each batch is padded
+    (right) to `bucket_length(longest)` and to exactly `batch_size` rows, so `fn` sees at most
+    one shape per bucket (one jit compilation each).
+
+    Args:
+      fn: (ids int32[B, Lb], mask float32[B, Lb]) -> pytree of arrays with leading axis B.
+      sequences: N sequences of token ids (lengths >= 1).
+      trim: cut leaves of rank >= 2 to each sequence's own length on axis 1.
+      progress: show a tqdm bar counting real tokens (its rate is tokens/second).
+
+    Returns:
+      list of N per-sequence pytrees (numpy), in the input order.
+    """
+    from tqdm.auto import tqdm
+
+    seqs = [np.asarray(s, np.int32).reshape(-1) for s in sequences]
+    lengths = np.array([len(s) for s in seqs], np.int64)
+    if len(seqs) and lengths.min() < 1:
+        raise ValueError("empty sequence passed to the teacher")
+    order = np.argsort(lengths, kind="stable")
+    results: list = [None] * len(seqs)
+    bar = tqdm(total=int(lengths.sum()), unit="tok", desc=desc, disable=not progress,
+               leave=False)
+    try:
+        for start in range(0, len(seqs), batch_size):
+            idx = order[start:start + batch_size]
+            width = bucket_length(int(lengths[idx].max()), buckets)
+            ids = np.full((batch_size, width), pad_id, np.int32)
+            mask = np.zeros((batch_size, width), np.float32)
+            for row, j in enumerate(idx):
+                ids[row, :lengths[j]] = seqs[j]
+                mask[row, :lengths[j]] = 1.0
+            out = jax.tree.map(np.asarray, fn(ids, mask))
+            for row, j in enumerate(idx):
+                n = int(lengths[j])
+                results[j] = jax.tree.map(
+                    lambda a, row=row, n=n: a[row, :n] if (trim and a.ndim >= 2) else a[row], out)
+            bar.update(int(lengths[idx].sum()))
+    finally:
+        bar.close()
+    return results
+
