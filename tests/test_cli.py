@@ -13,9 +13,27 @@ def _run(args):
     return subprocess.run([sys.executable, "-m", "fedpriv", *args], capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.parametrize("z, eps", [(8.83, 1.77), (1.13, 18.71)])
-def test_dp_ftrl_epsilon_json(z, eps):
-    p = _run(["privacy", "dp-ftrl", "--noise-multiplier", str(z), "--rounds", "1600", "--delta", "1e-6", "--json"])
+class _Result:
+    def __init__(self, returncode, stdout, stderr):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+def _call(args, capsys):
+    """``fedpriv <args>`` in this process (what the console script runs; one subprocess test
+    below checks the real ``python -m fedpriv`` entry point)."""
+    capsys.readouterr()
+    try:
+        rc = main(args)
+    except SystemExit as e:
+        rc = e.code
+    out = capsys.readouterr()
+    return _Result(rc, out.out, out.err)
+
+
+@pytest.mark.parametrize("z, eps, subprocess_", [(8.83, 1.77, True), (1.13, 18.71, False)])
+def test_dp_ftrl_epsilon_json(z, eps, subprocess_, capsys):
+    args = ["privacy", "dp-ftrl", "--noise-multiplier", str(z), "--rounds", "1600", "--delta", "1e-6", "--json"]
+    p = _run(args) if subprocess_ else _call(args, capsys)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert {"mechanism", "epsilon", "delta", "noise_multiplier", "accountant"} <= set(out)
@@ -70,8 +88,8 @@ def test_epochs_and_fedavg_and_calibration(capsys):
     (["privacy", "dp-ftrl", "--noise-multiplier", "1", "--rounds", "10", "--epochs", "3", "--delta", "1e-6"],
      "unrecognized arguments: --epochs"),
 ])
-def test_bad_arguments_one_line_exit_2(args, msg):
-    p = _run(args)
+def test_bad_arguments_one_line_exit_2(args, msg, capsys):
+    p = _call(args, capsys)
     assert "Traceback" not in p.stderr
     assert p.returncode == 2
     lines = [l for l in p.stderr.splitlines() if l.strip()]
@@ -100,9 +118,9 @@ def test_cli_dp_ftrl_epsilon_is_the_engines(rounds, per_epoch, capsys):
     assert json.loads(capsys.readouterr().out)["noise_multiplier"] == pytest.approx(1.0, abs=1e-3)
 
 
-def test_json_is_strict_for_infinite_epsilon():
-    p = _run(["privacy", "dp-fedavg", "--noise-multiplier", "0", "--sampling-rate", "0.1", "--rounds", "10",
-              "--delta", "1e-6", "--json"])
+def test_json_is_strict_for_infinite_epsilon(capsys):
+    p = _call(["privacy", "dp-fedavg", "--noise-multiplier", "0", "--sampling-rate", "0.1", "--rounds", "10",
+              "--delta", "1e-6", "--json"], capsys)
     assert p.returncode == 0, p.stderr
     assert "Infinity" not in p.stdout and "NaN" not in p.stdout
 
