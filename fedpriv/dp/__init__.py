@@ -24,6 +24,9 @@ from fedpriv.dp.geometric import (geometric_dp_event, geometric_epsilon, geometr
 from fedpriv.dp.keys import numpy_generator, tagged_key
 from fedpriv.dp.ledger import (LedgerEntry, PrivacyBudgetExceeded, PrivacyLedger, event_from_json,
                                event_to_json)
+from fedpriv.dp.matrix import (BandedStrategy, BLTStrategy, MatrixNoiseState,
+                               MinSeparationError, banded_privatizer, banded_strategy,
+                               blt_privatizer, blt_strategy, gram_sensitivity, matrix_event)
 from fedpriv.dp.noise import (NoiseMechanism, NoiseState, distributed_noise_share,
                               gaussian_mechanism, gaussian_privatizer, tree_mechanism,
                               tree_privatizer)
@@ -38,5 +41,7 @@ __all__ = [
     "geometric_noise", "numpy_generator", "tagged_key", "LedgerEntry", "PrivacyBudgetExceeded",
     "PrivacyLedger", "event_from_json", "event_to_json", "NoiseMechanism", "NoiseState",
     "distributed_noise_share", "gaussian_mechanism", "gaussian_privatizer", "tree_mechanism",
-    "tree_privatizer",
+    "tree_privatizer", "BandedStrategy", "BLTStrategy", "MatrixNoiseState", "MinSeparationError",
+    "banded_privatizer", "banded_strategy", "blt_privatizer", "blt_strategy", "gram_sensitivity",
+    "matrix_event",
 ]
