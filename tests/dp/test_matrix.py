@@ -52,7 +52,7 @@ def test_streamed_noise_is_rows_of_c_inverse_z(name):
 
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
 def test_empirical_covariance_within_2_percent_and_a_wrong_strategy_is_detected(name):
-    strategy, n, d, std = STRATEGIES[name](), 16, 60_000, 1.3
+    strategy, n, d, std = STRATEGIES[name](), 16, 200_000, 1.3
     w = _released_noise(strategy, n, d, std, key=11)     # d coordinates = d i.i.d. samples
     emp = w @ w.T / d
     true = M.noise_covariance(strategy, n, std)
