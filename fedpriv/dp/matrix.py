@@ -356,3 +356,28 @@ def matrix_event(strategy, noise_multiplier: float, rounds: int, min_separation:
     sens = strategy.sensitivity(int(rounds), int(min_separation), max_part)
     return gaussian_mf_event(noise_multiplier, sens)
 
+
+
+# ----------------------------------------------------------------------------- comparison
+def tree_prefix_variance(rounds: int, restart_every: int) -> np.ndarray:
+    """Per-coordinate variance ``[rounds]`` (node std 1) of DP-FTRL's prefix sums over the whole
+    run: trees of ``restart_every`` leaves, the completed ones adding ``popcount(R)`` nodes."""
+    t = np.arange(1, int(rounds) + 1)
+    done, pos = np.divmod(t, int(restart_every))
+    pop = np.vectorize(lambda v: bin(int(v)).count("1"))
+    return done * bin(int(restart_every)).count("1") + pop(pos)
+
+
+def variance_ratio_to_tree(strategy, rounds: int, min_separation: int) -> dict:
+    """Prefix-sum noise variance of ``strategy`` over the tree's at *equal epsilon* (both are
+    one Gaussian: tree multiplier ``z / sqrt(epochs * depth)``, MF ``z / sens``; so the noise
+    std is ``const * sens`` for each and variances scale with ``sens^2``), for ``rounds``
+    rounds with users every ``min_separation`` rounds (the tree restarts every epoch of that
+    many rounds). Returns ``{"max": ..., "mean": ..., "final": ...}`` (MF / tree)."""
+    from fedpriv.dp.noise import num_tree_levels
+    epochs = max_participations(rounds, min_separation)
+    tree_sens2 = epochs * num_tree_levels(min_separation)
+    tree = tree_prefix_variance(rounds, min_separation) * tree_sens2
+    mf = prefix_noise_variance(strategy, rounds) * strategy.sensitivity(rounds, min_separation) ** 2
+    return {"max": float(mf.max() / tree.max()), "mean": float(mf.mean() / tree.mean()),
+            "final": float(mf[-1] / tree[-1])}

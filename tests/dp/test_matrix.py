@@ -123,3 +123,15 @@ def test_square_root_factorization_beats_the_tree_at_equal_epsilon():
     sens = bsr.sensitivity(n, n)  # one participation
     mf_var = M.prefix_noise_variance(bsr, n) * (sens / tree_sens) ** 2  # equal z / sens
     assert mf_var.max() < tree_var.max() and mf_var.mean() < tree_var.mean()
+
+
+def test_variance_ratio_to_tree_at_equal_epsilon():
+    n = 256
+    bsr = M.banded_strategy(n)
+    r = M.variance_ratio_to_tree(bsr, n, n)
+    tree_var = M.tree_prefix_variance(n, n) * M.gram_sensitivity(M.tree_matrix(n), 1, 1) ** 2
+    mf_var = M.prefix_noise_variance(bsr, n) * bsr.sensitivity(n, n) ** 2
+    assert r["max"] == pytest.approx(mf_var.max() / tree_var.max(), rel=1e-12) and r["max"] < 0.5
+    # several epochs (users every 64 rounds): banded with 64 bands and a 4-buffer BLT
+    for s in (M.banded_strategy(64), M.blt_strategy(n, 4)):
+        assert M.variance_ratio_to_tree(s, n, 64)["mean"] < 0.5
