@@ -38,6 +38,7 @@ that checkpoints and resumes exactly.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import dp_accounting as dpa
 import jax
@@ -337,16 +338,75 @@ def privatizer(strategy, noise_std: float, key=None) -> optax.GradientTransforma
     raise TypeError(f"not a matrix strategy: {type(strategy).__name__}")
 
 
-def strategy_for(mechanism: str, bands: int = 0, buffers: int = 0, rounds: int = 0):
-    """The strategy a ``DPConfig`` names: ``"banded"`` (``bands``) or ``"blt"`` (``buffers``,
-    fitted for ``rounds``)."""
+@functools.lru_cache(maxsize=64)
+def strategy_for(mechanism: str, bands: int = 0, buffers: int = 0, rounds: int = 0,
+                 blt_params: tuple | None = None):
+    """The strategy a ``DPConfig`` names: ``"banded"`` (``bands``) or ``"blt"``: the given
+    ``blt_params = (theta, omega)`` (e.g. from ``optimize_blt``), else ``buffers`` fitted for
+    ``rounds`` (deterministic NNLS). Cached: the engine and the accounting share one object."""
     if mechanism == "banded":
         return banded_strategy(bands)
     if mechanism == "blt":
+        if blt_params is not None:
+            theta, omega = blt_params
+            return BLTStrategy(tuple(map(float, theta)), tuple(map(float, omega)))
         if rounds < 1:
             raise ValueError(f"a BLT strategy needs the planned rounds (mf_rounds >= 1), got {rounds}")
         return blt_strategy(rounds, buffers)
     raise ValueError(f"no matrix strategy for mechanism {mechanism!r}")
+
+
+def optimize_blt(rounds: int, buffers: int = 4, min_separation: int | None = None,
+                 steps: int = 300, learning_rate: float = 0.05) -> BLTStrategy:
+    """A BLT for ``rounds`` rounds and users every ``min_separation`` rounds (None: once),
+    optimised in the spirit of McMahan et al. 2024 (§4: gradient descent on the parameters):
+    from ``blt_strategy``, Adam on ``log sens^2 + log mean_t Var(prefix sum t)`` (the mean
+    prefix-sum variance at fixed epsilon), ``theta = softplus``, ``omega = sigmoid``. The
+    surrogate sensitivity is the pattern ``0, b, 2b, ...`` (FFT of the comb with ``c``); the
+    accounting always uses ``BLTStrategy.sensitivity`` (Alg. 4 bound). Deterministic on a
+    given machine; pass the result as ``DPConfig.blt_params`` so resumes check it."""
+    n = int(rounds)
+    b = n if min_separation is None else int(min_separation)
+    _check_sep(b, n)
+    init = blt_strategy(n, buffers)
+    th0 = np.maximum(np.asarray(init.theta), 1e-3)
+    om0 = np.clip(np.asarray(init.omega), 1e-3, 1 - 1e-4)
+    p0 = (jnp.asarray(np.log(np.expm1(th0)), jnp.float32),
+          jnp.asarray(np.log(om0 / (1 - om0)), jnp.float32))
+    comb = np.zeros(n)
+    comb[::b] = 1.0
+    f_comb = jnp.fft.rfft(jnp.asarray(comb, jnp.float32), 2 * n)
+    weights = jnp.asarray(n - np.arange(n), jnp.float32)
+    e0 = jnp.zeros(n, jnp.float32).at[0].set(1.0)
+
+    def loss(p):
+        th, om = jax.nn.softplus(p[0]), jax.nn.sigmoid(p[1])
+        k = jnp.arange(1, n, dtype=jnp.float32)[:, None]
+        c = jnp.concatenate([jnp.ones(1), (th * om ** (k - 1)).sum(-1)])
+        v = jnp.fft.irfft(jnp.fft.rfft(c, 2 * n) * f_comb, 2 * n)[:n]
+
+        def step(buf, z):  # the privatizer's recurrence on an impulse: C^{-1} e_0
+            w = z - th @ buf
+            return om * buf + w, w
+
+        _, cinv = jax.lax.scan(step, jnp.zeros_like(th), e0)
+        q = jnp.cumsum(cinv)  # A C^{-1} is Toeplitz with coefficients q
+        return jnp.log((v ** 2).sum()) + jnp.log((weights * q ** 2).sum() / n)
+
+    opt = optax.adam(learning_rate)
+    grad = jax.jit(jax.value_and_grad(loss))
+    p, state = p0, opt.init(p0)
+    best = (float(loss(p0)), p0)
+    for _ in range(int(steps)):
+        val, g = grad(p)
+        if float(val) < best[0]:
+            best = (float(val), p)
+        upd, state = opt.update(g, state)
+        p = optax.apply_updates(p, upd)
+    p = best[1]
+    theta = np.asarray(jax.nn.softplus(p[0]), np.float64)
+    omega = np.minimum(np.asarray(jax.nn.sigmoid(p[1]), np.float64), 1 - 1e-7)
+    return BLTStrategy(tuple(float(t) for t in theta), tuple(float(w) for w in omega))
 
 
 def matrix_event(strategy, noise_multiplier: float, rounds: int, min_separation: int,

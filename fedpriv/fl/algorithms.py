@@ -59,7 +59,8 @@ class DPConfig:
       adaptive: quantile-based adaptive clipping, or None for a fixed C.
       bands, min_separation, blt_buffers, mf_rounds: matrix-factorization DP-FTRL
         (``fedpriv.dp.matrix``): "banded" with ``bands`` bands (BSR), "blt" with
-        ``blt_buffers`` buffers fitted for ``mf_rounds`` rounds; both accounted for users
+        ``blt_buffers`` buffers fitted for ``mf_rounds`` rounds (or ``blt_params = (theta,
+        omega)``, e.g. from ``matrix.optimize_blt``); both accounted for users
         participating at least ``min_separation`` rounds apart (>= bands for "banded"), which
         the sampler must guarantee (``fedpriv.fl.participation``). z = std of Z in C x + Z.
     """
@@ -75,6 +76,7 @@ class DPConfig:
     min_separation: int = 0
     blt_buffers: int = 4
     mf_rounds: int = 0
+    blt_params: tuple | None = None
 
     def __post_init__(self):
         if self.mechanism not in MECHANISMS:
@@ -90,11 +92,14 @@ class DPConfig:
             raise ValueError(f"noise_cohort_size must be >= 1, got {self.noise_cohort_size}")
         if self.weight_cap <= 0:
             raise ValueError("weight_cap must be > 0")
+        if self.blt_params is not None:  # hashable, JSON-able: (theta tuple, omega tuple)
+            object.__setattr__(self, "blt_params", tuple(tuple(map(float, v)) for v in self.blt_params))
         if self.mechanism in MATRIX_MECHANISMS:
             if self.min_separation < max(1, self.bands if self.mechanism == "banded" else 1):
                 raise ValueError(f"{self.mechanism} needs min_separation >= "
                                  f"{max(1, self.bands)}, got {self.min_separation}")
-            matrix.strategy_for(self.mechanism, self.bands, self.blt_buffers, self.mf_rounds)
+            matrix.strategy_for(self.mechanism, self.bands, self.blt_buffers, self.mf_rounds,
+                                self.blt_params)
 
     @property
     def is_private(self) -> bool:
@@ -151,7 +156,8 @@ def build_algorithm(loss_fn: Callable, client_optimizer: optax.GradientTransform
     # the noise on the normalised sum (sensitivity 1): fedpriv.dp's optax privatizer itself
     privatizer = lambda key=None: tree_privatizer(dp.noise_multiplier * scale, key, restart)  # noqa: E731
     if dp.mechanism in MATRIX_MECHANISMS:
-        strategy = matrix.strategy_for(dp.mechanism, dp.bands, dp.blt_buffers, dp.mf_rounds)
+        strategy = matrix.strategy_for(dp.mechanism, dp.bands, dp.blt_buffers, dp.mf_rounds,
+                                       dp.blt_params)
         privatizer = lambda key=None: matrix.privatizer(strategy, dp.noise_multiplier * scale, key)  # noqa: E731
     noise = privatizer()  # update-only: the key lives in ServerState.noise_state
     adaptive = dp.adaptive

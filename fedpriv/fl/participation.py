@@ -105,7 +105,7 @@ def matrix_privacy_event(dp, sampler, rounds: int, noise_multiplier: float,
         raise MinSeparationError(f"the {dp.mechanism} strategy was built for min-separation "
                                  f"{dp.min_separation} but {type(sampler).__name__} only "
                                  f"guarantees {sep}")
-    strategy = strategy_for(dp.mechanism, dp.bands, dp.blt_buffers, dp.mf_rounds)
+    strategy = strategy_for(dp.mechanism, dp.bands, dp.blt_buffers, dp.mf_rounds, dp.blt_params)
     k = int(maxp(rounds))
     event = matrix_event(strategy, noise_multiplier, rounds, dp.min_separation, k)
     if fresh is None:
