@@ -57,12 +57,8 @@ class DPConfig:
         must say so.
       weighting: "uniform" or "num_examples" (w_i = min(n_i, weight_cap) / weight_cap).
       adaptive: quantile-based adaptive clipping, or None for a fixed C.
-      bands, min_separation, blt_buffers, mf_rounds: matrix-factorization DP-FTRL
-        (``fedpriv.dp.matrix``): "banded" with ``bands`` bands (BSR), "blt" with
-        ``blt_buffers`` buffers fitted for ``mf_rounds`` rounds (or ``blt_params = (theta,
-        omega)``, e.g. from ``matrix.optimize_blt``); both accounted for users
-        participating at least ``min_separation`` rounds apart (>= bands for "banded"), which
-        the sampler must guarantee (``fedpriv.fl.participation``). z = std of Z in C x + Z.
+
+    "banded" and "blt" (matrix-factorization DP-FTRL) take a ``MatrixDPConfig``.
     """
     clip_norm: float = math.inf
     noise_multiplier: float = 0.0
@@ -72,11 +68,6 @@ class DPConfig:
     weighting: str = "uniform"
     weight_cap: float = 256.0
     adaptive: AdaptiveClipping | None = None
-    bands: int = 0
-    min_separation: int = 0
-    blt_buffers: int = 4
-    mf_rounds: int = 0
-    blt_params: tuple | None = None
 
     def __post_init__(self):
         if self.mechanism not in MECHANISMS:
@@ -92,18 +83,45 @@ class DPConfig:
             raise ValueError(f"noise_cohort_size must be >= 1, got {self.noise_cohort_size}")
         if self.weight_cap <= 0:
             raise ValueError("weight_cap must be > 0")
-        if self.blt_params is not None:  # hashable, JSON-able: (theta tuple, omega tuple)
-            object.__setattr__(self, "blt_params", tuple(tuple(map(float, v)) for v in self.blt_params))
-        if self.mechanism in MATRIX_MECHANISMS:
-            if self.min_separation < max(1, self.bands if self.mechanism == "banded" else 1):
-                raise ValueError(f"{self.mechanism} needs min_separation >= "
-                                 f"{max(1, self.bands)}, got {self.min_separation}")
-            matrix.strategy_for(self.mechanism, self.bands, self.blt_buffers, self.mf_rounds,
-                                self.blt_params)
+        if (self.mechanism in MATRIX_MECHANISMS) != isinstance(self, MatrixDPConfig):
+            raise ValueError(f"mechanism {self.mechanism!r} needs a "
+                             f"{'MatrixDPConfig' if self.mechanism in MATRIX_MECHANISMS else 'DPConfig'}")
 
     @property
     def is_private(self) -> bool:
         return self.noise_multiplier > 0 and (math.isfinite(self.clip_norm) or self.adaptive is not None)
+
+
+@dataclasses.dataclass(frozen=True)
+class MatrixDPConfig(DPConfig):
+    """``DPConfig`` of matrix-factorization DP-FTRL (``fedpriv.dp.matrix``; a subclass, so the
+    fingerprints of plain ``DPConfig`` runs are unchanged).
+
+    Attributes (besides ``DPConfig``'s; z = std of Z in ``C x + Z`` over the clip norm):
+      mechanism: "banded" (``bands`` bands, BSR) or "blt" (``blt_buffers`` buffers fitted for
+        ``mf_rounds`` rounds, or ``blt_params = (theta, omega)``, e.g. from
+        ``matrix.optimize_blt``).
+      min_separation: the accounting assumes users participate at least this many rounds
+        apart (>= bands for "banded"); the sampler must guarantee it
+        (``fedpriv.fl.participation``), else ``privacy_event`` raises.
+    """
+    mechanism: str = "banded"
+    bands: int = 0
+    min_separation: int = 0
+    blt_buffers: int = 4
+    mf_rounds: int = 0
+    blt_params: tuple | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.blt_params is not None:  # hashable, JSON-able: (theta tuple, omega tuple)
+            object.__setattr__(self, "blt_params", tuple(tuple(map(float, v)) for v in self.blt_params))
+        need = max(1, self.bands) if self.mechanism == "banded" else 1
+        if self.min_separation < need:
+            raise ValueError(f"{self.mechanism} needs min_separation >= {need}, got "
+                             f"{self.min_separation}")
+        matrix.strategy_for(self.mechanism, self.bands, self.blt_buffers, self.mf_rounds,
+                            self.blt_params)
 
 
 @struct.dataclass

@@ -156,13 +156,13 @@ def test_square_root_factorization_respects_the_published_gamma2_lower_bound(n):
 
 
 def test_optimized_blt_lowers_the_variance_at_equal_epsilon_and_is_accepted_by_dpconfig():
-    from fedpriv.fl.algorithms import DPConfig, privacy_event
+    from fedpriv.fl.algorithms import MatrixDPConfig, privacy_event
     from fedpriv.fl.participation import CyclicSampler
     n, b = 256, 32
     fitted, opt = M.blt_strategy(n, 3), M.optimize_blt(n, 3, b, steps=150)
     assert M.variance_ratio_to_tree(opt, n, b)["mean"] < 0.9 * M.variance_ratio_to_tree(fitted, n, b)["mean"]
     assert M.optimize_blt(n, 3, b, steps=150) == opt  # deterministic
-    dp = DPConfig(clip_norm=1.0, noise_multiplier=3.0, mechanism="blt", min_separation=b,
+    dp = MatrixDPConfig(clip_norm=1.0, noise_multiplier=3.0, mechanism="blt", min_separation=b,
                   blt_params=[list(opt.theta), list(opt.omega)])
     ev = privacy_event(dp, CyclicSampler(b * 4, 4), n)
     assert ev.noise_multiplier == pytest.approx(3.0 / opt.sensitivity(n, b))

@@ -1,5 +1,7 @@
 """Matrix-factorization DP-FTRL in the engine: CyclicSampler, fail-closed accounting, the
 ledger-charged train loop and its bit-identical resume."""
+import dataclasses
+
 import dp_accounting as dpa
 import jax
 import numpy as np
@@ -9,7 +11,8 @@ import pytest
 from fedpriv.dp import matrix as M
 from fedpriv.dp.adaptive import AdaptiveClipping
 from fedpriv.dp.ledger import PrivacyLedger, event_to_json
-from fedpriv.fl.algorithms import DPConfig, build_algorithm, privacy_event, server_optimizer
+from fedpriv.fl.algorithms import (DPConfig, MatrixDPConfig, build_algorithm, privacy_event,
+                                   server_optimizer)
 from fedpriv.fl.loop import train
 from fedpriv.fl.participation import CyclicSampler
 from fedpriv.fl.samplers import PoissonSampler, ShuffledPassSampler, UniformSampler
@@ -22,7 +25,7 @@ def _dp(mechanism, z=1.0, **kw):
     base = dict(banded=dict(bands=3, min_separation=6), blt=dict(blt_buffers=3, mf_rounds=12,
                                                                  min_separation=6))[mechanism]
     base.update(kw)
-    return DPConfig(clip_norm=0.5, noise_multiplier=z, mechanism=mechanism, **base)
+    return MatrixDPConfig(clip_norm=0.5, noise_multiplier=z, mechanism=mechanism, **base)
 
 
 def test_cyclic_sampler_guarantees_its_min_separation():
@@ -62,11 +65,22 @@ def test_a_sampler_without_the_min_separation_is_refused(sampler):
         privacy_event(_dp("banded"), sampler, 12)
 
 
+def test_matrix_mechanisms_need_a_matrix_config_and_plain_fingerprints_are_unchanged():
+    with pytest.raises(ValueError, match="needs a MatrixDPConfig"):
+        DPConfig(clip_norm=0.5, noise_multiplier=1.0, mechanism="banded")
+    with pytest.raises(ValueError, match="needs a DPConfig"):
+        MatrixDPConfig(clip_norm=0.5, noise_multiplier=1.0, mechanism="tree", min_separation=1)
+    # resumes of runs recorded before matrix mechanisms existed still match their fingerprint
+    assert [f.name for f in dataclasses.fields(DPConfig)] == [
+        "clip_norm", "noise_multiplier", "mechanism", "restart_every", "noise_cohort_size",
+        "weighting", "weight_cap", "adaptive"]
+
+
 def test_a_banded_config_needs_min_separation_at_least_its_bands():
     with pytest.raises(ValueError, match="min_separation >= 3"):
-        DPConfig(clip_norm=0.5, noise_multiplier=1.0, mechanism="banded", bands=3, min_separation=2)
+        MatrixDPConfig(clip_norm=0.5, noise_multiplier=1.0, mechanism="banded", bands=3, min_separation=2)
     with pytest.raises(ValueError, match="mf_rounds"):
-        DPConfig(clip_norm=0.5, noise_multiplier=1.0, mechanism="blt", min_separation=2)
+        MatrixDPConfig(clip_norm=0.5, noise_multiplier=1.0, mechanism="blt", min_separation=2)
 
 
 @pytest.mark.parametrize("mechanism", ["banded", "blt"])
