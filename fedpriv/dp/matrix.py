@@ -7,7 +7,7 @@ noise the model sees per round is the *increment* ``x_t + (C^{-1} Z)_t`` (so tha
 increments gives exactly FTRL on the noisy prefix sums, as for the tree in ``noise.py``).
 Privacy is that of one Gaussian mechanism on ``C x``: multiplier ``sigma / sens(C)`` with
 ``sens(C) = max_{u in participation patterns} ||C u||_2`` (Denisov et al. 2022; Choquette-Choo
-et al. 2023, "Multi-epoch matrix factorization", Eq. (5)). The tree is the special case
+et al. 2023, "Multi-epoch matrix factorization mechanisms for private machine learning"). The tree is the special case
 ``C`` = binary-tree matrix (``tree_matrix``), sens = sqrt(depth) in one epoch.
 
 Strategies (both Toeplitz, lower triangular, ``c_0 > 0``):
@@ -25,7 +25,9 @@ Strategies (both Toeplitz, lower triangular, ``c_0 > 0``):
   ``c_0 = 1``, ``c_k = sum_i theta_i omega_i^{k-1}`` (k >= 1) with ``buffers`` terms. Here
   ``(theta, omega)`` are fitted (non-negative least squares on a log-spaced grid of decays) to
   ``A^{1/2}``'s coefficients for the planned ``rounds`` — a BLT approximation of the
-  square-root factorization, not McMahan et al.'s optimised parameters. Streaming:
+  square-root factorization — or optimised for a participation pattern by ``optimize_blt``
+  (gradient descent on the parameters, as McMahan et al. do; a surrogate objective, see
+  there). Streaming:
   ``w_t = sigma Z_t - sum_i theta_i s_i``; ``s_i <- omega_i s_i + w_t`` (``buffers`` buffers).
   Sensitivity under b-min-separation: the upper bound of Choquette-Choo et al. 2023 (Alg. 4,
   on the Gram ``C^T C`` of the run's ``rounds``), exact for a b-banded ``C``.
