@@ -8,7 +8,9 @@ Composes with optax::
     tx = optax.chain(dp.tree_privatizer(z * C, key, restart_every=R), optax.scale(-1 / m),
                      optax.sgd(lr))       # DP-FTRL's noise on a sum of clipped updates
 
-``fedpriv.fl`` builds its rounds from these objects; ``docs/privacy.md`` lists every release
+Matrix-factorization DP-FTRL (``dp.banded_privatizer`` / ``dp.blt_privatizer``, ``dp.matrix``)
+and the distributed discrete Gaussian under simulated secure aggregation (``dp.ddg``) sit
+beside them. ``fedpriv.fl`` builds its rounds from these objects; ``docs/privacy.md`` lists every release
 and how it is accounted.
 """
 from fedpriv.dp.accounting import (MAX_ROUNDS, NEIGHBORING, CalibrationError, RoundRelease,
@@ -24,6 +26,11 @@ from fedpriv.dp.geometric import (geometric_dp_event, geometric_epsilon, geometr
 from fedpriv.dp.keys import numpy_generator, tagged_key
 from fedpriv.dp.ledger import (LedgerEntry, PrivacyBudgetExceeded, PrivacyLedger, event_from_json,
                                event_to_json)
+from fedpriv.dp.ddg import DDGConfig, DDGRound, ddg_epsilon, ddg_rdp, ddg_round
+from fedpriv.dp.matrix import (BandedStrategy, BLTStrategy, MatrixNoiseState,
+                               MinSeparationError, banded_privatizer, banded_strategy,
+                               blt_privatizer, blt_strategy, gram_sensitivity, matrix_event,
+                               optimize_blt, variance_ratio_to_tree)
 from fedpriv.dp.noise import (NoiseMechanism, NoiseState, distributed_noise_share,
                               gaussian_mechanism, gaussian_privatizer, tree_mechanism,
                               tree_privatizer)
@@ -38,5 +45,8 @@ __all__ = [
     "geometric_noise", "numpy_generator", "tagged_key", "LedgerEntry", "PrivacyBudgetExceeded",
     "PrivacyLedger", "event_from_json", "event_to_json", "NoiseMechanism", "NoiseState",
     "distributed_noise_share", "gaussian_mechanism", "gaussian_privatizer", "tree_mechanism",
-    "tree_privatizer",
+    "tree_privatizer", "BandedStrategy", "BLTStrategy", "MatrixNoiseState", "MinSeparationError",
+    "banded_privatizer", "banded_strategy", "blt_privatizer", "blt_strategy", "gram_sensitivity",
+    "matrix_event", "optimize_blt", "variance_ratio_to_tree", "DDGConfig", "DDGRound",
+    "ddg_epsilon", "ddg_rdp", "ddg_round",
 ]

@@ -10,8 +10,8 @@ atomic resumable checkpoints) and the stage mechanism for multi-stage private pi
                    seed=0, ledger=PrivacyLedger(8.0, 1e-6), workdir="runs/x")
 """
 from fedpriv.fl.aggregate import WEIGHTINGS, client_mesh, client_weight, packed_sum
-from fedpriv.fl.algorithms import (MECHANISMS, DPConfig, FederatedAlgorithm, ServerState,
-                                   build_algorithm, dp_fedavg, dp_ftrl, neighboring_for,
+from fedpriv.fl.algorithms import (MECHANISMS, DPConfig, FederatedAlgorithm, MatrixDPConfig,
+                                   ServerState, build_algorithm, dp_fedavg, dp_ftrl, neighboring_for,
                                    privacy_event, server_optimizer)
 from fedpriv.fl.checkpoint import Checkpointer, CheckpointError, ResumeMismatch
 from fedpriv.fl.client import make_local_step
@@ -20,6 +20,7 @@ from fedpriv.fl.execution import CohortExecutor, balanced_lanes, default_lanes, 
 from fedpriv.fl.loop import (DP_COVERED_METRICS, METRICS, NONPRIVATE, OUTPUTS, TRAINING_FIELDS,
                              PrivacyAccountingError, RunCheckpoint, TrainResult, checkpoint_round,
                              fork_run, load_run, read_metrics, replace_params, train)
+from fedpriv.fl.participation import CyclicSampler, matrix_privacy_event
 from fedpriv.fl.samplers import PoissonSampler, ShuffledPassSampler, UniformSampler
 from fedpriv.fl.stages import PipelineResult, Stage, StageContext, run_stages
 
@@ -33,5 +34,5 @@ __all__ = [
     "PrivacyAccountingError", "RunCheckpoint", "TrainResult", "checkpoint_round", "fork_run",
     "load_run", "read_metrics", "replace_params", "train", "PoissonSampler",
     "ShuffledPassSampler", "UniformSampler", "PipelineResult", "Stage", "StageContext",
-    "run_stages",
+    "run_stages", "CyclicSampler", "matrix_privacy_event", "MatrixDPConfig",
 ]

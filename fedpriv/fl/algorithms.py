@@ -31,14 +31,16 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from fedpriv.dp import accounting
+from fedpriv.dp import accounting, matrix
 from fedpriv.dp.adaptive import AdaptiveClipping, ClipState
 from fedpriv.dp.noise import NoiseState, tree_privatizer
 from fedpriv.fl.aggregate import WEIGHTINGS, packed_sum
 from fedpriv.fl.client import make_local_step
 from fedpriv.fl.cohort import Lanes, pack_padded
+from fedpriv.fl.participation import matrix_privacy_event
 
-MECHANISMS = ("gaussian", "tree")
+MECHANISMS = ("gaussian", "tree", "banded", "blt")
+MATRIX_MECHANISMS = ("banded", "blt")  # matrix-factorization DP-FTRL (fedpriv.dp.matrix)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +57,8 @@ class DPConfig:
         must say so.
       weighting: "uniform" or "num_examples" (w_i = min(n_i, weight_cap) / weight_cap).
       adaptive: quantile-based adaptive clipping, or None for a fixed C.
+
+    "banded" and "blt" (matrix-factorization DP-FTRL) take a ``MatrixDPConfig``.
     """
     clip_norm: float = math.inf
     noise_multiplier: float = 0.0
@@ -79,10 +83,45 @@ class DPConfig:
             raise ValueError(f"noise_cohort_size must be >= 1, got {self.noise_cohort_size}")
         if self.weight_cap <= 0:
             raise ValueError("weight_cap must be > 0")
+        if (self.mechanism in MATRIX_MECHANISMS) != isinstance(self, MatrixDPConfig):
+            raise ValueError(f"mechanism {self.mechanism!r} needs a "
+                             f"{'MatrixDPConfig' if self.mechanism in MATRIX_MECHANISMS else 'DPConfig'}")
 
     @property
     def is_private(self) -> bool:
         return self.noise_multiplier > 0 and (math.isfinite(self.clip_norm) or self.adaptive is not None)
+
+
+@dataclasses.dataclass(frozen=True)
+class MatrixDPConfig(DPConfig):
+    """``DPConfig`` of matrix-factorization DP-FTRL (``fedpriv.dp.matrix``; a subclass, so the
+    fingerprints of plain ``DPConfig`` runs are unchanged).
+
+    Attributes (besides ``DPConfig``'s; z = std of Z in ``C x + Z`` over the clip norm):
+      mechanism: "banded" (``bands`` bands, BSR) or "blt" (``blt_buffers`` buffers fitted for
+        ``mf_rounds`` rounds, or ``blt_params = (theta, omega)``, e.g. from
+        ``matrix.optimize_blt``).
+      min_separation: the accounting assumes users participate at least this many rounds
+        apart (>= bands for "banded"); the sampler must guarantee it
+        (``fedpriv.fl.participation``), else ``privacy_event`` raises.
+    """
+    mechanism: str = "banded"
+    bands: int = 0
+    min_separation: int = 0
+    blt_buffers: int = 4
+    mf_rounds: int = 0
+    blt_params: tuple | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.blt_params is not None:  # hashable, JSON-able: (theta tuple, omega tuple)
+            object.__setattr__(self, "blt_params", tuple(tuple(map(float, v)) for v in self.blt_params))
+        need = max(1, self.bands) if self.mechanism == "banded" else 1
+        if self.min_separation < need:
+            raise ValueError(f"{self.mechanism} needs min_separation >= {need}, got "
+                             f"{self.min_separation}")
+        matrix.strategy_for(self.mechanism, self.bands, self.blt_buffers, self.mf_rounds,
+                            self.blt_params)
 
 
 @struct.dataclass
@@ -134,6 +173,10 @@ def build_algorithm(loss_fn: Callable, client_optimizer: optax.GradientTransform
     restart = dp.restart_every if dp.mechanism == "tree" else 1
     # the noise on the normalised sum (sensitivity 1): fedpriv.dp's optax privatizer itself
     privatizer = lambda key=None: tree_privatizer(dp.noise_multiplier * scale, key, restart)  # noqa: E731
+    if dp.mechanism in MATRIX_MECHANISMS:
+        strategy = matrix.strategy_for(dp.mechanism, dp.bands, dp.blt_buffers, dp.mf_rounds,
+                                       dp.blt_params)
+        privatizer = lambda key=None: matrix.privatizer(strategy, dp.noise_multiplier * scale, key)  # noqa: E731
     noise = privatizer()  # update-only: the key lives in ServerState.noise_state
     adaptive = dp.adaptive
     normalise = math.isfinite(dp.clip_norm) or adaptive is not None
@@ -231,6 +274,8 @@ def privacy_event(dp: DPConfig, sampler, rounds: int, simulated: bool = True) ->
     Poisson -> ``PoissonSampled(q, Composed([G(z), G(2 sigma_b)]))`` per round, one subsampled
     mechanism; fixed-size -> its without-replacement analogue (replace-one); shuffled passes ->
     one tree and one count per epoch. A sampler without ``amplified_event`` is refused.
+    Matrix mechanisms ("banded", "blt"): ``participation.matrix_privacy_event`` — a Gaussian
+    at ``z / sens`` under the sampler's guaranteed min-separation, or ``MinSeparationError``.
 
     Returns a ``NonPrivateDpEvent`` for a non-private configuration, including adaptive
     clipping with a noise-free count (the ledger refuses it).
@@ -245,11 +290,14 @@ def privacy_event(dp: DPConfig, sampler, rounds: int, simulated: bool = True) ->
     z = float(dp.noise_multiplier)
     if dp.noise_cohort_size is not None and not simulated:
         z = z * sampler.expected_cohort_size / dp.noise_cohort_size
-    fresh = [] if dp.mechanism == "tree" else [dpa.GaussianDpEvent(z)]
+    fresh = [] if dp.mechanism in ("tree", *MATRIX_MECHANISMS) else [dpa.GaussianDpEvent(z)]
     if dp.adaptive is not None:
         if not dp.adaptive.count_stddev > 0:
             return dpa.NonPrivateDpEvent()  # the exact clip count is released
         fresh.append(dpa.GaussianDpEvent(float(dp.adaptive.count_noise_multiplier)))
+    if dp.mechanism in MATRIX_MECHANISMS:  # refuses a sampler without the min-separation
+        return matrix_privacy_event(dp, sampler, rounds, z, None if not fresh else
+                                    fresh[0] if len(fresh) == 1 else dpa.ComposedDpEvent(fresh))
     release = accounting.RoundRelease(
         fresh=None if not fresh else fresh[0] if len(fresh) == 1 else dpa.ComposedDpEvent(fresh),
         tree_noise_multiplier=z if dp.mechanism == "tree" else None,

@@ -1,0 +1,128 @@
+"""Distributed discrete Gaussian under simulated secure aggregation (fedpriv.dp.ddg)."""
+import dataclasses
+
+import dp_accounting as dpa
+import numpy as np
+import pytest
+
+from fedpriv.dp import accounting, ddg
+
+
+def _updates(n, d, seed=0, scale=0.1):
+    return np.random.default_rng(seed).normal(size=(n, d)) * scale
+
+
+def test_discrete_gaussian_sampler_has_the_discrete_gaussians_variance():
+    rng = np.random.default_rng(0)
+    for sigma in (0.8, 4.0, 60.0):
+        v = ddg.discrete_gaussian(rng, sigma, 400_000)
+        assert v.dtype == np.int64 and abs(v.mean()) < 5 * sigma / 600
+        assert v.var() == pytest.approx(ddg.discrete_gaussian_variance(sigma), rel=0.015)
+    assert ddg.discrete_gaussian_variance(4.0) == pytest.approx(16.0, rel=1e-9)
+
+
+@pytest.mark.parametrize("bits,n", [(8, 10), (12, 30), (16, 30), (20, 30)])
+def test_the_sum_modulo_2_to_the_bits_decodes_exactly_at_the_chosen_scale(bits, n):
+    cfg = ddg.DDGConfig(dim=300, num_clients=n, clip=1.0, noise_multiplier=0.05, bits=bits)
+    x = _updates(n, 300, seed=bits, scale=1.0)
+    x[:] = x[0]  # all clients aligned (and little noise): the worst case for wrapping
+    r = ddg.ddg_round(cfg, x, seed=1)
+    assert not r.overflowed and np.array_equal(r.modular_sum, r.integer_sum)
+    assert np.abs(r.integer_sum).max() < cfg.modulus // 2
+
+
+def test_a_too_fine_scale_wraps_and_is_detected():
+    class TooFine(ddg.DDGConfig):
+        gamma = property(lambda self: ddg.DDGConfig.gamma.fget(self) / 10)
+
+    cfg = TooFine(dim=512, num_clients=30, clip=1.0, noise_multiplier=1.0, bits=12)
+    x = np.tile(_updates(1, 512, seed=3, scale=1.0), (30, 1))
+    r = ddg.ddg_round(cfg, x, seed=1)
+    assert r.overflowed
+    err = np.square(r.decoded - r.clipped_sum).sum()
+    assert err > 2 * ddg.expected_error_variance(cfg, r)  # wrapped coordinates: not the noise
+
+
+@pytest.mark.parametrize("bits", [8, 12, 16])
+def test_decoded_error_matches_rounding_plus_noise_variance(bits):
+    n, d = 20, 4096  # d = D: nothing hidden in the padding
+    z = 0.1 if bits == 8 else 0.8  # 8 bits, little noise: rounding is ~1/4 of the error
+    cfg = ddg.DDGConfig(dim=d, num_clients=n, clip=1.0, noise_multiplier=z, bits=bits)
+    err, pred, rounding = 0.0, 0.0, 0.0
+    for seed in range(3):
+        r = ddg.ddg_round(cfg, _updates(n, d, seed), seed=seed)
+        err += float(np.square(r.decoded - r.clipped_sum).sum())
+        pred += ddg.expected_error_variance(cfg, r)
+        rounding += cfg.gamma ** 2 * r.rounding_variance
+    assert err == pytest.approx(pred, rel=0.05)
+    if bits == 8:  # coarse: the rounding term is large, and needed to match
+        assert rounding > 0.15 * pred and err != pytest.approx(pred - rounding, rel=0.05)
+    # and that prediction is the noise of the planned sum plus the rounding (not just noise)
+    assert pred / 3 > d * cfg.sum_std ** 2 * 0.97
+
+
+def test_dropout_noise_and_accounting_use_the_survivors_only():
+    n, d = 40, 2048
+    cfg = ddg.DDGConfig(dim=d, num_clients=n, clip=1.0, noise_multiplier=1.0, bits=16,
+                        dropout_rate=0.25)
+    assert cfg.planned_survivors == 30
+    alive = np.zeros(n, bool)
+    alive[:24] = True  # more dropped than planned
+    x = _updates(n, d, scale=0.01)  # norms ~0.45 < clip: the sums are of the raw updates
+    err, pred = 0.0, 0.0
+    for seed in range(3):
+        r = ddg.ddg_round(cfg, x, seed=seed, survivors=alive)
+        assert r.num_survivors == 24
+        np.testing.assert_allclose(r.clipped_sum, x[:24].sum(0))  # the dropped are not summed
+        err += float(np.square(r.decoded - r.clipped_sum).sum())
+        pred += ddg.expected_error_variance(cfg, r)
+    assert err == pytest.approx(pred, rel=0.05)
+    # 24 survivors' shares carry 24/30 of the planned noise variance
+    noise = 24 * d * ddg.discrete_gaussian_variance(cfg.local_sigma) * cfg.gamma ** 2
+    assert noise == pytest.approx(0.8 * d * cfg.sum_std ** 2, rel=1e-3)
+    eps = {k: ddg.ddg_epsilon(cfg, k, 1e-5) for k in (40, 30, 24)}
+    assert eps[40] < eps[30] < eps[24]
+    assert eps[24] == pytest.approx(eps[30] * np.sqrt(30 / 24), rel=0.15)  # ~ 1/sqrt(survivors)
+    with pytest.raises(ValueError, match="survivors"):
+        ddg.ddg_rdp(cfg, 41)
+
+
+def test_accounting_tends_to_the_gaussian_at_its_rounding_inflated_sensitivity():
+    # at 20 bits the discrete Gaussians are wide (tau ~ 0): the paper's bound equals a
+    # Gaussian with multiplier sqrt(n) sigma / Delta_2 — above the continuous Gaussian's eps
+    cfg = ddg.DDGConfig(dim=1000, num_clients=50, clip=1.0, noise_multiplier=1.0, bits=20)
+    z_eff = np.sqrt(50) * cfg.local_sigma / cfg.l2_bound
+    gauss = accounting.compute_epsilon(dpa.GaussianDpEvent(float(z_eff)), 1e-5, accountant="rdp")[0]
+    assert ddg.ddg_epsilon(cfg, 50, 1e-5) == pytest.approx(gauss, rel=0.02)
+    plain = accounting.compute_epsilon(dpa.GaussianDpEvent(1.0), 1e-5, accountant="rdp")[0]
+    assert ddg.ddg_epsilon(cfg, 50, 1e-5) > plain
+    # at 8 bits the shares are too narrow: the bound degrades sharply (the tau term)
+    small = dataclasses.replace(cfg, bits=8)
+    assert ddg.ddg_epsilon(small, 50, 1e-5) > 10 * ddg.ddg_epsilon(cfg, 50, 1e-5)
+
+
+def _err(cfg, x, seed):
+    r = ddg.ddg_round(cfg, x, seed=seed)
+    return float(np.square(r.decoded - r.clipped_sum).sum())
+
+
+def test_bit_width_vs_utility_on_a_small_synthetic_task():
+    # mean estimation of 50 clients' vectors (d = 1000): error / continuous-Gaussian error
+    n, d = 50, 1000
+    x = _updates(n, d, seed=5)
+    ratio = {}
+    for bits in (8, 12, 16, 20):
+        cfg = ddg.DDGConfig(dim=d, num_clients=n, clip=1.0, noise_multiplier=1.0, bits=bits)
+        errs = [_err(cfg, x, s) for s in range(3)]
+        ratio[bits] = float(np.mean(errs) / (d * cfg.sum_std ** 2))
+    assert ratio[8] > 1.1 and ratio[16] == pytest.approx(1.0, abs=0.06)
+    assert ratio[20] == pytest.approx(1.0, abs=0.06) and ratio[8] > ratio[20]
+
+
+def test_bad_configs_are_refused():
+    with pytest.raises(ValueError, match="bits"):
+        ddg.DDGConfig(dim=10, num_clients=200, clip=1.0, noise_multiplier=1.0, bits=8)
+    with pytest.raises(ValueError, match="dropout"):
+        ddg.DDGConfig(dim=10, num_clients=5, clip=1.0, noise_multiplier=1.0, bits=16, dropout_rate=1.0)
+    with pytest.raises(ValueError, match="updates"):
+        ddg.ddg_round(ddg.DDGConfig(10, 5, 1.0, 1.0, 16), np.zeros((4, 10)), seed=0)
