@@ -83,6 +83,18 @@ class ArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {' '.join(message.split())} (see --help)\n")
 
 
+def config_and_workdir(argv, doc: str, name: str, workdir: str | None = None):
+    """Every experiment's command line: ``--config configs/<name>.py:<scale>[,field=value...]``
+    (default scale ``small``) and ``--workdir`` (default ``runs/<name>``). Returns
+    ``(config, workdir, config spec)``; usage errors are one line (exit 2)."""
+    ap = ArgumentParser(description=doc.strip().splitlines()[0])
+    ap.add_argument("--config", default=f"configs/{name}.py:small",
+                    help="path.py:scale[,field=value,...] (scales: smoke, small, paper)")
+    ap.add_argument("--workdir", default=workdir or f"runs/{name}")
+    args = ap.parse_args(argv)
+    return load_config(args.config), args.workdir, args.config
+
+
 def _typed(kind, check, what):
     def parse(text: str):
         try:

@@ -14,14 +14,10 @@ from fedpriv.recipes import lm
 
 
 def main(argv=None):
-    ap = common.ArgumentParser(description="fedpriv demo: DP-FTRL LSTM on chitchat")
-    ap.add_argument("--config", default="configs/demo.py:small")
-    ap.add_argument("--workdir", default="runs/demo")
-    args = ap.parse_args(argv)
-    cfg = common.load_config(args.config)
+    cfg, workdir, _ = common.config_and_workdir(argv, "fedpriv demo: DP-FTRL LSTM on chitchat", "demo")
     print(f"fedpriv demo: {cfg.algorithm} on {cfg.corpus} ({cfg.arch}, vocab {cfg.vocab_size}, "
-          f"{cfg.rounds} rounds x {cfg.cohort_size} clients), work directory {args.workdir}")
-    s = lm.run_lm_fl(cfg, args.workdir)
+          f"{cfg.rounds} rounds x {cfg.cohort_size} clients), work directory {workdir}")
+    s = lm.run_lm_fl(cfg, workdir)
     d = s["data"]
     print(f"data: {d['train_clients']} training users ({d['train_examples']} messages, "
           f"{d['train_tokens']} tokens); {d['val_clients']} validation users")
@@ -30,7 +26,7 @@ def main(argv=None):
     if s["epsilon"] is not None:
         print(f"privacy: epsilon = {s['epsilon']:.3f} at delta = {s['delta']:g}, user-level "
               f"[{s['noise_note']}]")
-    print(f"wall clock {s['wall_clock_s']:.0f} s; results in {args.workdir}/summary.md, "
+    print(f"wall clock {s['wall_clock_s']:.0f} s; results in {workdir}/summary.md, "
           f"metrics.jsonl, learning_curve.png")
 
 

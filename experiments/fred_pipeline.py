@@ -47,13 +47,9 @@ def run(cfg, workdir: str, progress: bool = True) -> dict:
 
 
 def main(argv=None):
-    ap = common.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default="configs/fred_pipeline.py:small")
-    ap.add_argument("--workdir", default="runs/fred_pipeline")
-    args = ap.parse_args(argv)
-    cfg = common.load_config(args.config)
-    run(cfg, args.workdir)
-    print(open(os.path.join(args.workdir, "fred_pipeline.md")).read())
+    cfg, workdir, _ = common.config_and_workdir(argv, __doc__, "fred_pipeline")
+    run(cfg, workdir)
+    print(open(os.path.join(workdir, "fred_pipeline.md")).read())
 
 
 if __name__ == "__main__":

@@ -84,12 +84,8 @@ def run(cfg, workdir: str, progress: bool = True) -> dict:
 
 
 def main(argv=None):
-    ap = common.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--config", default="configs/fred_table.py:small")
-    ap.add_argument("--workdir", default="runs/fred_table")
-    args = ap.parse_args(argv)
-    cfg = common.load_config(args.config)
-    print(run(cfg, args.workdir)["markdown"])
+    cfg, workdir, _ = common.config_and_workdir(argv, __doc__, "fred_table")
+    print(run(cfg, workdir)["markdown"])
 
 
 if __name__ == "__main__":

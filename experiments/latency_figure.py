@@ -102,27 +102,23 @@ def _plot(cfg, path: str, curves: list[dict], mc: list[dict]) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = common.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default="configs/latency_figure.py:small")
-    parser.add_argument("--workdir", default="runs/latency")
-    args = parser.parse_args(argv)
-    cfg = common.load_config(args.config)
+    cfg, workdir, spec = common.config_and_workdir(argv, __doc__, "latency_figure", "runs/latency")
     start = time.time()
-    os.makedirs(args.workdir, exist_ok=True)
+    os.makedirs(workdir, exist_ok=True)
     rng = np.random.default_rng(cfg.seed)
     table = latency.compare_latency(cfg.table_cases, rng, cfg.trials)
     curves = figure_curves(cfg)
     mc = figure_monte_carlo(cfg, rng)
-    _plot(cfg, os.path.join(args.workdir, "latency.png"), curves, mc)
-    command = (f".venv/bin/python -m experiments.latency_figure --config {args.config} "
-               f"--workdir {args.workdir}")
+    _plot(cfg, os.path.join(workdir, "latency.png"), curves, mc)
+    command = (f".venv/bin/python -m experiments.latency_figure --config {spec} "
+               f"--workdir {workdir}")
     notes = NOTES + [f"Regenerate: `{command}` ({time.time() - start:.1f} s)."]
     title = "Prop. 3.1 latency: Monte Carlo vs exact vs bounds (Koga et al. 2023)"
-    common.write_table(table, args.workdir, "latency", title=title, notes=notes)
-    common.write_table(curves, args.workdir, "latency_curve", title="Figure 1 (a) curves")
+    common.write_table(table, workdir, "latency", title=title, notes=notes)
+    common.write_table(curves, workdir, "latency_curve", title="Figure 1 (a) curves")
     common.save_json({"table": table, "curves": curves, "monte_carlo": mc,
-                      **common.run_record(cfg, cfg.seed)}, os.path.join(args.workdir, "summary.json"))
-    with open(os.path.join(args.workdir, "latency.md")) as f:
+                      **common.run_record(cfg, cfg.seed)}, os.path.join(workdir, "summary.json"))
+    with open(os.path.join(workdir, "latency.md")) as f:
         print(f.read())
     return {"table": table, "curves": curves, "monte_carlo": mc}
 

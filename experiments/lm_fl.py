@@ -11,15 +11,11 @@ from fedpriv.recipes.lm import run_lm_fl
 
 
 def main(argv=None):
-    ap = common.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default="configs/lm_fl.py:small")
-    ap.add_argument("--workdir", default="runs/lm_fl")
-    args = ap.parse_args(argv)
-    cfg = common.load_config(args.config)
-    s = run_lm_fl(cfg, args.workdir)
+    cfg, workdir, _ = common.config_and_workdir(argv, __doc__, "lm_fl")
+    s = run_lm_fl(cfg, workdir)
     print(f"final: val accuracy {s['val_accuracy']:.4f}, test accuracy {s['test_accuracy']:.4f} "
           f"(most-frequent-token baseline {s['most_frequent_token_val_accuracy']:.4f}); "
-          f"wrote {args.workdir}/summary.md")
+          f"wrote {workdir}/summary.md")
 
 
 if __name__ == "__main__":

@@ -79,15 +79,11 @@ def run(cfg, workdir: str, log: Callable[[str], None] = print) -> dict:
 
 
 def main(argv=None):
-    ap = common.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default="configs/population_expansion.py:small")
-    ap.add_argument("--workdir", default="runs/population_expansion")
-    args = ap.parse_args(argv)
-    cfg = common.load_config(args.config)
-    out = run(cfg, args.workdir)
-    with open(os.path.join(args.workdir, "table.md")) as f:
+    cfg, workdir, _ = common.config_and_workdir(argv, __doc__, "population_expansion")
+    out = run(cfg, workdir)
+    with open(os.path.join(workdir, "table.md")) as f:
         print(f.read())
-    print(f"wall clock {out['wall_clock_s']:.0f}s; wrote {args.workdir}/table.md, table1.png")
+    print(f"wall clock {out['wall_clock_s']:.0f}s; wrote {workdir}/table.md, table1.png")
 
 
 if __name__ == "__main__":

@@ -94,17 +94,13 @@ def notes(cfg) -> list[str]:
 
 
 def main(argv=None):
-    ap = common.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default="configs/privacy_utility.py:small")
-    ap.add_argument("--workdir", default="runs/privacy_utility")
-    args = ap.parse_args(argv)
-    cfg = common.load_config(args.config)
-    rows = run(cfg, args.workdir)
-    common.write_table(rows, args.workdir, "privacy_utility_runs")
-    _, md = common.write_table(aggregate(rows), args.workdir, "privacy_utility",
+    cfg, workdir, _ = common.config_and_workdir(argv, __doc__, "privacy_utility")
+    rows = run(cfg, workdir)
+    common.write_table(rows, workdir, "privacy_utility_runs")
+    _, md = common.write_table(aggregate(rows), workdir, "privacy_utility",
                                title="Privacy-utility (Wang et al. §2)", notes=notes(cfg))
     common.save_json({"rows": rows, **common.run_record(cfg, list(cfg.seeds))},
-                     os.path.join(args.workdir, "summary.json"))
+                     os.path.join(workdir, "summary.json"))
     print(open(md).read())
 
 

@@ -82,14 +82,10 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
 
 
 def main(argv=None):
-    ap = common.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", default="configs/public_training.py:small")
-    ap.add_argument("--workdir", default="runs/public_training")
-    args = ap.parse_args(argv)
-    cfg = common.load_config(args.config)
-    run(cfg, args.workdir)
+    cfg, workdir, _ = common.config_and_workdir(argv, __doc__, "public_training")
+    run(cfg, workdir)
     for name in ("public_training", "source_shares", "teacher_and_corpus"):
-        print(open(os.path.join(args.workdir, f"{name}.md")).read())
+        print(open(os.path.join(workdir, f"{name}.md")).read())
 
 
 if __name__ == "__main__":

@@ -26,22 +26,13 @@ import numpy as np
 
 from fedpriv.dp import accounting
 from fedpriv.dp.matrix import MinSeparationError, matrix_event, strategy_for
+from fedpriv.fl.samplers import FixedCohortSampler
 
 
 @dataclasses.dataclass(frozen=True)
-class CyclicSampler:
+class CyclicSampler(FixedCohortSampler):
     """Fixed groups of ``cohort_size`` served cyclically: min-separation ``num_clients //
     cohort_size`` (the number of groups)."""
-    num_clients: int
-    cohort_size: int
-    seed: int = 0
-
-    def __post_init__(self):
-        if self.num_clients < 1:
-            raise ValueError(f"the population is empty (num_clients={self.num_clients})")
-        if not 1 <= self.cohort_size <= self.num_clients:
-            raise ValueError(f"cohort size {self.cohort_size} must be in [1, population="
-                             f"{self.num_clients}]")
 
     @property
     def min_separation(self) -> int:
@@ -52,14 +43,6 @@ class CyclicSampler:
 
     def max_participations(self, rounds: int) -> int:
         return -(-accounting.check_rounds(rounds) // self.min_separation)
-
-    @property
-    def max_cohort_size(self) -> int:
-        return self.cohort_size
-
-    @property
-    def expected_cohort_size(self) -> float:
-        return float(self.cohort_size)
 
     @property
     def neighboring(self) -> str:

@@ -61,7 +61,8 @@ def _check(num_clients, cohort_size=None):
 
 
 @dataclasses.dataclass(frozen=True)
-class UniformSampler:
+class FixedCohortSampler:
+    """Base of the samplers that draw exactly ``cohort_size`` of ``num_clients`` every round."""
     num_clients: int
     cohort_size: int
     seed: int = 0
@@ -77,6 +78,9 @@ class UniformSampler:
     def expected_cohort_size(self) -> float:
         return float(self.cohort_size)
 
+
+@dataclasses.dataclass(frozen=True)
+class UniformSampler(FixedCohortSampler):
     def sample(self, round_idx: int) -> np.ndarray:
         return np.sort(_rng(self.seed, 0, round_idx).choice(self.num_clients, self.cohort_size, replace=False))
 
@@ -131,25 +135,11 @@ class PoissonSampler:
 
 
 @dataclasses.dataclass(frozen=True)
-class ShuffledPassSampler:
-    num_clients: int
-    cohort_size: int
-    seed: int = 0
-
-    def __post_init__(self):
-        _check(self.num_clients, self.cohort_size)
+class ShuffledPassSampler(FixedCohortSampler):
 
     @property
     def rounds_per_epoch(self) -> int:
         return self.num_clients // self.cohort_size
-
-    @property
-    def max_cohort_size(self) -> int:
-        return self.cohort_size
-
-    @property
-    def expected_cohort_size(self) -> float:
-        return float(self.cohort_size)
 
     def epoch_of(self, round_idx: int) -> int:
         return round_idx // self.rounds_per_epoch
