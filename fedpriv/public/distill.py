@@ -1,6 +1,9 @@
 """Top-k distillation from the public teacher LLM (Wang et al. 2023, §4.1 and App. B.3).
 
-Three pieces:
+Three pieces, kept in one module (~560 lines) on purpose: the corpus format, the vocabulary
+restriction that maps it onto a student's vocabulary and the KD loss that consumes it are one
+data contract (array names, renormalisation over the kept ids, the special ids), and every
+change to one touches the others.
 
 **(a) The distillation corpus** (§4.1, "Building a distillation corpus"). For every public
 sequence the teacher's top-k next-token logits z_T are computed once, at every position, and
