@@ -1,6 +1,6 @@
 """Top-k distillation from the public teacher LLM (Wang et al. 2023, §4.1 and App. B.3).
 
-Three pieces, kept in one module (~560 lines) on purpose: the corpus format, the vocabulary
+Three pieces, kept in one module (~580 lines) on purpose: the corpus format, the vocabulary
 restriction that maps it onto a student's vocabulary and the KD loss that consumes it are one
 data contract (array names, renormalisation over the kept ids, the special ids), and every
 change to one touches the others.
@@ -55,6 +55,7 @@ both averaged over non-PAD targets of real examples. App. B.3 uses t=1, k=10 and
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
@@ -224,47 +225,62 @@ def build_topk_corpus(teacher: llama.Teacher, sequences: Sequence[Sequence[int]]
         raise ValueError("every sequence needs >= 2 tokens (BOS and one target)")
     key = corpus_key(teacher, token_ids, lengths, k, logits_dtype)
     final = Path(cache_dir) / f"topk-{key[:16]}"
+    cached = _cached_corpus(final, key)
+    if cached is not None:
+        return cached
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    # one builder per key at a time (processes, e.g. test workers, sharing a cache): the
+    # others wait, then find the finished corpus; an interrupted build resumes its shards
+    with open(Path(cache_dir) / f"topk-{key[:16]}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cached = _cached_corpus(final, key)
+        if cached is not None:
+            return cached
+        partial = Path(cache_dir) / f"topk-{key[:16]}.partial"
+        partial.mkdir(parents=True, exist_ok=True)
+        fn = _topk_fn(teacher, k)
+        shards = []
+        n = len(token_ids)
+        for s, start in enumerate(range(0, n, shard_size)):
+            name = f"shard-{s:05d}.npz"
+            stop = min(start + shard_size, n)
+            shards.append({"file": name, "num_sequences": stop - start})
+            if _shard_matches(partial / name, token_ids[start:stop]):
+                continue  # resumed build: this shard was finished before the interruption
+            seqs = [token_ids[i, :lengths[i]] for i in range(start, stop)]
+            outs = bucketing.map_bucketed(fn, seqs, batch_size=batch_size, buckets=(seq_len + 1,),
+                                          trim=False, progress=progress,
+                                          desc=f"top-{k} shard {s + 1}/{-(-n // shard_size)}")
+            arrays = {name_: np.stack([o[name_] for o in outs]) for name_ in outs[0]}
+            valid = (np.arange(seq_len)[None, :] < (lengths[start:stop, None] - 1))
+            arrays["topk_ids"] = np.where(valid[..., None], arrays["topk_ids"], 0).astype(np.int32)
+            arrays["topk_logits"] = np.where(valid[..., None], arrays["topk_logits"], 0).astype(
+                logits_dtype)
+            arrays["logsumexp"] = np.where(valid, arrays["logsumexp"], 0).astype(np.float32)
+            tmp = partial / (name + ".tmp.npz")
+            (np.savez_compressed if compress else np.savez)(tmp, token_ids=token_ids[start:stop], lengths=lengths[start:stop], **arrays)
+            os.replace(tmp, partial / name)
+        manifest = {
+            "format": FORMAT, "key": key,
+            "teacher": {"sha256": teacher.fingerprint, "file": os.path.basename(teacher.path or ""),
+                        "vocab_size": teacher.config.vocab_size, "bos_id": teacher.bos_id,
+                        "eos_id": teacher.eos_id, "special_ids": list(teacher.special_ids)},
+            "k": int(k), "seq_len": int(seq_len), "temperature": 1.0,
+            "logits_dtype": logits_dtype, "num_sequences": int(n), "shards": shards,
+        }
+        (partial / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        if final.exists():  # a stale or foreign directory under our key
+            shutil.rmtree(final)
+        os.replace(partial, final)
+        return load_topk_corpus(final)
+
+
+def _cached_corpus(final: Path, key: str) -> TopKCorpus | None:
     if (final / MANIFEST).is_file():
         corpus = load_topk_corpus(final)
         if corpus.manifest.get("key") == key:
             return dataclasses.replace(corpus, from_cache=True)
-    partial = Path(cache_dir) / f"topk-{key[:16]}.partial"
-    partial.mkdir(parents=True, exist_ok=True)
-    fn = _topk_fn(teacher, k)
-    shards = []
-    n = len(token_ids)
-    for s, start in enumerate(range(0, n, shard_size)):
-        name = f"shard-{s:05d}.npz"
-        stop = min(start + shard_size, n)
-        shards.append({"file": name, "num_sequences": stop - start})
-        if _shard_matches(partial / name, token_ids[start:stop]):
-            continue  # resumed build: this shard was finished before the interruption
-        seqs = [token_ids[i, :lengths[i]] for i in range(start, stop)]
-        outs = bucketing.map_bucketed(fn, seqs, batch_size=batch_size, buckets=(seq_len + 1,),
-                                      trim=False, progress=progress,
-                                      desc=f"top-{k} shard {s + 1}/{-(-n // shard_size)}")
-        arrays = {name_: np.stack([o[name_] for o in outs]) for name_ in outs[0]}
-        valid = (np.arange(seq_len)[None, :] < (lengths[start:stop, None] - 1))
-        arrays["topk_ids"] = np.where(valid[..., None], arrays["topk_ids"], 0).astype(np.int32)
-        arrays["topk_logits"] = np.where(valid[..., None], arrays["topk_logits"], 0).astype(
-            logits_dtype)
-        arrays["logsumexp"] = np.where(valid, arrays["logsumexp"], 0).astype(np.float32)
-        tmp = partial / (name + ".tmp.npz")
-        (np.savez_compressed if compress else np.savez)(tmp, token_ids=token_ids[start:stop], lengths=lengths[start:stop], **arrays)
-        os.replace(tmp, partial / name)
-    manifest = {
-        "format": FORMAT, "key": key,
-        "teacher": {"sha256": teacher.fingerprint, "file": os.path.basename(teacher.path or ""),
-                    "vocab_size": teacher.config.vocab_size, "bos_id": teacher.bos_id,
-                    "eos_id": teacher.eos_id, "special_ids": list(teacher.special_ids)},
-        "k": int(k), "seq_len": int(seq_len), "temperature": 1.0,
-        "logits_dtype": logits_dtype, "num_sequences": int(n), "shards": shards,
-    }
-    (partial / MANIFEST).write_text(json.dumps(manifest, indent=1))
-    if final.exists():  # a stale or foreign directory under our key
-        shutil.rmtree(final)
-    os.replace(partial, final)
-    return load_topk_corpus(final)
+    return None
 
 
 def load_topk_corpus(path: str | os.PathLike) -> TopKCorpus:

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from fedpriv.data.cache import atomic_file
 from fedpriv.models import llama, metrics
 from fedpriv.public import distill
 from fedpriv.public.vocab import encode_teacher
@@ -113,12 +114,10 @@ def teacher_sequence_logprob(teacher: llama.Teacher, sequences: Sequence[Sequenc
             "padded_tokens": int(padded), "real_tokens_per_second": float(lengths.sum() / secs),
             "padded_tokens_per_second": float(padded / secs)}
     if path is not None:
-        os.makedirs(cache_dir, exist_ok=True)
-        tmp = path + ".tmp.npy"
-        np.save(tmp, logp.astype(np.float32))
-        os.replace(tmp, path)
-        with open(path[:-4] + ".json", "w") as f:
-            json.dump(info, f)
+        with atomic_file(path) as f:  # unique temporary name: concurrent writers never collide
+            np.save(f, logp.astype(np.float32))
+        with atomic_file(path[:-4] + ".json") as f:
+            f.write(json.dumps(info).encode())
     return logp.astype(np.float32), info
 
 
