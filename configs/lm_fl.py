@@ -13,7 +13,7 @@ from configs.common import ConfigError, check, check_lanes, from_scale
 CORPORA = ("chitchat", "shakespeare", "simpsons")
 TOKENIZERS = ("sentencepiece", "word_public", "word")
 ARCHS = ("lstm", "transformer")
-ALGORITHMS = ("fedavg", "dp_fedavg", "dp_ftrl")
+ALGORITHMS = ("fedavg", "dp_fedavg", "dp_ftrl", "dp_mf_banded", "dp_mf_blt")
 SERVER_OPTIMIZERS = ("sgd", "sgdm", "adam")
 
 
@@ -37,7 +37,8 @@ class LMFLConfig:
     embed_dim: int = 96
     hidden_dim: int = 670
     # algorithm
-    algorithm: str = "dp_ftrl"            # fedavg | dp_fedavg | dp_ftrl
+    algorithm: str = "dp_ftrl"            # fedavg | dp_fedavg | dp_ftrl | dp_mf_banded | dp_mf_blt
+    mf_bands: int = 64                    # dp_mf_banded: bands (at most the min-separation)
     rounds: int = 1600
     cohort_size: int = 100
     noise_cohort_size: int | None = None  # simulate the noise of a larger cohort (say so)
@@ -63,7 +64,7 @@ class LMFLConfig:
         check(self, positive=("max_clients", "seq_len", "max_examples_per_client", "batch_size",
                               "max_local_steps", "embed_dim", "hidden_dim", "rounds",
                               "cohort_size", "noise_cohort_size", "target_epsilon", "clip_norm",
-                              "client_lr", "server_lr", "eval_every", "eval_batch_size",
+                              "client_lr", "server_lr", "eval_every", "eval_batch_size", "mf_bands",
                               "max_eval_examples", "checkpoint_every"),
               non_negative=("noise_multiplier", "server_momentum", "seed"), open_unit=("delta",),
               choices={"corpus": CORPORA, "tokenizer": TOKENIZERS, "arch": ARCHS,

@@ -46,6 +46,9 @@ ARTEFACTS = (
     Artefact("hou-figure2", "Hou et al. 2023", "FreD vs Y%; private FreD separating 99% from 100%", None, None),
     Artefact("koga-table1", "Koga et al. 2023", "8 schemes x 2 domain-adaptation datasets",
              "population_expansion", "population_expansion"),
+    Artefact("mf-comparison", "beyond the papers", "tree vs banded / BLT matrix-factorization DP-FTRL vs "
+             "DP-FedAvg at equal epsilon (Choquette-Choo et al. 2023; McMahan et al. 2024)",
+             "mf_comparison", "mf_comparison"),
     Artefact("koga-figure1", "Koga et al. 2023", "latency model: exact vs bounds vs Monte Carlo (Prop. 3.1)",
              "latency_figure", "latency_figure"),
 )

@@ -35,9 +35,13 @@ from fedpriv.dp import accounting
 from fedpriv.dp.ledger import PrivacyLedger
 from fedpriv.fl import algorithms as algs
 from fedpriv.fl.loop import train
+from fedpriv.fl.participation import CyclicSampler
 from fedpriv.fl.samplers import PoissonSampler, ShuffledPassSampler
 from fedpriv.models.lm import LMConfig, count_params, make_lm, make_lm_task
 from fedpriv.models.metrics import evaluate, most_frequent_token_accuracy
+
+# matrix-factorization DP-FTRL (fedpriv.dp.matrix): algorithm name -> mechanism
+MATRIX_ALGORITHMS = {"dp_mf_banded": "banded", "dp_mf_blt": "blt"}
 
 LOADERS = {"chitchat": load_chitchat, "shakespeare": load_shakespeare, "simpsons": load_simpsons}
 
@@ -102,24 +106,33 @@ def build_algorithm(cfg, num_clients: int, loss_fn, prior_events=()):
         return alg, sampler, None, 0.0
     if cfg.algorithm == "dp_ftrl":
         sampler = ShuffledPassSampler(num_clients, cfg.cohort_size, seed=cfg.seed)
-        make = lambda z: algs.privacy_event(algs.DPConfig(cfg.clip_norm, z, "tree", sampler.rounds_per_epoch,
-                                                          cfg.noise_cohort_size), sampler, cfg.rounds)
+        dp_of = lambda z: algs.DPConfig(cfg.clip_norm, z, "tree", sampler.rounds_per_epoch,  # noqa: E731
+                                        cfg.noise_cohort_size)
     elif cfg.algorithm == "dp_fedavg":
         sampler = PoissonSampler(num_clients, cfg.cohort_size / num_clients, seed=cfg.seed)
-        make = lambda z: algs.privacy_event(algs.DPConfig(cfg.clip_norm, z, "gaussian", 1,
-                                                          cfg.noise_cohort_size), sampler, cfg.rounds)
+        dp_of = lambda z: algs.DPConfig(cfg.clip_norm, z, "gaussian", 1, cfg.noise_cohort_size)  # noqa: E731
+    elif cfg.algorithm in MATRIX_ALGORITHMS:  # matrix-factorization DP-FTRL over cyclic cohorts
+        sampler = CyclicSampler(num_clients, cfg.cohort_size, seed=cfg.seed)
+        mech, sep = MATRIX_ALGORITHMS[cfg.algorithm], sampler.min_separation
+        dp_of = lambda z: algs.MatrixDPConfig(  # noqa: E731
+            clip_norm=cfg.clip_norm, noise_multiplier=z, mechanism=mech,
+            noise_cohort_size=cfg.noise_cohort_size, min_separation=sep,
+            bands=min(sep, cfg.mf_bands) if mech == "banded" else 0, mf_rounds=cfg.rounds)
     else:
-        raise ValueError(f"algorithm must be fedavg, dp_fedavg or dp_ftrl, got {cfg.algorithm!r}")
+        raise ValueError(f"algorithm must be fedavg, dp_fedavg, dp_ftrl, {', '.join(MATRIX_ALGORITHMS)}; "
+                         f"got {cfg.algorithm!r}")
+    make = lambda z: algs.privacy_event(dp_of(z), sampler, cfg.rounds)  # noqa: E731
     if cfg.noise_multiplier is not None:
         z = cfg.noise_multiplier
     elif cfg.target_epsilon is not None:
         prior = list(prior_events)
         total = (lambda z: dpa.ComposedDpEvent(prior + [make(z)])) if prior else make
-        z = accounting.calibrate_noise_multiplier(total, cfg.target_epsilon, cfg.delta)
+        # with the accountant the run reports ("best": PLD where it applies and is tighter), so
+        # every algorithm reaches the same reported epsilon
+        z = accounting.calibrate_noise_multiplier(total, cfg.target_epsilon, cfg.delta, accountant="best")
     else:
         raise ValueError("a DP algorithm needs noise_multiplier or target_epsilon")
-    dp = algs.DPConfig(cfg.clip_norm, z, "tree" if cfg.algorithm == "dp_ftrl" else "gaussian",
-                       getattr(sampler, "rounds_per_epoch", 1), cfg.noise_cohort_size)
+    dp = dp_of(z)
     alg = algs.build_algorithm(loss_fn, client_opt, server_opt, dp, sampler.expected_cohort_size)
     return alg, sampler, algs.privacy_event(alg.dp, sampler, cfg.rounds), z  # what the loop charges
 
