@@ -211,6 +211,28 @@ def check(cfg, *, positive=(), non_negative=(), open_unit=(), choices=None, frac
             raise ConfigError(f"{name}: the first (training) fraction must be > 0, got {fr}")
 
 
+def with_lm_config(cls, scales: dict, lm_scales: dict, arg: str | None, lm_config,
+                   default: str = "small"):
+    """A config ``cls(lm=<LM-FL config>, ...)`` at a scale: overrides naming ``cls``'s own fields
+    apply to it, every other override goes to the wrapped LM config (``lm_config(spec)`` at
+    ``lm_scales[scale]``); overriding ``lm`` itself is refused."""
+    scale, overrides = split_spec(arg, default)
+    if scale not in scales:
+        raise ConfigError(f"unknown scale {scale!r}; choose one of {sorted(scales)} "
+                          "(the spec is scale[,field=value,...])")
+    names = [o.partition("=")[0].strip() for o in overrides]
+    if "lm" in names:
+        raise ConfigError("set the LM fields directly (e.g. rounds=10), not 'lm'")
+    own_fields = {f.name for f in dataclasses.fields(cls)}
+    own = [o for o, n in zip(overrides, names) if n in own_fields]
+    lm_scale, scale_overrides = split_spec(lm_scales[scale], default)
+    users = [o for o in overrides if o not in own]
+    named = {o.partition("=")[0].strip() for o in users}  # the user's value wins over the scale's
+    kept = [o for o in scale_overrides if o.partition("=")[0].strip() not in named]
+    lm = lm_config(",".join([lm_scale, *kept, *users]))
+    return apply_overrides(cls(lm=lm, **scales[scale]), own)
+
+
 def check_lanes(value) -> None:
     """``lanes`` (``fedpriv.fl.execution``): "auto", "balanced" or a positive integer."""
     if value in ("auto", "balanced") or (str(value).isdigit() and int(value) >= 1):

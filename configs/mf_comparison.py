@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from configs.common import ConfigError, apply_overrides, check, split_spec
+from configs.common import ConfigError, check, with_lm_config
 from configs.lm_fl import ALGORITHMS, get_config as lm_config
 
 
@@ -34,15 +34,7 @@ LM_SCALE = {"smoke": "smoke,rounds=3,eval_every=3", "small": "small", "paper": "
 
 
 def get_config(arg: str = "small") -> MFComparisonConfig:
-    scale, overrides = split_spec(arg, "small")
-    if scale not in SCALES:
-        raise ConfigError(f"unknown scale {scale!r}; choose one of {sorted(SCALES)} "
-                          "(the spec is scale[,field=value,...])")
-    own_names = {f.name for f in dataclasses.fields(MFComparisonConfig)} - {"lm"}
-    own = [o for o in overrides if o.partition("=")[0].strip() in own_names]
-    if any(o.partition("=")[0].strip() == "lm" for o in overrides):
-        raise ConfigError("set the LM fields directly (e.g. rounds=10), not 'lm'")
-    lm = lm_config(",".join([LM_SCALE[scale], *[o for o in overrides if o not in own]]))
-    if lm.target_epsilon is None:
+    cfg = with_lm_config(MFComparisonConfig, SCALES, LM_SCALE, arg, lm_config)
+    if cfg.lm.target_epsilon is None:
         raise ConfigError("the comparison is at equal epsilon: set target_epsilon")
-    return apply_overrides(MFComparisonConfig(lm=lm, **SCALES[scale]), own)
+    return cfg

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from configs.common import ConfigError, apply_overrides, check, split_spec
+from configs.common import ConfigError, check, with_lm_config
 from configs.lm_fl import TOKENIZERS, get_config as lm_config
 
 
@@ -36,13 +36,5 @@ LM_SCALE = {"smoke": "smoke,rounds=2,eval_every=2", "small": "small", "paper": "
 
 
 def get_config(arg: str = "small") -> PrivacyUtilityConfig:
-    scale, overrides = split_spec(arg, "small")
-    if scale not in SCALES:
-        raise ConfigError(f"unknown scale {scale!r}; choose one of {sorted(SCALES)} "
-                          "(the spec is scale[,field=value,...])")
-    own = [o for o in overrides if o.partition("=")[0].strip() in
-           {f.name for f in dataclasses.fields(PrivacyUtilityConfig)}]
-    if any(o.partition("=")[0].strip() == "lm" for o in own):
-        raise ConfigError("set the LM fields directly (e.g. rounds=10), not 'lm'")
-    lm = lm_config(",".join([LM_SCALE[scale], *[o for o in overrides if o not in own]]))
-    return apply_overrides(PrivacyUtilityConfig(lm=lm, **SCALES[scale]), own)
+    cfg = with_lm_config(PrivacyUtilityConfig, SCALES, LM_SCALE, arg, lm_config)
+    return cfg
