@@ -95,38 +95,6 @@ def config_and_workdir(argv, doc: str, name: str, workdir: str | None = None):
     return load_config(args.config), args.workdir, args.config
 
 
-def _typed(kind, check, what):
-    def parse(text: str):
-        try:
-            v = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
-        if not check(v):
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        return v
-    return parse
-
-
-positive_int = _typed(int, lambda v: v >= 1, "an integer >= 1")
-non_negative_int = _typed(int, lambda v: v >= 0, "an integer >= 0")
-positive_float = _typed(float, lambda v: v > 0, "a number > 0")
-probability = _typed(float, lambda v: 0 < v < 1, "a number in (0, 1)")
-
-
-def csv_of(parse_one, what: str):
-    """argparse type: ``"a,b,c"`` -> tuple, each element parsed by ``parse_one``."""
-    def parse(text: str):
-        parts = [p.strip() for p in text.split(",")]
-        if not parts or any(not p for p in parts):
-            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {what}, got {text!r}")
-        try:
-            return tuple(parse_one(p) for p in parts)
-        except (ValueError, argparse.ArgumentTypeError):
-            raise argparse.ArgumentTypeError(
-                f"expected a comma-separated list of {what}, got {text!r}") from None
-    return parse
-
-
 # shared reporting lives in the library (fedpriv.report); re-exported for the experiments
 from fedpriv.report import (bar_chart, mean_std, metric_curve, plot_curves, pm,  # noqa: E402,F401
                             run_record, save_json, write_table)
