@@ -70,7 +70,8 @@ def main(argv=None):
     ap.add_argument("artefact", nargs="?", choices=[a.name for a in ARTEFACTS])
     ap.add_argument("--list", action="store_true", help="list every artefact and its command")
     ap.add_argument("--scale", default="small")
-    ap.add_argument("--workdir", default=None, help="default runs/<artefact>")
+    ap.add_argument("--workdir", default=None,
+                    help="default runs/<module>, the module's own default (artefacts of one module share it)")
     args = ap.parse_args(argv)
     if args.list or args.artefact is None:
         rows = listing()
@@ -86,7 +87,7 @@ def main(argv=None):
         raise common.ConfigError(f"{a.name} has scales {list(a.scales)}, not {args.scale!r}")
     module = importlib.import_module(f"experiments.{a.module}")
     module.main(["--config", f"configs/{a.config}.py:{args.scale}",
-                 "--workdir", args.workdir or os.path.join("runs", a.name)])
+                 "--workdir", args.workdir or os.path.join("runs", a.module)])
 
 
 if __name__ == "__main__":

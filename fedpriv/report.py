@@ -21,7 +21,8 @@ from typing import Iterable, Sequence
 import numpy as np
 
 __all__ = ["run_record", "write_table", "plot_curves", "bar_chart", "save_json", "mean_std", "pm",
-           "metric_curve"]
+           "metric_curve", "Verdict", "ordering_verdict", "write_verdicts", "read_verdicts",
+           "VERDICTS_FILE"]
 
 
 def run_record(config, seed: int) -> dict:
@@ -88,6 +89,8 @@ def plot_curves(curves: dict[str, tuple[list, list]], path: str, xlabel: str, yl
 
 
 def save_json(obj, path: str):
+    """``obj`` as JSON at ``path``, replaced atomically (non-finite floats are written as
+    ``Infinity``/``NaN``, which Python's ``json`` reads back)."""
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(obj, f, indent=1, default=str)
@@ -149,3 +152,67 @@ def bar_chart(groups: dict[str, dict[str, tuple[float, float]]], path: str, ylab
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+# --------------------------------------------------------------------------------------------
+# Verdicts: one line per claimed ordering of a paper, read by the results page
+# (``python -m experiments.results`` -> experiments/RESULTS.md)
+# --------------------------------------------------------------------------------------------
+
+VERDICTS_FILE = "verdicts.json"
+REPRODUCED, NOT_REPRODUCED = "reproduced", "not reproduced"
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """A paper's claim and what we measured. ``status``: ``"reproduced"`` / ``"not reproduced"``,
+    with ``" (within noise)"`` appended when the measured gap is smaller than its seed spread
+    (so the direction is not established either way); ``measured``: the numbers behind it."""
+
+    claim: str
+    status: str
+    measured: str
+
+    def __post_init__(self):
+        if self.status.split(" (")[0] not in (REPRODUCED, NOT_REPRODUCED):
+            raise ValueError(f"verdict status must start with {REPRODUCED!r} or {NOT_REPRODUCED!r}, "
+                             f"got {self.status!r}")
+
+
+def ordering_verdict(claim: str, better: Sequence[float], worse: Sequence[float], *,
+                     higher_is_better: bool, names: tuple[str, str] = ("A", "B"),
+                     digits: int = 3) -> Verdict:
+    """Verdict on the claim "``better`` beats ``worse``" from per-seed values of each.
+
+    Reproduced iff the means are ordered as claimed; "(within noise)" when the gap of the means
+    is at most ``sqrt(s_a^2 + s_b^2)`` (sample stds over seeds; with one seed each, never).
+    """
+    ma, sa, na = mean_std(better)
+    mb, sb, nb = mean_std(worse)
+    if ma is None or mb is None:
+        raise ValueError(f"ordering_verdict({claim!r}): no finite values for one side")
+    gap = (ma - mb) if higher_is_better else (mb - ma)
+    status = REPRODUCED if gap > 0 else NOT_REPRODUCED
+    spread = math.hypot(sa, sb)
+    if (na > 1 or nb > 1) and abs(gap) <= spread:
+        status += " (within noise)"
+    f = lambda m, s, n: f"{m:.{digits}g} ± {s:.{digits}g} (n={n})" if n > 1 else f"{m:.{digits}g}"
+    measured = f"{names[0]} {f(ma, sa, na)} vs {names[1]} {f(mb, sb, nb)}; gap {gap:+.{digits}g}"
+    return Verdict(claim, status, measured)
+
+
+def write_verdicts(verdicts: Sequence[Verdict], workdir: str) -> str:
+    """``workdir/verdicts.json`` (atomic), the file the results page reads."""
+    os.makedirs(workdir, exist_ok=True)
+    path = os.path.join(workdir, VERDICTS_FILE)
+    save_json([dataclasses.asdict(v) for v in verdicts], path)
+    return path
+
+
+def read_verdicts(workdir: str) -> list[Verdict]:
+    """The verdicts an experiment wrote to ``workdir`` ([] if none)."""
+    path = os.path.join(workdir, VERDICTS_FILE)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [Verdict(**v) for v in json.load(f)]
