@@ -21,36 +21,42 @@ class Artefact:
     module: str | None    # experiments.<module>; None: no module yet (named, so the gap is visible)
     config: str | None    # configs/<config>.py
     scales: tuple = ("smoke", "small", "paper")
+    outputs: tuple = ()   # files in the run's workdir the results page shows (.md inlined, .png linked)
 
 
 ARTEFACTS = (
-    Artefact("demo", "-", "the main job: DP-FTRL LSTM on chitchat (make demo)", "demo", "demo", ("smoke", "small")),
+    Artefact("demo", "-", "the main job: DP-FTRL LSTM on chitchat (make demo)", "demo", "demo", ("smoke", "small"),
+             ("summary.md", "learning_curve.png")),
     Artefact("wang-table1", "Wang et al. 2023", "DP-FTRL at eps 18.71 / 1.77 without pre-training "
-             "(with pre-training: wang-table2's rows)", "privacy_utility", "privacy_utility"),
+             "(with pre-training: wang-table2's rows)", "privacy_utility", "privacy_utility",
+             outputs=("privacy_utility.md",)),
     Artefact("wang-figure1", "Wang et al. 2023", "tokenizers (SentencePiece vs word vocabularies): "
-             "privacy_utility with tokenizers=sentencepiece/word_public/word", "privacy_utility", "privacy_utility"),
+             "privacy_utility with tokenizers=sentencepiece/word_public/word", "privacy_utility", "privacy_utility",
+             outputs=("privacy_utility.md",)),
     Artefact("wang-table2", "Wang et al. 2023", "public pre-/mid-training, LLM distillation, distribution "
-             "matching", "public_training", "public_training"),
+             "matching", "public_training", "public_training",
+             outputs=("public_training.md", "public_training.png")),
     Artefact("wang-table3", "Wang et al. 2023", "with vs without log p_pub (rows of wang-table2's output)",
-             "public_training", "public_training"),
+             "public_training", "public_training", outputs=("public_training.md",)),
     Artefact("wang-table4-5", "Wang et al. 2023", "timing T' of matching / of mid-training", None, None),
     Artefact("wang-figure2-4", "Wang et al. 2023", "accuracy vs distillation steps; vs top-k", None, None),
     Artefact("wang-figure3", "Wang et al. 2023", "perplexity of private vs public samples under an oracle LM "
              "and the public LLM", None, None),
-    Artefact("hou-table1", "Hou et al. 2023", "FreD of candidate prefinetuning sets, non-private vs private",
-             "fred_table", "fred_table"),
-    Artefact("hou-pipeline", "Hou et al. 2023", "FreD -> prefinetune -> DP FL-finetune, one ledger",
-             "fred_pipeline", "fred_pipeline"),
+    Artefact("hou-table1", "Hou et al. 2023", "closer prefinetuning set -> lower test perplexity after DP "
+             "FL-finetuning; private FreD keeps the order (FreD -> prefinetune -> DP FL-finetune, one ledger)",
+             "fred_pipeline", "fred_pipeline", outputs=("fred_pipeline.md", "fred_pipeline.png")),
+    Artefact("hou-table1-fred", "Hou et al. 2023", "Table 1's FreD columns in detail: both units of privacy, "
+             "public PCA basis, mean ± std over releases", "fred_table", "fred_table", outputs=("fred_table.md",)),
     Artefact("hou-table2", "Hou et al. 2023", "perplexity vs Y% of the prefinetuning set from the private "
              "distribution", None, None),
     Artefact("hou-figure2", "Hou et al. 2023", "FreD vs Y%; private FreD separating 99% from 100%", None, None),
     Artefact("koga-table1", "Koga et al. 2023", "8 schemes x 2 domain-adaptation datasets",
-             "population_expansion", "population_expansion"),
+             "population_expansion", "population_expansion", outputs=("table.md", "table1.png")),
     Artefact("mf-comparison", "beyond the papers", "tree vs banded / BLT matrix-factorization DP-FTRL vs "
              "DP-FedAvg at equal epsilon (Choquette-Choo et al. 2023; McMahan et al. 2024)",
-             "mf_comparison", "mf_comparison"),
+             "mf_comparison", "mf_comparison", outputs=("mf_comparison.md",)),
     Artefact("koga-figure1", "Koga et al. 2023", "latency model: exact vs bounds vs Monte Carlo (Prop. 3.1)",
-             "latency_figure", "latency_figure"),
+             "latency_figure", "latency_figure", outputs=("latency.md", "latency.png")),
 )
 
 

@@ -64,6 +64,7 @@ def cli(main, argv=None) -> None:
     module = sys.modules.get(main.__module__)
     spec = getattr(module, "__spec__", None)
     prog = spec.name if spec is not None and spec.name else main.__module__
+    _LAST_RUN.clear()
     try:
         main(argv)
     except USER_ERRORS as e:
@@ -74,6 +75,7 @@ def cli(main, argv=None) -> None:
             msg = f"{type(e).__name__}: {msg}"
         print(f"{prog}: error: {msg}", file=sys.stderr)
         sys.exit(2)
+    record_invocation()
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -92,7 +94,36 @@ def config_and_workdir(argv, doc: str, name: str, workdir: str | None = None):
                     help="path.py:scale[,field=value,...] (scales: smoke, small, paper)")
     ap.add_argument("--workdir", default=workdir or f"runs/{name}")
     args = ap.parse_args(argv)
-    return load_config(args.config), args.workdir, args.config
+    cfg = load_config(args.config)
+    _LAST_RUN.update(workdir=args.workdir, config=args.config, module=_caller_module())
+    return cfg, args.workdir, args.config
+
+
+INVOCATION_FILE = "invocation.json"
+_LAST_RUN: dict = {}
+
+
+def _caller_module() -> str:
+    frame = sys._getframe(2)
+    name = frame.f_globals.get("__name__", "")
+    if name == "__main__":
+        spec = frame.f_globals.get("__spec__")
+        name = spec.name if spec is not None else name
+    return name
+
+
+def record_invocation() -> None:
+    """After an experiment's ``main`` returned normally under :func:`cli`: write
+    ``<workdir>/invocation.json`` (module, ``--config`` spec, time, git commit), which the results
+    page (``python -m experiments.results``) shows next to the artefact. A run that failed writes
+    nothing, so the file always describes the outputs beside it."""
+    if not _LAST_RUN or not os.path.isdir(_LAST_RUN["workdir"]):
+        return
+    rec = run_record({}, None)
+    save_json({"module": _LAST_RUN["module"], "config": _LAST_RUN["config"],
+               "command": f"python -m {_LAST_RUN['module']} --config {_LAST_RUN['config']}",
+               "time": rec["time"], "git_commit": rec["git_commit"]},
+              os.path.join(_LAST_RUN["workdir"], INVOCATION_FILE))
 
 
 # shared reporting lives in the library (fedpriv.report); re-exported for the experiments
