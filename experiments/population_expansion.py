@@ -60,6 +60,7 @@ def run(cfg, workdir: str, log: Callable[[str], None] = print) -> dict:
         "Regenerate: .venv/bin/python -m experiments.population_expansion --config "
         f"<configs/population_expansion.py:scale> --workdir {workdir}"]
     common.write_table(rows, workdir, "table", tables.table_columns(cfg), title=TITLE, notes=notes)
+    common.write_verdicts(tables.verdicts(summaries, cfg), workdir)
     common.write_table(tables.run_rows(summaries), workdir, "runs",
                        title="Table 1 runs (one row per seed)")
     common.write_table([p.stats for p in preps.values()], workdir, "data",

@@ -12,7 +12,7 @@ import numpy as np
 from fedpriv.expansion.datasets import DATASET_INFO
 from fedpriv.report import mean_std, pm
 
-__all__ = ["PAPER_TABLE1", "TABLE_COLUMNS", "aggregate", "table_columns", "table_notes",
+__all__ = ["PAPER_TABLE1", "TABLE_COLUMNS", "aggregate", "table_columns", "table_notes", "verdicts",
            "run_rows", "chart_groups", "curve_series"]
 
 # Koga et al. Table 1 (val PPL, test PPL), for side-by-side orderings.
@@ -149,3 +149,40 @@ def table_notes(cfg, preps: dict) -> list[str]:
     notes.append("paper val/test PPL: Koga et al. Table 1 on the corresponding dataset (Reddit/"
                  "CV, 10K vocabulary, 2,000 rounds, C = 5000): compare orderings, not values.")
     return notes
+
+
+def verdicts(summaries: list[dict], cfg) -> list:
+    """One :class:`fedpriv.report.Verdict` per ordering Koga et al. claim in Sec. 4.3, per dataset,
+    on test perplexity on T over seeds (lower is better). A claim naming a scheme that was not
+    run is skipped."""
+    from fedpriv.report import ordering_verdict
+    out = []
+    for name in cfg.datasets:
+        ppl = {s: [r["test_ppl"] for r in summaries if r["dataset"] == name and r["scheme"] == s]
+               for s in cfg.schemes}
+        ppl = {s: v for s, v in ppl.items() if v}
+        mean = {s: float(np.mean(v)) for s, v in ppl.items()}
+        claims = [("T w. C", "T w. alpha*C", "a cohort of C beats alpha*C in T alone"),
+                  ("DSDSR", "S u T", "DSDSR improves on S u T"), ("DEMix", "S u T", "DEMix improves on S u T"),
+                  ("IW", "S u T", "IW outperforms the S u T baseline"),
+                  ("PT", "S u T", "PT outperforms the S u T baseline"),
+                  ("PT", "T w. alpha*C", "PT outperforms T w. alpha*C"),
+                  ("IWPT", "PT", "IWPT improves on PT"), ("IWPT", "IW", "IWPT improves on IW")]
+        if name == "topics":  # "better than the DA specific architectures on SubReddits"
+            claims += [(a, b, f"{a} beats {b} (SubReddits)") for a in ("IW", "PT") for b in ("DSDSR", "DEMix")]
+        for better, worse, claim in claims:
+            if better in ppl and worse in ppl:
+                out.append(ordering_verdict(f"[{name}] {claim}", ppl[better], ppl[worse],
+                                            higher_is_better=False, names=(better, worse), digits=4))
+        others = sorted(mean, key=mean.get)
+        if "T w. alpha*C" in ppl and len(others) > 1:
+            rival = [s for s in others if s != "T w. alpha*C"][-1]   # the worst of the others
+            out.append(ordering_verdict(f"[{name}] T w. alpha*C is the worst scheme", ppl[rival],
+                                        ppl["T w. alpha*C"], higher_is_better=False,
+                                        names=(f"worst other ({rival})", "T w. alpha*C"), digits=4))
+        if "IWPT" in ppl and len(others) > 1:
+            rival = [s for s in others if s != "IWPT"][0]             # the best of the others
+            out.append(ordering_verdict(f"[{name}] IWPT is the best scheme", ppl["IWPT"], ppl[rival],
+                                        higher_is_better=False, names=("IWPT", f"best other ({rival})"),
+                                        digits=4))
+    return out
