@@ -128,4 +128,5 @@ def record_invocation() -> None:
 
 # shared reporting lives in the library (fedpriv.report); re-exported for the experiments
 from fedpriv.report import (bar_chart, mean_std, metric_curve, plot_curves, pm,  # noqa: E402,F401
-                            run_record, save_json, write_table, write_verdicts)
+                            ordering_verdict, run_record, save_json, write_table,
+                            write_verdicts)
