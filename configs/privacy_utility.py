@@ -12,17 +12,35 @@ from configs.common import ConfigError, check, with_lm_config
 from configs.lm_fl import TOKENIZERS, get_config as lm_config
 
 
+def parse_tokenizer(spec: str) -> tuple[str, int | None]:
+    """``"word:5000"`` -> ``("word", 5000)``; ``"sentencepiece"`` -> ``("sentencepiece", None)``
+    (the LM config's ``vocab_size``). Raises ``ConfigError`` for anything else."""
+    name, sep, size = str(spec).partition(":")
+    if name not in TOKENIZERS or (sep and not (size.isdigit() and int(size) > 4)):
+        raise ConfigError(f"tokenizer {spec!r}: expected name[:vocab size] with name in {TOKENIZERS} "
+                          "and a vocabulary size > 4")
+    return name, int(size) if sep else None
+
+
+def _valid_tokenizer(spec) -> bool:
+    try:
+        parse_tokenizer(spec)
+        return True
+    except ConfigError:
+        return False
+
+
 @dataclasses.dataclass(frozen=True)
 class PrivacyUtilityConfig:
     lm: object                                  # configs.lm_fl.LMFLConfig of every row
-    tokenizers: tuple = ("sentencepiece",)      # one table block per tokenizer (Figure 1)
+    tokenizers: tuple = ("sentencepiece",)      # name[:vocab size], one table block each (Figure 1)
     seeds: tuple = (0,)
     epsilons: tuple = (18.71, 1.77)             # the DP-FTRL rows (delta = lm.delta)
     server_lrs: tuple | None = None             # grid for the DP rows (App. C); None = lm.server_lr
 
     def __post_init__(self):
         check(self)
-        for name, vals, ok in (("tokenizers", self.tokenizers, lambda t: t in TOKENIZERS),
+        for name, vals, ok in (("tokenizers", self.tokenizers, _valid_tokenizer),
                                ("seeds", self.seeds, lambda s: isinstance(s, int) and s >= 0),
                                ("epsilons", self.epsilons, lambda e: e > 0),
                                ("server_lrs", self.server_lrs or (), lambda v: v > 0)):

@@ -250,6 +250,39 @@ def sequence_logprob(task, params, tokens: np.ndarray, batch_size: int,
     return res
 
 
+@functools.lru_cache(maxsize=64)
+def _predict_fn(apply: Callable) -> Callable:
+    """Jitted ``(params, tokens[B, L+1], domain) -> argmax ids int32[B, L]``, one per apply."""
+    def fn(params, tokens, domain):
+        inputs, _ = split_tokens(tokens)
+        return jnp.argmax(apply(params, inputs, domain), axis=-1).astype(jnp.int32)
+    return jax.jit(fn)
+
+
+def predict_next(task, params, tokens: np.ndarray, batch_size: int,
+                 domain: np.ndarray | None = None) -> np.ndarray:
+    """Greedy next-token predictions: ``int32[N, L]``, ``out[n, t] = argmax p(. | tokens[n, :t+1])``
+    (aligned with the targets ``tokens[:, 1:]``; batches padded like :func:`evaluate`)."""
+    tokens = _check_tokens(tokens, batch_size)
+    step = _predict_fn(task.apply)
+    outs = []
+    for start, stop in _padded_batches(len(tokens), batch_size):
+        tok, _, dom = _padded_batch(tokens, domain, start, stop, batch_size)
+        outs.append((stop - start, step(params, tok, dom)))
+    return np.concatenate([np.asarray(p)[:k] for k, p in outs]) if outs else \
+        np.zeros((0, tokens.shape[1] - 1), np.int32)
+
+
+def accuracy_with_oov(tokens: np.ndarray, predictions: np.ndarray) -> float:
+    """Next-token accuracy with OOV targets counted (Wang et al. Figure 1, "w/ OOV"): over every
+    target that is not PAD, BOS or EOS, an UNK target is right iff UNK is predicted.
+    ``tokens``: ``int[N, L+1]``; ``predictions``: ``int[N, L]`` (:func:`predict_next`)."""
+    targets = np.asarray(tokens)[:, 1:]
+    scored = (targets != PAD) & (targets != BOS) & (targets != EOS)
+    n = int(scored.sum())
+    return float(((np.asarray(predictions) == targets) & scored).sum() / n) if n else float("nan")
+
+
 def _in_vocab_targets(tokens) -> np.ndarray:
     """Flat in-vocabulary targets of ``int[N, L+1]`` or of a sequence of such arrays."""
     arrays = [tokens] if isinstance(tokens, np.ndarray) and tokens.ndim == 2 else list(tokens)

@@ -38,7 +38,9 @@ from fedpriv.fl.loop import train
 from fedpriv.fl.participation import CyclicSampler
 from fedpriv.fl.samplers import PoissonSampler, ShuffledPassSampler
 from fedpriv.models.lm import LMConfig, count_params, make_lm, make_lm_task
-from fedpriv.models.metrics import evaluate, most_frequent_token_accuracy
+from fedpriv.models.metrics import (accuracy_with_oov, evaluate, most_frequent_token_accuracy,
+                                    predict_next)
+from fedpriv.data.tokenizers import UNK_ID, word_ids_to_token_accuracy
 
 # matrix-factorization DP-FTRL (fedpriv.dp.matrix): algorithm name -> mechanism
 MATRIX_ALGORITHMS = {"dp_mf_banded": "banded", "dp_mf_blt": "blt"}
@@ -149,14 +151,47 @@ def run_fingerprint(cfg) -> dict:
     return {k: v for k, v in d.items() if k not in _NOT_FINGERPRINTED}
 
 
+def tokenizer_accuracies(task, params, tokens: np.ndarray, tokenizer, batch_size: int,
+                         sp_tokenizer=None) -> dict:
+    """Accuracies that compare tokenizers (Wang et al. §3.1, Figure 1) on ``tokens`` ``int[N, L+1]``.
+
+    ``accuracy_with_oov``: next-token accuracy with OOV (UNK) targets counted (right iff UNK is
+    predicted). ``token_accuracy`` / ``token_accuracy_with_oov``: for a word-level ``tokenizer``
+    with a SentencePiece ``sp_tokenizer``, the word predictions converted to next-token accuracy
+    (each target word weighs as many tokens as SentencePiece splits it into; right iff the word
+    is; ``word_ids_to_token_accuracy``); an OOV target's word is unknown after tokenization, so
+    in the ``with_oov`` variant it weighs one token. For a subword tokenizer they are its own
+    in-vocabulary accuracy and ``accuracy_with_oov``.
+    """
+    preds = predict_next(task, params, tokens, batch_size)
+    with_oov = accuracy_with_oov(tokens, preds)
+    out = {"accuracy_with_oov": with_oov}
+    if isinstance(tokenizer, WordTokenizer):
+        if sp_tokenizer is not None:
+            targets = np.asarray(tokens)[:, 1:]
+            ta = word_ids_to_token_accuracy(targets, preds, tokenizer, sp_tokenizer)
+            unk = targets == UNK_ID
+            n_unk, hit_unk = int(unk.sum()), int((unk & (preds == UNK_ID)).sum())
+            total = ta.total_tokens + n_unk
+            out.update(token_accuracy=ta.accuracy, word_accuracy=ta.word_accuracy,
+                       token_accuracy_with_oov=(ta.correct_tokens + hit_unk) / total if total else float("nan"))
+    else:
+        out.update(token_accuracy=evaluate(task, params, tokens, batch_size)["accuracy"],
+                   token_accuracy_with_oov=with_oov)
+    return out
+
+
 def run_lm_fl(cfg, workdir: str, *, prepared: Prepared | None = None, init_params=None,
         ledger: PrivacyLedger | None = None, progress: bool = True, log=print,
-        stage: str = "fl-training") -> dict:
+        stage: str = "fl-training", sp_tokenizer=None) -> dict:
     """Train per ``cfg``; write ``metrics.jsonl``, ``summary.{json,md}``, ``learning_curve.png``.
 
     ``init_params`` (e.g. a publicly pre-trained checkpoint) and ``ledger`` (a pipeline's
     shared budget) are optional; by default the ledger's budget is this run's epsilon.
     ``stage`` names the run in the ledger and tags its PRNG keys (one per run on the same users).
+    The summary has ``val_accuracy_round0`` (the initial model, Wang et al. Table 1's round-0
+    column) and the :func:`tokenizer_accuracies` of the final model on validation (``val_``
+    prefixed; ``sp_tokenizer`` converts a word model's accuracy to next-token accuracy).
     """
     t0 = time.time()
     os.makedirs(workdir, exist_ok=True)
@@ -180,6 +215,7 @@ def run_lm_fl(cfg, workdir: str, *, prepared: Prepared | None = None, init_param
                 "et al.'s word-tokenizer baseline); the DP epsilon holds only if it is taken as public"))
     val = prepared.val.concat_examples()["tokens"][: cfg.max_eval_examples]
     eval_fn = lambda p: evaluate(task, p, val, cfg.eval_batch_size)
+    round0 = eval_fn(params)["accuracy"]
 
     def log_row(row):
         if "eval_accuracy" in row:
@@ -231,6 +267,9 @@ def run_lm_fl(cfg, workdir: str, *, prepared: Prepared | None = None, init_param
         "epsilon_executed_run": eps_real, **if_public, "unit_of_privacy": "user", "noise_note": noise_note,
         "rounds": cfg.rounds, "cohort_size": cfg.cohort_size, "noise_cohort_size": cfg.noise_cohort_size,
         "val_accuracy": final.get("eval_accuracy"), "val_loss": final.get("eval_loss"),
+        "val_accuracy_round0": round0,
+        **{f"val_{k}": v for k, v in tokenizer_accuracies(task, result.state.params, val, prepared.tokenizer,
+                                                          cfg.eval_batch_size, sp_tokenizer).items()},
         "test_accuracy": test_metrics["accuracy"], "test_loss": test_metrics["loss"],
         "most_frequent_token_val_accuracy": most_frequent_token_accuracy(train_tokens, val),
         "num_params": count_params(result.state.params), "wall_clock_s": wall,

@@ -66,6 +66,13 @@ def test_privacy_utility_table(tmp_path, capsys):
     assert len(table) == 4 and sum(r["best_on_val"] for r in table) == 4
     with open(os.path.join(wd, "privacy_utility.csv")) as f:
         assert len(f.read().splitlines()) == 5
+    # Table 1's layout (round 0 / round T per epsilon, the paper beside) and the verdicts
+    t1 = open(os.path.join(wd, "table1.md")).read()
+    assert "round 0 (%)" in t1 and "0.00 / 24.45" in t1 and "| 1.77 |" in t1
+    assert all(r.get("val_accuracy_round0") is not None for r in rows if r["method"] != "most frequent token")
+    from fedpriv.report import read_verdicts
+    claims = [v.claim for v in read_verdicts(wd)]
+    assert any("larger epsilon" in c for c in claims) and any("round 0" in c for c in claims)
     # a finished table is read back, not retrained
     assert privacy_utility.run(common.load_config("configs/privacy_utility.py:smoke"), wd,
                                progress=False) == rows

@@ -151,3 +151,29 @@ def test_split_and_nll_shapes():
     np.testing.assert_array_equal(y, [[5, EOS, PAD]])
     nll = metrics.token_nll(jnp.zeros((1, 3, 10)), y)
     np.testing.assert_allclose(nll, np.full((1, 3), np.log(10)), rtol=1e-6)
+
+
+def test_predictions_oov_accuracy_and_word_to_token_conversion():
+    """Wang et al. Figure 1's accuracies: with OOV, an UNK target is right iff UNK is predicted;
+    a word model's in-vocabulary accuracy converted to tokens weighs each word by its pieces."""
+    import types
+    from fedpriv.data.tokenizers import WordTokenizer
+    from fedpriv.models.metrics import accuracy_with_oov, predict_next
+    from fedpriv.recipes.lm import tokenizer_accuracies
+    wt = WordTokenizer.fit(["aa b", "aa b"], k=2)          # ids 4, 5 = the two words
+    a, b = wt.encode(["aa"])[0][0], wt.encode(["b"])[0][0]
+    nxt = np.zeros(wt.vocab_size, np.int32)                # "model": predicts a fixed next id
+    nxt[2], nxt[a], nxt[1] = a, 1, b                       # BOS->a, a->UNK, UNK->b
+    apply = lambda p, x, d=None: jax.nn.one_hot(p[x], wt.vocab_size) * 10.0
+    task = types.SimpleNamespace(apply=apply)
+    tokens = np.array([[2, a, b, 3, 0], [2, a, 1, 3, 0]], np.int32)  # BOS a b EOS / BOS a UNK EOS
+    preds = predict_next(task, jnp.asarray(nxt), tokens, batch_size=4)
+    assert preds.shape == (2, 4) and preds[0, 0] == a and preds[1, 1] == 1
+    # scored targets: a, b (row 0), a, UNK (row 1): right = a, a, UNK -> 3/4
+    assert accuracy_with_oov(tokens, preds) == pytest.approx(3 / 4)
+    sp = types.SimpleNamespace(encode=lambda words: [[7] * len(w) for w in words])  # "aa" -> 2 pieces
+    acc = tokenizer_accuracies(task, jnp.asarray(nxt), tokens, wt, 4, sp)
+    # in-vocabulary: a (2 pieces, right) x2, b (1 piece, wrong) -> 4/5 tokens; words 2/3
+    assert acc["token_accuracy"] == pytest.approx(4 / 5) and acc["word_accuracy"] == pytest.approx(2 / 3)
+    assert acc["token_accuracy_with_oov"] == pytest.approx((4 + 1) / (5 + 1))
+    assert acc["accuracy_with_oov"] == pytest.approx(3 / 4)
