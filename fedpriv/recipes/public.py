@@ -520,10 +520,15 @@ NONPRIVATE_ORACLE = ("NON-PRIVATE: the oracle on-device LM is trained centrally,
 @dataclasses.dataclass
 class Figure3Samples:
     """Per-sample values of Figure 3: ``rows`` (one dict per sample: set, source, text,
-    nll/ppl under the oracle and the LLM, targets), the data statistics, the oracle's history."""
+    nll/ppl under the oracle and the LLM, targets), the data statistics, the oracle's history;
+    ``tokens`` (student ids of every sample, row order), ``task`` and ``params`` (the oracle) to
+    recompute them. None of it is released (see `NONPRIVATE_ORACLE`)."""
     rows: list
     stats: dict
     oracle_history: list
+    tokens: np.ndarray | None = None
+    task: object = None
+    params: object = None
 
 
 def figure3_samples(cfg, workdir: str, *, teacher=None, progress: bool = True,
@@ -595,7 +600,7 @@ def figure3_samples(cfg, workdir: str, *, teacher=None, progress: bool = True,
              "student_vocab_size": tok.vocab_size, "unk_class_size": unk_class_size(restriction),
              "teacher": {"file": os.path.basename(teacher.path or ""),
                          "sha256": teacher.fingerprint}}
-    return Figure3Samples(rows, stats, hist)
+    return Figure3Samples(rows, stats, hist, scored.tokens, task, params)
 
 
 def figure3_summary(rows: list[dict]) -> list[dict]:
