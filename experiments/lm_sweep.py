@@ -54,7 +54,8 @@ def run(cfg, workdir: str, *, scale: str = "small", progress: bool = True, log=p
 
     grid = {"server_lr": cfg.server_lrs, "client_lr": cfg.client_lrs,
             "clip_norm": cfg.clip_norms}
-    rows = sweep.run_sweep(point, cfg.lm, grid, workdir, log=log)
+    rows = sweep.run_sweep(point, cfg.lm, grid, workdir, log=log,
+                           fingerprint={"seeds": list(cfg.seeds)}, extendable=("seeds",))
     best = sweep.pick_best(rows, "val_accuracy", higher_is_better=True, keys=KEYS)
     table = []
     for p in sweep.grid_points(cfg.lm, grid):

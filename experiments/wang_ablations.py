@@ -28,6 +28,7 @@ from fedpriv.models import gguf
 from fedpriv.recipes import public, sweep
 
 METRIC = "val_accuracy"
+EXTENDABLE = ("seeds", "epsilons")  # more seeds / epsilons: a finished point resumes its rows
 
 
 def _points(cfg, teacher, workdir, log, progress):
@@ -52,7 +53,8 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
         tps = cfg.t_primes()
         rows = tuple(("pretrain_distill",) if tp == 0 else ("mid_dm", "mid_random") for tp in tps)
         runs = sweep.run_sweep(fn, lm, {"t_prime": tps, "rows": rows},
-                               os.path.join(workdir, "t_prime"), mode="zip", log=log)
+                               os.path.join(workdir, "t_prime"), mode="zip", log=log,
+                               extendable=EXTENDABLE)
         out["t_prime_runs"] = runs
         for name, row, paper, title in (
                 ("table4", "mid_dm", public.PAPER_TABLE4, "Table 4: timing T' with distribution "
@@ -71,7 +73,8 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
         if ab not in cfg.ablations:
             continue
         runs = sweep.run_sweep(fn, dataclasses.replace(lm, rows=("pretrain_distill",)),
-                               {field: grid}, os.path.join(workdir, ab), log=log)
+                               {field: grid}, os.path.join(workdir, ab), log=log,
+                               extendable=EXTENDABLE)
         out[f"{ab}_runs"] = runs
         curves = public.ablation_curves(runs, field, eps, metric=METRIC)
         table = [{"epsilon": k[4:], field: x, "val accuracy (%)": f"{m:.2f}",

@@ -25,6 +25,7 @@ import json
 import os
 import time
 import types
+from fractions import Fraction
 
 import jax
 import numpy as np
@@ -37,9 +38,9 @@ from fedpriv.fl import algorithms as algs
 from fedpriv.models import gguf
 from fedpriv.models.lm import count_params
 from fedpriv.models.metrics import evaluate, most_frequent_token_accuracy
-from fedpriv.public import distill, select
+from fedpriv.public import distill, pretrain, select
 from fedpriv.public.algorithm import (PrivateTraining, PublicTrainingSpec, algorithm1,
-                                       private_only)
+                                       private_logprob, private_only)
 from fedpriv.public.pool import PublicPool, build_public_pool
 from fedpriv.public.vocab import (RestrictedTeacherTokenizer, private_datasets,
                                   restriction_from_texts, suggestion_eval_task, unk_class_size,
@@ -385,7 +386,6 @@ PAPER_TABLE5 = {1.77: (25.41, 26.43, 26.73, 25.20, None),
 
 def t_prime_label(t_prime: int, rounds: int) -> str:
     """``T'=T/2 (30)``: T' as a fraction of T, with the round."""
-    from fractions import Fraction
     f = Fraction(t_prime, rounds)
     frac = ("0" if f == 0 else "T" if f == 1 else
             f"{'' if f.numerator == 1 else f.numerator}T/{f.denominator}")
@@ -540,8 +540,6 @@ def figure3_samples(cfg, workdir: str, *, teacher=None, progress: bool = True,
     tokens + EOS if it fits) at the same positions; NLL = −mean token log-prob, PPL = exp(NLL).
     The oracle's NLL spreads p(UNK) over the teacher ids folded into UNK (`private_logprob`), so
     both are per-teacher-token perplexities."""
-    from fedpriv.public.algorithm import private_logprob
-    from fedpriv.public import pretrain
     teacher = teacher or gguf.cached_teacher(cfg.teacher_path)
     pub = load_public_pool(progress=progress)
     rng = np.random.default_rng(cfg.sample_seed)

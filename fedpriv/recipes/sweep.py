@@ -74,13 +74,17 @@ def _jsonable(obj):
 
 def run_sweep(fn: Callable[[Any, str], Mapping | Sequence[Mapping]], cfg,
               grid: Mapping[str, Sequence], workdir: str, *, mode: str = "product",
+              fingerprint: Mapping | None = None, extendable: Sequence[str] = (),
               log: Callable[[str], None] = print) -> list[dict]:
     """Run ``fn(point_cfg, point_workdir)`` at every point of `grid` over `cfg`; returns the rows
     (``{**point, **row}`` for every row ``fn`` returned), in point order.
 
-    A finished point (its ``sweep_point.json`` written after ``fn`` returned) is read back; if
-    the stored config of the point differs from this sweep's, a ``ValueError`` names the fields
-    (use another workdir rather than mixing two configs in one table).
+    A finished point (its ``sweep_point.json`` written after ``fn`` returned) is read back. Its
+    identity is the point's config plus `fingerprint` (what ``fn`` reads from outside the
+    config, e.g. the seeds it loops over). If a stored point differs only in `extendable` fields
+    (e.g. more seeds), ``fn`` runs again on it (``fn`` resumes what it finished); any other
+    difference is a ``ValueError`` naming the fields (use another workdir rather than mixing two
+    configs in one table).
     """
     rows = []
     points = grid_points(cfg, grid, mode)
@@ -88,18 +92,22 @@ def run_sweep(fn: Callable[[Any, str], Mapping | Sequence[Mapping]], cfg,
         pcfg = dataclasses.replace(cfg, **point)
         pdir = os.path.join(workdir, point_name(point))
         done = os.path.join(pdir, POINT_FILE)
-        config = _jsonable(dataclasses.asdict(pcfg))
+        config = _jsonable({**dataclasses.asdict(pcfg), **dict(fingerprint or {})})
+        diff = None
         if os.path.exists(done):
             with open(done) as f:
                 saved = json.load(f)
-            if saved.get("config") != config:
-                diff = sorted(k for k in set(config) | set(saved.get("config", {}))
-                              if config.get(k) != saved.get("config", {}).get(k))
+            old = saved.get("config", {})
+            diff = sorted(k for k in set(config) | set(old) if config.get(k) != old.get(k))
+            if set(diff) - set(extendable):
                 raise ValueError(f"{pdir} holds a finished point of another config (fields "
                                  f"{diff} differ): use another --workdir")
+        if diff == []:
             log(f"sweep point {i + 1}/{len(points)} {point_name(point)}: done before, read back")
             out = saved["rows"]
         else:
+            if diff:
+                log(f"sweep point {i + 1}/{len(points)}: {diff} extended, resuming the point")
             log(f"sweep point {i + 1}/{len(points)} {point_name(point)}")
             os.makedirs(pdir, exist_ok=True)
             res = fn(pcfg, pdir)
