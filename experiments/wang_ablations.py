@@ -45,7 +45,9 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
     fn, out, verdicts = _points(cfg, teacher, workdir, log, progress), {}, []
     notes = [f"{lm.corpus} users, DP-FTRL T={lm.rounds}, cohort {lm.cohort_size}, q={lm.q:g}, "
              f"{lm.distill_steps} distillation steps (batch {lm.central_batch_size}), top-{lm.topk}"
-             f", seeds {list(lm.seeds)}; accuracy: validation (dev) in-vocabulary next-token "
+             f" (an ablation's swept field takes its grid values instead), seeds {list(lm.seeds)}; "
+             "each distillation-step count is its own public run from the same seed (the "
+             "paper takes checkpoints of one run); accuracy: validation (dev) in-vocabulary next-token "
              "accuracy (%), mean ± std over seeds",
              "public training after T' is post-processing of the DP checkpoint: each run's "
              "ledger holds only the T-round DP-FTRL event (epsilon per run in runs.csv)"]
