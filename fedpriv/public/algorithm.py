@@ -20,7 +20,8 @@ with one ledger threaded through and each stage resumable:
 
 Stages (T' > 0): ``<stage>-1`` (①, in its own directory, optionally forked from a directory shared
 by several variants), ``public mid-training`` (②–④ on a fork of ①'s run), ``<stage>-2`` (⑤ on a
-fork of the swapped run); T' = 0: ``public pre-training`` then ``<stage>`` (rounds 0..T from the
+fork of the swapped run; at T' = T it runs no round: the final model is the publicly trained
+DP checkpoint, Table 4's last column); T' = 0: ``public pre-training`` then ``<stage>`` (rounds 0..T from the
 publicly trained params). Variants through `PublicTrainingSpec`: ``selection="random"``
 (mid-training without distribution matching), ``kd_beta=0`` (public LM loss only), ``t_prime=0``
 (public *pre*-training before any private round, §3.2/§4: on a random q fraction or
@@ -324,8 +325,8 @@ def algorithm1_stages(private: PrivateTraining, task, init_params, pool: PublicP
     `TrainResult` in ``results['train']`` when ``results`` is given.
     """
     T, tp = private.rounds, spec.t_prime
-    if not 0 <= tp < T:
-        raise ValueError(f"need 0 <= T' < T, got T'={tp}, T={T}")
+    if not 0 <= tp <= T:  # T' = T: public training after the last private round (Table 4)
+        raise ValueError(f"need 0 <= T' <= T, got T'={tp}, T={T}")
     public_name, note = f"public {spec.phase}", _note(spec)
     out = results if results is not None else {}
 
@@ -372,7 +373,7 @@ def algorithm1_stages(private: PrivateTraining, task, init_params, pool: PublicP
         with open(os.path.join(ctx.workdir, RECORD_FILE)) as f:
             return json.load(f)
 
-    def stage2(ctx):
+    def stage2(ctx):  # at T' = T: no round left, the final model is the publicly trained one
         if checkpoint_round(ctx.workdir) is None:
             fork_run(ctx.dir(public_name), ctx.workdir)
         log(f"stage 2: DP-FTRL rounds {tp}..{T}")

@@ -20,9 +20,12 @@ public training is recorded as post-processing. Rows resume from their workdirs;
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import time
+import types
+from fractions import Fraction
 
 import jax
 import numpy as np
@@ -35,9 +38,9 @@ from fedpriv.fl import algorithms as algs
 from fedpriv.models import gguf
 from fedpriv.models.lm import count_params
 from fedpriv.models.metrics import evaluate, most_frequent_token_accuracy
-from fedpriv.public import distill, select
+from fedpriv.public import distill, pretrain, select
 from fedpriv.public.algorithm import (PrivateTraining, PublicTrainingSpec, algorithm1,
-                                       private_only)
+                                       private_logprob, private_only)
 from fedpriv.public.pool import PublicPool, build_public_pool
 from fedpriv.public.vocab import (RestrictedTeacherTokenizer, private_datasets,
                                   restriction_from_texts, suggestion_eval_task, unk_class_size,
@@ -148,13 +151,27 @@ def row_spec(row: str, cfg, seed: int) -> PublicTrainingSpec:
     raise ValueError(f"no spec for row {row!r}")
 
 
-def run_rows(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) -> RowRuns:
-    """Every (seed, epsilon, row) run of `cfg` in ``workdir/seed*/eps*/<row>``."""
+@functools.lru_cache(maxsize=4)
+def _task(arch: str, embed_dim: int, hidden_dim: int, seq_len: int, vocab_size: int):
+    """The student task of a model shape: the same object for every `run_rows` call with that
+    shape (the points of a sweep), so its compiled steps are reused."""
+    return lm.build_task(types.SimpleNamespace(arch=arch, embed_dim=embed_dim,
+                                               hidden_dim=hidden_dim, seq_len=seq_len), vocab_size)
+
+
+def run_rows(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print,
+             cache_dir: str | None = None) -> RowRuns:
+    """Every (seed, epsilon, row) run of `cfg` in ``workdir/seed*/eps*/<row>``.
+
+    ``cache_dir``: where the teacher's passes are cached (default ``workdir/teacher_cache``; the
+    cache is keyed by content, so the points of a sweep can share one)."""
     os.makedirs(workdir, exist_ok=True)
     teacher = teacher or gguf.cached_teacher(cfg.teacher_path)
-    prepared = prepare(cfg, teacher, os.path.join(workdir, "teacher_cache"), progress, log)
+    prepared = prepare(cfg, teacher, cache_dir or os.path.join(workdir, "teacher_cache"),
+                       progress, log)
     T, tp = cfg.rounds, cfg.t_prime_rounds
-    task = lm.build_task(cfg, prepared.tokenizer.vocab_size)  # one task: compilations reused
+    task = _task(cfg.arch, cfg.embed_dim, cfg.hidden_dim, cfg.seq_len,
+                 prepared.tokenizer.vocab_size)  # one task: compilations reused (across calls too)
     ids = list(prepared.train.client_ids)
     val = prepared.val.concat_examples()["tokens"][: cfg.max_eval_examples]
     test = prepared.test.concat_examples()["tokens"][: cfg.max_eval_examples]
@@ -352,3 +369,293 @@ def table_notes(cfg, rr: "RowRuns", seconds: float) -> list[str]:
             "executed has epsilon " + ", ".join(
                 f"{v['epsilon_executed_run']:.3g} (target {k})" for k, v in privacy.items()))
     return notes
+
+
+# --------------------------------------------------------------------------------------------
+# Ablations (Tables 4/5: timing T'; Figures 2/4: distillation steps, top-k), read from the rows
+# of `run_rows` collected over a sweep (`fedpriv.recipes.sweep`)
+# --------------------------------------------------------------------------------------------
+
+# Wang et al. 2023, dev accuracy (%) at T' = 0, T/4, T/2, 3T/4, T (T = 1600); Table 5 has no T
+PAPER_T_PRIME_FRACTIONS = (0.0, 0.25, 0.5, 0.75, 1.0)
+PAPER_TABLE4 = {1.77: (25.41, 27.08, 27.73, 26.40, 18.40),
+                18.71: (28.38, 30.07, 30.37, 29.45, 19.34)}
+PAPER_TABLE5 = {1.77: (25.41, 26.43, 26.73, 25.20, None),
+                18.71: (28.38, 29.55, 29.70, 28.93, None)}
+
+
+def t_prime_label(t_prime: int, rounds: int) -> str:
+    """``T'=T/2 (30)``: T' as a fraction of T, with the round."""
+    f = Fraction(t_prime, rounds)
+    frac = ("0" if f == 0 else "T" if f == 1 else
+            f"{'' if f.numerator == 1 else f.numerator}T/{f.denominator}")
+    return f"T'={frac} ({t_prime})"
+
+
+def t_prime_row_name(row: str, t_prime: int) -> str:
+    """The row that stands for `row` at T': at T' = 0 matching needs a private model, so the
+    paper uses a random public sample for pre-training (``pretrain_distill``, §5.3 / App. C)."""
+    return "pretrain_distill" if t_prime == 0 else row
+
+
+def _runs_at(runs, row, eps, **where):
+    return [r for r in runs if r["row"] == row and r["target_epsilon"] == eps
+            and all(r.get(k) == v for k, v in where.items())]
+
+
+def t_prime_table(runs: list[dict], rounds: int, t_primes, epsilons, row: str, *,
+                  paper: dict | None = None, metric: str = "val_accuracy") -> list[dict]:
+    """Tables 4/5 in the paper's layout: one row per epsilon (this run: mean ± std over seeds
+    of `metric` in %, then the paper's row if it reports that epsilon), one column per T'."""
+    table = []
+    for eps in epsilons:
+        out = {"epsilon": f"{eps:g}", "source": "this run"}
+        for tp in t_primes:
+            out[t_prime_label(tp, rounds)] = report.pm(
+                [r.get(metric) for r in _runs_at(runs, t_prime_row_name(row, tp), eps,
+                                                 t_prime=tp)], 100)
+        table.append(out)
+        ref = next((v for e, v in (paper or {}).items() if abs(e - eps) < 1e-9), None)
+        if ref is not None:
+            p = {"epsilon": f"{eps:g}", "source": "paper (StackOverflow, T=1600)"}
+            for tp in t_primes:
+                fr = tp / rounds
+                j = next((i for i, f in enumerate(PAPER_T_PRIME_FRACTIONS) if abs(f - fr) < 1e-9),
+                         None)
+                p[t_prime_label(tp, rounds)] = (None if j is None or ref[j] is None
+                                                else f"{ref[j]:.2f}")
+            table.append(p)
+    return table
+
+
+def ablation_curves(runs: list[dict], x_key: str, epsilons, *, row: str = "pretrain_distill",
+                    metric: str = "val_accuracy") -> dict:
+    """``{"eps~E": (xs, mean %, std %)}`` of `metric` against the swept field `x_key`."""
+    curves = {}
+    for eps in epsilons:
+        xs = sorted({r[x_key] for r in runs if r["row"] == row and r["target_epsilon"] == eps})
+        stats = [report.mean_std([r.get(metric) for r in _runs_at(runs, row, eps,
+                                                                  **{x_key: x})]) for x in xs]
+        curves[f"eps~{eps:g}"] = (xs, [100 * (m or 0.0) for m, _, _ in stats],
+                                  [100 * (s or 0.0) for _, s, _ in stats])
+    return curves
+
+
+def plot_errorbars(curves: dict, path: str, xlabel: str, ylabel: str, title: str = "") -> str:
+    """Line plot with error bars of ``{label: (xs, means, stds)}`` to a PNG."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, (xs, ms, ss) in curves.items():
+        ax.errorbar(xs, ms, yerr=ss, marker="o", capsize=3, label=label)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _best(groups: dict, higher: bool = True):
+    """The key of `groups` (key -> per-seed values) with the best mean."""
+    means = {k: report.mean_std(v)[0] for k, v in groups.items() if report.mean_std(v)[0] is not None}
+    return (max if higher else min)(means, key=means.get)
+
+
+def t_prime_verdicts(runs: list[dict], rounds: int, t_primes, epsilons, *, row: str = "mid_dm",
+                     metric: str = "val_accuracy") -> list:
+    """Verdicts on Table 4's orderings per epsilon: T' = T/2 beats the best other T'; T' = T is
+    below the worst other T' (per-seed `metric`, validation)."""
+    out = []
+    for eps in epsilons:
+        vals = {tp: [r.get(metric) for r in _runs_at(runs, t_prime_row_name(row, tp), eps,
+                                                     t_prime=tp)] for tp in t_primes}
+        vals = {tp: v for tp, v in vals.items() if report.mean_std(v)[0] is not None}
+        half, T = rounds // 2, rounds
+        if half in vals and len(vals) > 1:
+            other = _best({k: v for k, v in vals.items() if k != half})
+            out.append(report.ordering_verdict(
+                f"T'=T/2 is the best T' ({row}, eps~{eps:g}; Table 4)", vals[half], vals[other],
+                higher_is_better=True, names=(t_prime_label(half, T), t_prime_label(other, T))))
+        if T in vals and len(vals) > 1:
+            other = _best({k: v for k, v in vals.items() if k != T}, higher=False)
+            out.append(report.ordering_verdict(
+                f"T'=T is the worst T' ({row}, eps~{eps:g}; Table 4)", vals[other], vals[T],
+                higher_is_better=True, names=(t_prime_label(other, T), t_prime_label(T, T))))
+    return out
+
+
+def sweep_verdict(runs: list[dict], x_key: str, eps: float, claim: str, *, largest: bool,
+                  row: str = "pretrain_distill", metric: str = "val_accuracy"):
+    """Verdict that more of `x_key` helps at `eps`: the largest value (``largest``) or the best
+    value above the smallest ("up to a point") beats the smallest value."""
+    vals = {r[x_key]: [] for r in runs if r["row"] == row and r["target_epsilon"] == eps}
+    for x in vals:
+        vals[x] = [r.get(metric) for r in _runs_at(runs, row, eps, **{x_key: x})]
+    vals = {x: v for x, v in vals.items() if report.mean_std(v)[0] is not None}
+    if len(vals) < 2:
+        return None
+    lo = min(vals)
+    hi = max(vals) if largest else _best({k: v for k, v in vals.items() if k != lo})
+    return report.ordering_verdict(claim, vals[hi], vals[lo], higher_is_better=True,
+                                   names=(f"{x_key}={hi}", f"{x_key}={lo}"))
+
+
+# --------------------------------------------------------------------------------------------
+# Figure 3: perplexity of private vs public samples under a NON-PRIVATE oracle on-device LM and
+# under the public LLM (teacher)
+# --------------------------------------------------------------------------------------------
+
+NONPRIVATE_ORACLE = ("NON-PRIVATE: the oracle on-device LM is trained centrally, without DP "
+                     "noise, on the private training users' text (Wang et al. §5.1, Figure 3); "
+                     "neither it nor anything computed from it is covered by any privacy ledger "
+                     "or released")
+
+
+@dataclasses.dataclass
+class Figure3Samples:
+    """Per-sample values of Figure 3: ``rows`` (one dict per sample: set, source, text,
+    nll/ppl under the oracle and the LLM, targets), the data statistics, the oracle's history;
+    ``tokens`` (student ids of every sample, row order), ``task`` and ``params`` (the oracle) to
+    recompute them. None of it is released (see `NONPRIVATE_ORACLE`)."""
+    rows: list
+    stats: dict
+    oracle_history: list
+    tokens: np.ndarray | None = None
+    task: object = None
+    params: object = None
+
+
+def figure3_samples(cfg, workdir: str, *, teacher=None, progress: bool = True,
+                    log=print) -> Figure3Samples:
+    """N private messages of held-out (test-split) users and N public-pool sentences, scored by
+    (a) a NON-PRIVATE oracle LM trained centrally on the training users (``cfg.oracle_steps``
+    Adam steps, resumable in ``workdir/oracle``) and (b) the teacher (`build_public_pool`'s
+    cached ``log p_pub``). Both score the same corpus-form sequences (teacher BOS + first L
+    tokens + EOS if it fits) at the same positions; NLL = −mean token log-prob, PPL = exp(NLL).
+    The oracle's NLL spreads p(UNK) over the teacher ids folded into UNK (`private_logprob`), so
+    both are per-teacher-token perplexities."""
+    teacher = teacher or gguf.cached_teacher(cfg.teacher_path)
+    pub = load_public_pool(progress=progress)
+    rng = np.random.default_rng(cfg.sample_seed)
+    vocab_idx = (np.arange(len(pub)) if cfg.vocab_texts is None or cfg.vocab_texts >= len(pub)
+                 else np.sort(rng.choice(len(pub), cfg.vocab_texts, replace=False)))
+    restriction = (distill.VocabRestriction.full(teacher) if cfg.vocab_kept is None else
+                   restriction_from_texts(teacher, [pub.texts[i] for i in vocab_idx],
+                                          cfg.vocab_kept))
+    tok = RestrictedTeacherTokenizer(teacher, restriction)
+    text = lm.LOADERS[cfg.corpus](progress=progress)
+    if cfg.max_clients is not None and cfg.max_clients < len(text):
+        ids = np.random.default_rng(cfg.split_seed).choice(len(text.client_ids), cfg.max_clients,
+                                                           replace=False)
+        text = text.subset([text.client_ids[i] for i in sorted(ids)])
+    train, _, test = private_datasets(
+        text, tok, split=cfg.split, split_seed=cfg.split_seed, seq_len=cfg.seq_len,
+        max_examples_per_client=cfg.max_examples_per_client, batch_size=cfg.batch_size,
+        seed=cfg.split_seed)
+    held = [m for c in test.client_ids for m in text[c] if m.strip()]
+    n_priv, n_pub = min(cfg.num_samples, len(held)), min(cfg.num_samples, len(pub))
+    priv_sel = np.sort(np.random.default_rng([cfg.sample_seed, 1]).choice(len(held), n_priv,
+                                                                           replace=False))
+    pub_sel = np.sort(np.random.default_rng([cfg.sample_seed, 2]).choice(len(pub), n_pub,
+                                                                          replace=False))
+    texts = [held[i] for i in priv_sel] + [pub.texts[i] for i in pub_sel]
+    sets = ["private"] * n_priv + ["public"] * n_pub
+    sources = ["private (held-out users)"] * n_priv + [pub.sources[i] for i in pub_sel]
+    log(f"figure 3: {n_priv} private messages of {len(test)} held-out users, {n_pub} public "
+        "sentences; teacher pass (cached)")
+    scored = build_public_pool(teacher, texts, sources, restriction, seq_len=cfg.seq_len,
+                               cache_dir=os.path.join(workdir, "teacher_cache"),
+                               with_topk=False, batch_size=cfg.teacher_batch_size,
+                               progress=progress)
+    task = _task(cfg.arch, cfg.embed_dim, cfg.hidden_dim, cfg.seq_len, tok.vocab_size)
+    train_tokens = train.concat_examples()["tokens"]
+    log(f"oracle (NON-PRIVATE): {cfg.oracle_steps} central steps on {len(train_tokens)} "
+        f"sequences of {len(train)} training users")
+    params, hist = pretrain.train_central(
+        task.loss_fn, task.init(jax.random.key(cfg.seed)), {"tokens": train_tokens},
+        steps=cfg.oracle_steps, batch_size=min(cfg.oracle_batch_size, len(train_tokens)),
+        seed=cfg.seed, optimizer=pretrain.adam_with_clipping(cfg.oracle_lr, 1.0),
+        workdir=os.path.join(workdir, "oracle"), progress=progress,
+        desc="oracle (non-private)", log=log)
+    lp_oracle = private_logprob(task, params, scored, cfg.score_batch_size,
+                                unk_correction=cfg.unk_correction)
+    targets = scored.tokens[:, 1:]
+    n_targets = (targets != 0).sum(1)
+    rows = []
+    for i in range(len(texts)):
+        nll_o, nll_t = -float(lp_oracle[i]), -float(scored.logp_pub[i])
+        rows.append({"set": sets[i], "source": sources[i], "targets": int(n_targets[i]),
+                     "nll_oracle": nll_o, "ppl_oracle": float(np.exp(nll_o)),
+                     "nll_llm": nll_t, "ppl_llm": float(np.exp(nll_t)), "text": texts[i]})
+    stats = {"train_clients": len(train), "train_sequences": int(len(train_tokens)),
+             "heldout_clients": len(test), "private_samples": n_priv, "public_samples": n_pub,
+             "student_vocab_size": tok.vocab_size, "unk_class_size": unk_class_size(restriction),
+             "teacher": {"file": os.path.basename(teacher.path or ""),
+                         "sha256": teacher.fingerprint}}
+    return Figure3Samples(rows, stats, hist, scored.tokens, task, params)
+
+
+def figure3_summary(rows: list[dict]) -> list[dict]:
+    """Median PPL, median and IQR of log PPL (= NLL) of each set under each model."""
+    out = []
+    for s in ("private", "public"):
+        for model, key in (("oracle on-device LM (non-private)", "nll_oracle"),
+                           ("public LLM (teacher)", "nll_llm")):
+            v = np.array([r[key] for r in rows if r["set"] == s], np.float64)
+            q1, med, q3 = np.percentile(v, [25, 50, 75]) if len(v) else (np.nan,) * 3
+            out.append({"set": s, "model": model, "samples": int(len(v)),
+                        "median PPL": float(np.exp(med)), "median log PPL": float(med),
+                        "IQR of log PPL": float(q3 - q1)})
+    return out
+
+
+def figure3_verdicts(rows: list[dict]) -> list:
+    """Figure 3's orderings: private samples have lower median PPL under the oracle than public
+    ones; public samples are more dispersed (larger IQR of log PPL, under each model)."""
+    def stat(s, key, fn):
+        return fn(np.array([r[key] for r in rows if r["set"] == s], np.float64))
+    iqr = lambda v: float(np.subtract(*np.percentile(v, [75, 25])))  # noqa: E731
+    med = lambda v: float(np.median(v))  # noqa: E731
+    out = [report.ordering_verdict(
+        "private samples have lower median PPL under the oracle than public samples (Figure 3)",
+        [stat("private", "nll_oracle", med)], [stat("public", "nll_oracle", med)],
+        higher_is_better=False, names=("private median log PPL", "public median log PPL"))]
+    for key, model in (("nll_oracle", "oracle"), ("nll_llm", "LLM")):
+        out.append(report.ordering_verdict(
+            f"public samples are more dispersed than private ones (IQR of log PPL under the "
+            f"{model}; Figure 3)", [stat("public", key, iqr)], [stat("private", key, iqr)],
+            higher_is_better=True, names=("public IQR", "private IQR")))
+    return out
+
+
+def plot_figure3(rows: list[dict], path: str, title: str = "") -> str:
+    """Scatter (with marginal 2-D density contours) of (log PPL under the oracle, log PPL under
+    the LLM), private vs public coloured."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 5))
+    for s, color in (("private", "tab:blue"), ("public", "tab:orange")):
+        x = np.array([r["nll_oracle"] for r in rows if r["set"] == s])
+        y = np.array([r["nll_llm"] for r in rows if r["set"] == s])
+        ax.scatter(x, y, s=6, alpha=0.35, color=color, label=f"{s} (n={len(x)})")
+        if len(x) >= 50:  # a 2-D histogram's contours where there are enough samples
+            h, xe, ye = np.histogram2d(x, y, bins=30)
+            ax.contour((xe[:-1] + xe[1:]) / 2, (ye[:-1] + ye[1:]) / 2, h.T, levels=4,
+                       colors=color, linewidths=0.8)
+    ax.set_xlabel("log PPL under the oracle on-device LM (NON-PRIVATE)")
+    ax.set_ylabel("log PPL under the public LLM (teacher)")
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,114 @@
+"""Wang et al. 2023 ablations: Tables 4/5 (timing T' of public training, with and without
+distribution matching) and Figures 2/4 (accuracy after private FL vs distillation steps, vs
+top-k logits), on the set-up of ``experiments.public_training`` (chitchat users, DP-FTRL, the
+packaged SmolLM2 teacher, the public pool).
+
+    t_prime        rows mid_dm (Table 4) and mid_random (Table 5) at T' in {0, T/4, T/2, 3T/4, T};
+                   at T' = 0 both are pretrain_distill (no private model to match with, §5.3);
+                   at T' = T public training follows the last private round
+    distill_steps  pretrain_distill over `distill_steps_grid` (Figure 2a/b)
+    topk           pretrain_distill over `topk_grid` teacher logits (Figure 2c / 4)
+
+Every point is a `fedpriv.recipes.sweep` point in ``<workdir>/<ablation>/<field=value>`` (read
+back once finished; rows resume inside a point); the teacher cache is shared. Accuracy is on
+validation users (the paper's dev set). Public training after T' is post-processing of the DP
+checkpoint: every row's ledger holds the same T-round DP-FTRL event.
+
+    python -m experiments.wang_ablations --config configs/wang_ablations.py:small \
+        --workdir runs/wang_ablations
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+from experiments import common
+from fedpriv.models import gguf
+from fedpriv.recipes import public, sweep
+
+METRIC = "val_accuracy"
+EXTENDABLE = ("seeds", "epsilons")  # more seeds / epsilons: a finished point resumes its rows
+
+
+def _points(cfg, teacher, workdir, log, progress):
+    def fn(pcfg, pdir):
+        rr = public.run_rows(pcfg, pdir, teacher=teacher, progress=progress, log=log,
+                             cache_dir=os.path.join(workdir, "teacher_cache"))
+        return [{k: v for k, v in r.items() if k != "curve"} for r in rr.runs]
+    return fn
+
+
+def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) -> dict:
+    t0, lm, eps = time.time(), cfg.lm, cfg.lm.epsilons
+    teacher = teacher or gguf.cached_teacher(lm.teacher_path)
+    fn, out, verdicts = _points(cfg, teacher, workdir, log, progress), {}, []
+    notes = [f"{lm.corpus} users, DP-FTRL T={lm.rounds}, cohort {lm.cohort_size}, q={lm.q:g}, "
+             f"{lm.distill_steps} distillation steps (batch {lm.central_batch_size}), top-{lm.topk}"
+             f" (an ablation's swept field takes its grid values instead), seeds {list(lm.seeds)}; "
+             "each distillation-step count is its own public run from the same seed (the "
+             "paper takes checkpoints of one run); accuracy: validation (dev) in-vocabulary next-token "
+             "accuracy (%), mean ± std over seeds",
+             "public training after T' is post-processing of the DP checkpoint: each run's "
+             "ledger holds only the T-round DP-FTRL event (epsilon per run in runs.csv)"]
+    if "t_prime" in cfg.ablations:
+        tps = cfg.t_primes()
+        rows = tuple(("pretrain_distill",) if tp == 0 else ("mid_dm", "mid_random") for tp in tps)
+        runs = sweep.run_sweep(fn, lm, {"t_prime": tps, "rows": rows},
+                               os.path.join(workdir, "t_prime"), mode="zip", log=log,
+                               extendable=EXTENDABLE)
+        out["t_prime_runs"] = runs
+        for name, row, paper, title in (
+                ("table4", "mid_dm", public.PAPER_TABLE4, "Table 4: timing T' with distribution "
+                 "matching (mid_dm; T'=0: random sample)"),
+                ("table5", "mid_random", public.PAPER_TABLE5, "Table 5: timing T' without "
+                 "distribution matching (random public subset)")):
+            out[name] = public.t_prime_table(runs, lm.rounds, tps, eps, row, paper=paper,
+                                             metric=METRIC)
+            common.write_table(out[name], workdir, name, title=title, notes=notes)
+        verdicts += public.t_prime_verdicts(runs, lm.rounds, tps, eps, row="mid_dm",
+                                            metric=METRIC)
+    for ab, field, grid, xlabel, claim, largest in (
+            ("distill_steps", "distill_steps", cfg.distill_steps_grid, "distillation steps",
+             "more distillation steps help (up to a point)", False),
+            ("topk", "topk", cfg.topk_grid, "top-k teacher logits", "larger top-k helps", True)):
+        if ab not in cfg.ablations:
+            continue
+        runs = sweep.run_sweep(fn, dataclasses.replace(lm, rows=("pretrain_distill",)),
+                               {field: grid}, os.path.join(workdir, ab), log=log,
+                               extendable=EXTENDABLE)
+        out[f"{ab}_runs"] = runs
+        curves = public.ablation_curves(runs, field, eps, metric=METRIC)
+        table = [{"epsilon": k[4:], field: x, "val accuracy (%)": f"{m:.2f}",
+                  "std": f"{s:.2f}"} for k, (xs, ms, ss) in curves.items()
+                 for x, m, s in zip(xs, ms, ss)]
+        common.write_table(table, workdir, f"accuracy_vs_{ab}", notes=notes,
+                           title=f"Accuracy after private FL vs {xlabel} (pretrain_distill)")
+        public.plot_errorbars(curves, os.path.join(workdir, f"accuracy_vs_{ab}.png"), xlabel,
+                              "validation accuracy (%)", f"{lm.corpus}, DP-FTRL T={lm.rounds}: "
+                              f"pre-training w/ distillation (mean ± std, seeds {list(lm.seeds)})")
+        verdicts += [v for e in eps if (v := public.sweep_verdict(
+            runs, field, e, f"{claim} (eps~{e:g}; Figure 2/4)", largest=largest,
+            metric=METRIC)) is not None]
+    every = [r for k, v in out.items() if k.endswith("_runs") for r in v]
+    common.write_table([{k: r.get(k) for k in ("row", "seed", "target_epsilon", "epsilon",
+                                               "t_prime", "distill_steps", "topk",
+                                               "val_accuracy", "test_accuracy", "wall_clock_s")}
+                        for r in every], workdir, "runs")
+    common.write_verdicts(verdicts, workdir)
+    result = {**out, "verdicts": [dataclasses.asdict(v) for v in verdicts],
+              "wall_clock_s": time.time() - t0, **common.run_record(cfg, list(lm.seeds))}
+    common.save_json(result, os.path.join(workdir, "summary.json"))
+    return result
+
+
+def main(argv=None):
+    cfg, workdir, _ = common.config_and_workdir(argv, __doc__, "wang_ablations")
+    run(cfg, workdir)
+    for name in ("table4", "table5", "accuracy_vs_distill_steps", "accuracy_vs_topk"):
+        if os.path.exists(os.path.join(workdir, f"{name}.md")):
+            print(open(os.path.join(workdir, f"{name}.md")).read())
+
+
+if __name__ == "__main__":
+    common.cli(main)

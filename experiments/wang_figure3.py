@@ -1,0 +1,64 @@
+"""Wang et al. 2023 Figure 3: perplexity of private vs public samples under a NON-PRIVATE
+"oracle" on-device LM and under the public LLM.
+
+The oracle is trained centrally, WITHOUT DP noise, on the private training users' text (the
+paper fine-tunes it "without DP noise to overfit the private data distribution"); it is not
+covered by any privacy ledger and is never released: this figure is a diagnostic of the data,
+not a private result. Samples: N messages of held-out private users and N public-pool
+sentences, each scored as the same corpus-form sequence by the oracle and the teacher
+(`fedpriv.recipes.public.figure3_samples`). Writes ``figure3.png`` (both axes log PPL),
+``figure3_samples.csv`` (per sample), ``figure3_summary.{md,csv}`` (median PPL and IQR of log
+PPL per set and model) and ``verdicts.json``.
+
+    python -m experiments.wang_figure3 --config configs/wang_figure3.py:small \
+        --workdir runs/wang_figure3
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+from experiments import common
+from fedpriv.recipes import public
+
+
+def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) -> dict:
+    t0 = time.time()
+    os.makedirs(workdir, exist_ok=True)
+    fig = public.figure3_samples(cfg, workdir, teacher=teacher, progress=progress, log=log)
+    common.write_table(fig.rows, workdir, "figure3_samples")
+    summary = public.figure3_summary(fig.rows)
+    st = fig.stats
+    common.write_table(summary, workdir, "figure3_summary", notes=[
+        public.NONPRIVATE_ORACLE,
+        f"{cfg.corpus}: oracle {cfg.arch} (embed {cfg.embed_dim}, hidden {cfg.hidden_dim}), "
+        f"{cfg.oracle_steps} Adam steps (lr {cfg.oracle_lr:g}, batch {cfg.oracle_batch_size}) on "
+        f"{st['train_sequences']} sequences of {st['train_clients']} training users; samples: "
+        f"{st['private_samples']} messages of {st['heldout_clients']} held-out users, "
+        f"{st['public_samples']} public-pool sentences; L={cfg.seq_len} teacher tokens",
+        "PPL = exp(NLL), NLL = mean negative log-prob per predicted token of the same sequence "
+        "(teacher BOS, first L tokens, EOS if it fits); the oracle's p(UNK) is spread over the "
+        f"{st['unk_class_size']} teacher ids folded into UNK"],
+        title="Figure 3: PPL of private vs public samples (oracle on-device LM vs public LLM)")
+    public.plot_figure3(fig.rows, os.path.join(workdir, "figure3.png"),
+                        f"{cfg.corpus}: private vs public samples (oracle: NON-PRIVATE)")
+    verdicts = public.figure3_verdicts(fig.rows)
+    common.write_verdicts(verdicts, workdir)
+    result = {"summary": summary, "stats": st, "nonprivate": public.NONPRIVATE_ORACLE,
+              "ledger": None, "oracle_final_loss": (fig.oracle_history[-1]["loss"]
+                                                    if fig.oracle_history else None),
+              "verdicts": [dataclasses.asdict(v) for v in verdicts],
+              "wall_clock_s": time.time() - t0, **common.run_record(cfg, cfg.seed)}
+    common.save_json(result, os.path.join(workdir, "summary.json"))
+    return result
+
+
+def main(argv=None):
+    cfg, workdir, _ = common.config_and_workdir(argv, __doc__, "wang_figure3")
+    run(cfg, workdir)
+    print(open(os.path.join(workdir, "figure3_summary.md")).read())
+
+
+if __name__ == "__main__":
+    common.cli(main)
