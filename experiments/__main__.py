@@ -27,21 +27,27 @@ class Artefact:
 ARTEFACTS = (
     Artefact("demo", "-", "the main job: DP-FTRL LSTM on chitchat (make demo)", "demo", "demo", ("smoke", "small"),
              ("summary.md", "learning_curve.png")),
-    Artefact("wang-table1", "Wang et al. 2023", "DP-FTRL at eps 18.71 / 1.77 without pre-training "
-             "(with pre-training: wang-table2's rows)", "privacy_utility", "privacy_utility",
-             outputs=("privacy_utility.md",)),
-    Artefact("wang-figure1", "Wang et al. 2023", "tokenizers (SentencePiece vs word vocabularies): "
-             "privacy_utility with tokenizers=sentencepiece/word_public/word", "privacy_utility", "privacy_utility",
-             outputs=("privacy_utility.md",)),
+    Artefact("wang-table1", "Wang et al. 2023", "DP-FTRL at eps 18.71 / 1.77, round 0 and round T, without "
+             "pre-training (with pre-training: wang-table2's pretrain_lm row)", "privacy_utility", "privacy_utility",
+             outputs=("table1.md", "privacy_utility.md")),
+    Artefact("wang-figure1", "Wang et al. 2023", "tokenizers (SentencePiece vs word vocabularies), next-token "
+             "accuracy without / with OOV", "privacy_utility", "privacy_utility", outputs=("figure1.png",)),
     Artefact("wang-table2", "Wang et al. 2023", "public pre-/mid-training, LLM distillation, distribution "
              "matching", "public_training", "public_training",
              outputs=("public_training.md", "public_training.png")),
     Artefact("wang-table3", "Wang et al. 2023", "with vs without log p_pub (rows of wang-table2's output)",
              "public_training", "public_training", outputs=("public_training.md",)),
-    Artefact("wang-table4-5", "Wang et al. 2023", "timing T' of matching / of mid-training", None, None),
-    Artefact("wang-figure2-4", "Wang et al. 2023", "accuracy vs distillation steps; vs top-k", None, None),
-    Artefact("wang-figure3", "Wang et al. 2023", "perplexity of private vs public samples under an oracle LM "
-             "and the public LLM", None, None),
+    Artefact("wang-table4-5", "Wang et al. 2023", "timing T' of distribution matching / of mid-training "
+             "(T' = 0, T/4, T/2, 3T/4, T)", "wang_ablations", "wang_ablations", outputs=("table4.md", "table5.md")),
+    Artefact("wang-figure2-4", "Wang et al. 2023", "accuracy after private FL vs distillation steps; vs top-k",
+             "wang_ablations", "wang_ablations",
+             outputs=("accuracy_vs_distill_steps.md", "accuracy_vs_distill_steps.png", "accuracy_vs_topk.md",
+                      "accuracy_vs_topk.png")),
+    Artefact("wang-figure3", "Wang et al. 2023", "perplexity of private vs public samples under a NON-PRIVATE "
+             "oracle LM and the public LLM", "wang_figure3", "wang_figure3",
+             outputs=("figure3_summary.md", "figure3.png")),
+    Artefact("wang-appc-sweep", "Wang et al. 2023", "App. C grid: server lr x client lr x clip norm at one noise "
+             "level, chosen on validation", "lm_sweep", "lm_sweep", outputs=("lm_sweep.md",)),
     Artefact("hou-table1", "Hou et al. 2023", "closer prefinetuning set -> lower test perplexity after DP "
              "FL-finetuning; private FreD keeps the order (FreD -> prefinetune -> DP FL-finetune, one ledger)",
              "fred_pipeline", "fred_pipeline", outputs=("fred_pipeline.md", "fred_pipeline.png")),
