@@ -78,7 +78,7 @@ def listing() -> list[dict]:
 
 
 def main(argv=None):
-    ap = common.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = common.ArgumentParser(prog="python -m experiments", description=__doc__.splitlines()[0])
     ap.add_argument("artefact", nargs="?", choices=[a.name for a in ARTEFACTS])
     ap.add_argument("--list", action="store_true", help="list every artefact and its command")
     ap.add_argument("--scale", default="small")

@@ -99,7 +99,7 @@ def build(runs: str = "runs", out: str = os.path.join("experiments", "RESULTS.md
 
 
 def main(argv=None):
-    ap = common.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = common.ArgumentParser(prog="python -m experiments.results", description=__doc__.splitlines()[0])
     ap.add_argument("--runs", default="runs", help="the directory holding runs/<module>/ (default runs)")
     ap.add_argument("--out", default=os.path.join("experiments", "RESULTS.md"))
     args = ap.parse_args(argv)
