@@ -244,6 +244,10 @@ def population_expansion_plan(cfg) -> PrivacyPlan:
                                       algs.privacy_event(dp, sampler, rounds, simulated=True),
                                       stage.population_labels,
                                       algs.privacy_event(dp, sampler, rounds, simulated=False)))
+            declared = [sp.populations for sp in scheme.privacy_plan(LABELS)]
+            if declared != [c.populations for c in charges]:  # the scheme's own budget table
+                raise ValueError(f"{scheme.name}: charges on {[c.populations for c in charges]} but "
+                                 f"the scheme declares {declared}")
             nonprivate = (((PRIVATE_VOCABULARY, (LABELS[TARGET],)),)
                           if cfg.vocabulary == "target_train" else ())
             runs.append(PlannedRun(f"{dataset}/{scheme.name}", *scheme.budget, tuple(charges),
