@@ -105,6 +105,9 @@ def test_paper_config_accounts_within_budget():
     ledger.spend(RELEASE, fred_event)
     ledger.spend("DP-FTRL FL-finetune", fl_event)
     assert z > 8.83 and ledger.spent() <= cfg.total_epsilon * (1 + 1e-9)
+    # the config-level check (configs/fred_pipeline.py:privacy_plan) charges these very events
+    chosen = plans.fred_pipeline_plan(cfg).runs[0]
+    assert [c.event for c in chosen.charges] == [fred_event, fl_event]
     fixed = dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, noise_multiplier=8.83))
     (fred_event, fl_event), _ = pipeline_events(fixed, train_clients)
     ledger = PrivacyLedger(cfg.total_epsilon, cfg.lm.delta, unit="user")
