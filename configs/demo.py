@@ -3,7 +3,7 @@
 Same config type as ``configs/lm_fl.py``; the demo is its ``small`` scale (a few minutes on
 2 CPU cores) with DP-FTRL at epsilon ~ 18.7 (delta = 1e-6), the looser budget of Wang et al.
 """
-from configs.lm_fl import LMFLConfig, get_config as _get
+from configs.lm_fl import LMFLConfig, get_config as _get, privacy_plan  # noqa: F401
 
 
 def get_config(arg: str = "small") -> LMFLConfig:

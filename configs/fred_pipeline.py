@@ -65,3 +65,10 @@ def get_config(arg: str = "small") -> FredPipelineConfig:
     cfg = apply_overrides(FredPipelineConfig(lm=lm_config(LM_SCALE[scale]), **SCALES[scale]), overrides)
     return dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, target_epsilon=cfg.total_epsilon,
                                                            noise_multiplier=None))
+
+
+def privacy_plan(cfg):
+    """Every ledger the experiment opens and what it charges, from ``cfg`` alone (no data, no
+    training): ``fedpriv.recipes.plans``; accounted in tests/experiments/test_configs.py."""
+    from fedpriv.recipes import plans
+    return plans.fred_pipeline_plan(cfg)

@@ -41,3 +41,10 @@ SCALES = {
 
 def get_config(arg: str = "small") -> FredTableConfig:
     return from_scale(FredTableConfig(), SCALES, arg)
+
+
+def privacy_plan(cfg):
+    """Every ledger the experiment opens and what it charges, from ``cfg`` alone (no data, no
+    training): ``fedpriv.recipes.plans``; accounted in tests/experiments/test_configs.py."""
+    from fedpriv.recipes import plans
+    return plans.fred_table_plan(cfg)

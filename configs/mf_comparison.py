@@ -38,3 +38,10 @@ def get_config(arg: str = "small") -> MFComparisonConfig:
     if cfg.lm.target_epsilon is None:
         raise ConfigError("the comparison is at equal epsilon: set target_epsilon")
     return cfg
+
+
+def privacy_plan(cfg):
+    """Every ledger the experiment opens and what it charges, from ``cfg`` alone (no data, no
+    training): ``fedpriv.recipes.plans``; accounted in tests/experiments/test_configs.py."""
+    from fedpriv.recipes import plans
+    return plans.mf_comparison_plan(cfg)

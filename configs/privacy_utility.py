@@ -56,3 +56,10 @@ LM_SCALE = {"smoke": "smoke,rounds=2,eval_every=2", "small": "small", "paper": "
 def get_config(arg: str = "small") -> PrivacyUtilityConfig:
     cfg = with_lm_config(PrivacyUtilityConfig, SCALES, LM_SCALE, arg, lm_config)
     return cfg
+
+
+def privacy_plan(cfg):
+    """Every ledger the experiment opens and what it charges, from ``cfg`` alone (no data, no
+    training): ``fedpriv.recipes.plans``; accounted in tests/experiments/test_configs.py."""
+    from fedpriv.recipes import plans
+    return plans.privacy_utility_plan(cfg)

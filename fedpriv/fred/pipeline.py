@@ -19,6 +19,7 @@ FL-finetune under the pipeline ledger), then ``rank 2``, ... with ``compare_all`
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Callable
 
@@ -31,7 +32,8 @@ from fedpriv.data import (encode_examples, load_chitchat, load_public_pool, spli
 from fedpriv.dp import moments
 from fedpriv.dp.ledger import PrivacyLedger
 from fedpriv.fl.loop import NONPRIVATE, OUTPUTS
-from fedpriv.fl.stages import Stage, StageContext, run_stages
+from fedpriv.fl.checkpoint import ResumeMismatch
+from fedpriv.fl.stages import Stage, StageContext, run_stages, stage_dir
 from fedpriv.fred.distance import fred_nonprivate, pca_basis
 from fedpriv.fred.embed import candidate_datasets, embed_all, sample_texts
 from fedpriv.fred.private import private_stats, rank_candidates
@@ -117,6 +119,26 @@ def _fred_stage(cfg, fred_private, candidates, progress) -> Callable[[StageConte
     return run
 
 
+def _pre_fl_params(cfg, name: str, task, tok, candidates, workdir: str, progress):
+    """The model before FL-finetuning: the seeded init, prefinetuned on candidate ``name`` (public
+    data; ``train_central`` resumes from ``workdir/prefinetune``) unless ``name`` is NONE."""
+    lm = cfg.lm
+    params = task.init(jax.random.key(lm.seed))
+    if name != NONE:
+        data = {"tokens": encode_examples(tok.encode(candidates[name]), lm.seq_len)}
+        params, _ = train_central(task.loss_fn, params, data, steps=cfg.prefinetune_steps,
+                                  batch_size=cfg.prefinetune_batch, seed=cfg.seed,
+                                  optimizer=adam_with_clipping(cfg.prefinetune_lr),
+                                  workdir=os.path.join(workdir, "prefinetune"), progress=progress,
+                                  desc=f"prefinetune on {name}")
+    return params
+
+
+def perplexity_of(loss) -> float | None:
+    """``exp(mean token loss)``, as ``fedpriv.models.metrics.evaluate`` reports perplexity."""
+    return None if loss is None else float(np.exp(np.float64(loss)))
+
+
 def _finetune_stage(cfg, rank: int | None, lm_data: Callable, candidates, progress):
     """Stage of one row: prefinetune on the candidate FreD ranked ``rank`` (None: none), then
     DP FL-finetune; FreD's choice (rank 1) under the pipeline's ledger."""
@@ -126,17 +148,10 @@ def _finetune_stage(cfg, rank: int | None, lm_data: Callable, candidates, progre
         fred = ctx.results[FRED]
         ranking = [tuple(r) for r in fred["ranking"]]
         name = NONE if rank is None else ranking[rank - 1][0]
-        prepared, task, val_tokens = lm_data()
-        tok = prepared.tokenizer
-        params = task.init(jax.random.key(lm.seed))
-        if name != NONE:
-            data = {"tokens": encode_examples(tok.encode(candidates[name]), lm.seq_len)}
-            params, _ = train_central(task.loss_fn, params, data, steps=cfg.prefinetune_steps,
-                                      batch_size=cfg.prefinetune_batch, seed=cfg.seed,
-                                      optimizer=adam_with_clipping(cfg.prefinetune_lr),
-                                      workdir=os.path.join(ctx.workdir, "prefinetune"), progress=progress,
-                                      desc=f"prefinetune on {name}")
+        prepared, task, val_tokens, test_tokens = lm_data()
+        params = _pre_fl_params(cfg, name, task, prepared.tokenizer, candidates, ctx.workdir, progress)
         before = evaluate(task, params, val_tokens, lm.eval_batch_size)
+        before_test = evaluate(task, params, test_tokens, lm.eval_batch_size)
         if rank == 1:
             led = ctx.ledger                                # the pipeline's own budget
         elif name == NONE:
@@ -157,16 +172,49 @@ def _finetune_stage(cfg, rank: int | None, lm_data: Callable, candidates, progre
                 "val_ppl_before_fl": before["perplexity"], "val_acc_before_fl": before["accuracy"],
                 "val_acc_after_fl": s["val_accuracy"], "test_acc_after_fl": s["test_accuracy"],
                 "val_loss_after_fl": s["val_loss"],
+                "test_loss_before_fl": before_test["loss"], "test_ppl_before_fl": before_test["perplexity"],
+                "test_loss_after_fl": s["test_loss"], "test_ppl_after_fl": perplexity_of(s["test_loss"]),
                 NONPRIVATE + "fred": fred["nonprivate_fred"].get(name)}
     return run
+
+
+TEST_COLUMNS = ("test_loss_before_fl", "test_ppl_before_fl", "test_loss_after_fl", "test_ppl_after_fl")
+
+
+def _backfill_test_columns(cfg, row: dict, stage_workdir: str, lm_data: Callable, candidates,
+                           progress) -> dict:
+    """A row recorded by an earlier version (``stages.json`` without the test-perplexity
+    columns; the fingerprint covers the config, not the code): the after-FL test loss from the
+    FL run's own ``fl/summary.json``, the before-FL one re-evaluated on the prefinetuned model
+    (the seeded init, or ``train_central`` resumed from the stage's finished checkpoint: public
+    data, nothing charged). Missing records are an error, never a silent blank column."""
+    path = os.path.join(stage_workdir, "fl", "summary.json")
+    if not os.path.exists(path):
+        raise ResumeMismatch(f"{stage_workdir}: a finished stage without the test-perplexity columns "
+                             f"and no {path} to derive them from; use another workdir")
+    with open(path) as f:
+        test_loss = json.load(f)["test_loss"]
+    prepared, task, _, test_tokens = lm_data()
+    params = _pre_fl_params(cfg, row["prefinetune data"], task, prepared.tokenizer, candidates,
+                            stage_workdir, progress)
+    before_test = evaluate(task, params, test_tokens, cfg.lm.eval_batch_size)
+    return {**row, "test_loss_before_fl": before_test["loss"], "test_ppl_before_fl": before_test["perplexity"],
+            "test_loss_after_fl": test_loss, "test_ppl_after_fl": perplexity_of(test_loss),
+            "backfilled": "test columns recomputed on resume (stage recorded by an earlier version)"}
 
 
 def run_pipeline(cfg, workdir: str, progress: bool = True) -> dict:
     """Run (or resume) the pipeline of ``cfg`` (``configs/fred_pipeline.py``) in ``workdir``.
 
-    Returns ``{"rows", "chosen", "fred_release", "embedder_sentences_per_s", "ledger",
-    "resumed"}``: one row per prefinetuning choice (baseline first, then by FreD rank), the
-    pipeline's :class:`PrivacyLedger` after all stages, the stages resumed from an earlier session.
+    Returns ``{"rows", "chosen", "ranking", "nonprivate_fred", "fred_release",
+    "embedder_sentences_per_s", "ledger", "resumed"}``: one row per prefinetuning choice
+    (baseline first, then by FreD rank), FreD's private ranking ``[[name, score], ...]`` and the
+    noise-free FreD of every candidate (NOT covered by the ledger), the pipeline's
+    :class:`PrivacyLedger` after all stages, the stages resumed from an earlier session.
+
+    Rows carry the test loss and perplexity (``exp`` of the mean token loss, as
+    ``models.metrics.evaluate``) before and after FL (``TEST_COLUMNS``). A stage finished by an
+    earlier version without them is back-filled on resume (``_backfill_test_columns``).
     """
     lm = cfg.lm
     os.makedirs(workdir, exist_ok=True)
@@ -174,7 +222,8 @@ def run_pipeline(cfg, workdir: str, progress: bool = True) -> dict:
     cache = {}
 
     def lm_data():
-        """(prepared data, task, validation tokens) of stages 2-3, built once on first use."""
+        """(prepared data, task, validation tokens, test tokens) of stages 2-3, built once on
+        first use (the test tokens are those ``run_lm_fl`` evaluates: ``max_eval_examples``)."""
         if not cache:
             tok = train_sentencepiece(load_public_pool(progress=progress).texts, vocab_size=lm.vocab_size)
             kw = dict(seq_len=lm.seq_len, max_examples_per_client=lm.max_examples_per_client,
@@ -183,7 +232,8 @@ def run_pipeline(cfg, workdir: str, progress: bool = True) -> dict:
             stats = {"corpus": "chitchat (private half)", "vocab_size": tok.vocab_size,
                      "train_clients": len(datasets[0]), "val_clients": len(datasets[1])}
             cache["v"] = (lm_recipe.Prepared(*datasets, tok, stats), lm_recipe.build_task(lm, tok.vocab_size),
-                          datasets[1].concat_examples()["tokens"][: lm.max_eval_examples])
+                          datasets[1].concat_examples()["tokens"][: lm.max_eval_examples],
+                          datasets[2].concat_examples()["tokens"][: lm.max_eval_examples])
         return cache["v"]
 
     ranks = range(1, len(candidates) + 1) if cfg.compare_all else [1]
@@ -194,6 +244,13 @@ def run_pipeline(cfg, workdir: str, progress: bool = True) -> dict:
     out = run_stages(stages, workdir, ledger, fingerprint=dataclasses.asdict(cfg),
                      log=print if progress else (lambda _: None))
     fred = out.results[FRED]
-    return {"rows": [out.results[s.name] for s in stages[1:]], "chosen": fred["ranking"][0][0],
+    rows = []
+    for i, st in enumerate(stages[1:], start=1):
+        row = out.results[st.name]
+        if any(k not in row for k in TEST_COLUMNS):
+            row = _backfill_test_columns(cfg, row, stage_dir(workdir, i, st.name), lm_data, candidates, progress)
+        rows.append(row)
+    return {"rows": rows, "chosen": fred["ranking"][0][0], "ranking": fred["ranking"],
+            "nonprivate_fred": fred["nonprivate_fred"],
             "fred_release": fred["release"], "embedder_sentences_per_s": fred["embedder_sentences_per_s"],
             "ledger": out.ledger, "resumed": out.resumed}

@@ -1,18 +1,132 @@
-"""Every experiment config: scales, typed overrides, clear errors."""
+"""Every experiment config: scales, typed overrides, clear errors -- and every scale of every
+config accounted (its privacy plan replayed through the run's ledger) without data or training.
+
+The configs are enumerated from ``configs/`` (a new file is covered automatically). Each must
+expose ``privacy_plan(cfg) -> fedpriv.dp.plan.PrivacyPlan`` (``fedpriv.recipes.plans``); a
+config without one fails here, and an experiment that touches no private data says so with
+``PrivacyPlan.nothing(reason)``.
+"""
+import dataclasses
+import importlib
+import math
+import pathlib
+
 import pytest
 
 from experiments import common
+from fedpriv.dp.ledger import PrivacyBudgetExceeded
+from fedpriv.dp.plan import Charge, PlannedRun, PrivacyPlan, account
+from fedpriv.recipes import plans
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+NOT_CONFIGS = ("common", "__init__")
+DEFAULT_SCALES = ("smoke", "small", "paper")
 
 
-@pytest.mark.parametrize("path", ["configs/lm_fl.py", "configs/demo.py", "configs/population_expansion.py",
-                                  "configs/public_training.py", "configs/fred_pipeline.py",
-                                  "configs/fred_table.py", "configs/latency_figure.py",
-                                  "configs/privacy_utility.py"])
-@pytest.mark.parametrize("scale", ["smoke", "small", "paper"])
-def test_every_scale_loads(path, scale):
-    assert common.load_config(f"{path}:{scale}") is not None
+def config_names() -> list[str]:
+    return sorted(p.stem for p in (ROOT / "configs").glob("*.py") if p.stem not in NOT_CONFIGS)
 
 
+def config_module(name: str):
+    return importlib.import_module(f"configs.{name}")
+
+
+def scales_of(name: str) -> tuple[str, ...]:
+    scales = getattr(config_module(name), "SCALES", None)
+    return tuple(scales) if scales else DEFAULT_SCALES
+
+
+PAIRS = [(n, s) for n in config_names() for s in scales_of(n)]
+
+
+def privacy_plan(name: str, cfg) -> PrivacyPlan:
+    hook = getattr(config_module(name), "privacy_plan", None)
+    if not callable(hook):
+        pytest.fail(f"configs/{name}.py has no privacy_plan(cfg): every config must say what its "
+                    "experiment charges (fedpriv.recipes.plans) or that it releases nothing "
+                    "(fedpriv.dp.plan.PrivacyPlan.nothing)")
+    return hook(cfg)
+
+
+def test_enumeration_covers_the_known_configs():
+    names = config_names()
+    for known in ("demo", "fred_pipeline", "fred_table", "latency_figure", "lm_fl", "mf_comparison",
+                  "population_expansion", "privacy_utility", "public_training"):
+        assert known in names
+
+
+@pytest.mark.parametrize("name,scale", PAIRS)
+def test_every_scale_loads(name, scale):
+    assert common.load_config(f"configs/{name}.py:{scale}") is not None
+
+
+@pytest.mark.parametrize("name,scale", PAIRS)
+def test_every_scale_is_accounted(name, scale):
+    """The plan's every charge is accepted by a ledger with the run's budget: the run would not
+    be refused, and no reported epsilon exceeds its claim."""
+    plan = privacy_plan(name, common.load_config(f"configs/{name}.py:{scale}"))
+    accounts = account(plan)  # raises PrivacyBudgetExceeded / ValueError: the test fails loudly
+    if not accounts:
+        assert plan.releases_nothing, f"{name}:{scale} charges nothing and does not say why"
+        return
+    for a in accounts:
+        if a.budget is None:  # a declared non-private baseline (FedAvg)
+            assert not a.charges and a.epsilon == math.inf
+            continue
+        assert a.charges, f"{name}:{scale} {a.name}: a DP claim with no charge"
+        assert 0 < a.epsilon_dp <= a.budget * (1 + 1e-9), (name, scale, a)
+
+
+# ------------------------------------------------------------------ the check refuses
+def test_fred_pipeline_paper_with_the_inherited_fixed_z_is_refused():
+    """The past bug: fred_pipeline:paper inherited noise_multiplier=8.83 from lm_fl:paper; the
+    pipeline ledger (FreD + FL within total_epsilon = 2.46) refused it before training."""
+    cfg = common.load_config("configs/fred_pipeline.py:paper")
+    assert cfg.lm.noise_multiplier is None  # the fix: z is calibrated to what FreD left
+    broken = dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, noise_multiplier=8.83))
+    with pytest.raises(PrivacyBudgetExceeded, match="would raise epsilon"):
+        account(privacy_plan("fred_pipeline", broken))
+
+
+def test_target_epsilon_below_the_fixed_events_is_refused():
+    cfg = common.load_config("configs/lm_fl.py:small,noise_multiplier=1.0,target_epsilon=1.0")
+    with pytest.raises(PrivacyBudgetExceeded, match="budget 1"):
+        account(privacy_plan("lm_fl", cfg))
+    # the same z with no target claims nothing in particular: its own epsilon is its budget
+    own = account(privacy_plan("lm_fl", dataclasses.replace(cfg, target_epsilon=None)))
+    assert own[0].epsilon_dp > 1.0
+
+
+def test_cohort_larger_than_the_population_is_refused():
+    cfg = common.load_config("configs/lm_fl.py:smoke,cohort_size=100")  # 48 training clients
+    with pytest.raises(ValueError, match="cohort_size 100 > 48"):
+        account(privacy_plan("lm_fl", cfg))
+
+
+def test_a_plan_must_charge_or_declare_it_releases_nothing():
+    with pytest.raises(ValueError, match="releases nothing"):
+        account(PrivacyPlan())
+    assert account(PrivacyPlan.nothing("simulation")) == []
+    with pytest.raises(PrivacyBudgetExceeded, match="claims no budget"):
+        account(PrivacyPlan((PlannedRun("x", None, 1e-6, (Charge("c", _gaussian(1.0)),)),)))
+
+
+def test_populations_come_from_the_known_corpus_sizes():
+    lm = common.load_config("configs/lm_fl.py:small")
+    assert plans.lm_train_clients(lm) == 1053  # runs/*/summary.json: train_clients
+    assert plans.fred_train_clients(common.load_config("configs/fred_pipeline.py:smoke")) == 64
+    pe = common.load_config("configs/population_expansion.py:smoke")
+    assert plans.expansion_train_clients("topics", pe) == (27, 9)
+    with pytest.raises(ValueError, match="no known client count"):  # never a guessed population
+        plans.corpus_clients("stackoverflow")
+
+
+def _gaussian(z):
+    import dp_accounting as dpa
+    return dpa.GaussianDpEvent(z)
+
+
+# ------------------------------------------------------------------ overrides
 def test_typed_overrides_and_errors():
     cfg = common.load_config("configs/lm_fl.py:small,rounds=7,split=0.5/0.25/0.25,noise_cohort_size=None,"
                              "target_epsilon=2,noise_multiplier=1.5,tokenizer=word")

@@ -1,0 +1,261 @@
+"""Privacy plans of the experiments (``fedpriv.dp.plan``): every ledger an experiment opens and
+the events it would charge, built from its config alone -- no data loaded, nothing trained.
+
+Each builder constructs the events with the functions the run itself calls
+(``fedpriv.recipes.lm.build_algorithm`` with the pipeline's prior events,
+``fedpriv.fred.pipeline.fred_release_event``, ``fedpriv.expansion.pipeline.calibrate_stage`` and
+``fl.algorithms.privacy_event``, the schemes' budgets and unigram releases), so a config the
+run's ledger would refuse is refused here, before anything runs. ``configs/<experiment>.py``
+exposes ``privacy_plan(cfg)`` returning one of these; ``tests/experiments/test_configs.py``
+accounts every scale of every config with :func:`fedpriv.dp.plan.account`.
+
+Populations (they set the sampling rates) come from the config and :data:`CORPUS_CLIENTS` /
+:data:`EXPANSION_ACTIVE_USERS`, the user counts of the packaged corpora (measured once with the
+loaders' defaults; a corpus or filter missing there is an error, never a guess), through the
+same split functions the runs use (``split_client_ids``, ``balance_populations``,
+``split_clients``). Not modelled: clients dropped because tokenization left them no example
+(none at the measured scales: the counts match the runs' recorded ``train_clients``).
+
+Budgets: a run with ``target_epsilon`` is checked against it -- also when ``noise_multiplier``
+fixes z (the run then ignores the target; the plan does not, fail closed). A run with a fixed z
+and no target claims no particular epsilon; its ledger's budget is its own epsilon, as in
+``run_lm_fl``.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from fedpriv.data.errors import ConfigError
+from fedpriv.data.sampling import split_client_ids
+from fedpriv.dp import accounting, geometric, moments
+from fedpriv.dp.plan import Charge, PlannedRun, PrivacyPlan
+from fedpriv.fl import algorithms as algs
+
+__all__ = ["CORPUS_CLIENTS", "EXPANSION_ACTIVE_USERS", "corpus_clients", "split_sizes",
+           "lm_train_clients", "lm_run", "lm_fl_plan", "privacy_utility_plan",
+           "mf_comparison_plan", "public_training_plan", "fred_pipeline_plan",
+           "fred_table_plan", "population_expansion_plan", "nothing"]
+
+# Clients (users) of the packaged corpora with the loaders' defaults (`fedpriv.data.load_*`;
+# chitchat's per-sender cap of 1000 messages keeps every sender).
+CORPUS_CLIENTS = {"chitchat": 1315, "shakespeare": 1341, "simpsons": 1702}
+# Koga et al. datasets (`fedpriv.expansion.datasets.load_domains`): (source, target) users with
+# >= min_words_per_client words, keyed (dataset, min_words_per_client, max_chitchat_messages);
+# "topics" has no chitchat side (None).
+EXPANSION_ACTIVE_USERS = {("spoken_vs_typed", 20, 1000): (1144, 905),
+                          ("topics", 20, None): (772, 304)}
+# FreD's candidate public datasets (`fedpriv.fred.embed.candidate_datasets`): held-out chitchat,
+# Wikipedia, Simpsons.
+FRED_CANDIDATES = 3
+
+
+def corpus_clients(corpus: str) -> int:
+    if corpus not in CORPUS_CLIENTS:
+        raise ConfigError(f"no known client count for corpus {corpus!r}: add it to "
+                          "fedpriv.recipes.plans.CORPUS_CLIENTS (the plan never guesses a population)")
+    return CORPUS_CLIENTS[corpus]
+
+
+def split_sizes(n: int, fractions) -> tuple[int, ...]:
+    """Group sizes of ``split_client_ids`` on ``n`` clients (the runs' split; seed-independent)."""
+    return tuple(len(g) for g in split_client_ids([f"{i:09d}" for i in range(n)], fractions, 0))
+
+
+def lm_train_clients(cfg, total: int | None = None) -> int:
+    """Training clients of an LM run (``recipes.lm.prepare_data`` / ``recipes.public.prepare``):
+    ``max_clients`` of the corpus (or of ``total``), the first part of ``split``."""
+    n = corpus_clients(cfg.corpus) if total is None else total
+    if cfg.max_clients is not None and cfg.max_clients < n:
+        n = cfg.max_clients
+    return split_sizes(n, cfg.split)[0]
+
+
+def _nonprivate_vocabulary(cfg) -> tuple:
+    from fedpriv.recipes.lm import PRIVATE_VOCABULARY
+    return ((PRIVATE_VOCABULARY, ("users",)),) if getattr(cfg, "tokenizer", None) == "word" else ()
+
+
+def lm_run(cfg, num_clients: int, name: str, *, prior: tuple[Charge, ...] = (),
+           budget: float | None = None, stage: str = "fl-training", copies: int = 1,
+           note: str = "") -> PlannedRun:
+    """The ledger of one ``run_lm_fl``-style run of ``cfg`` on ``num_clients`` training users:
+    ``prior`` charges (a pipeline's earlier releases) then the FL event ``build_algorithm``
+    returns (z calibrated against ``prior`` when ``target_epsilon`` is set). ``budget``: the
+    ledger's epsilon (default ``target_epsilon``; with neither, the run's own epsilon)."""
+    from fedpriv.recipes import lm
+    task = lm.build_task(cfg, cfg.vocab_size if hasattr(cfg, "vocab_size") else 8)
+    alg, sampler, event, z = lm.build_algorithm(cfg, num_clients, task.loss_fn,
+                                                [c.event for c in prior])
+    if event is None:  # FedAvg: a non-private baseline
+        return PlannedRun(name, None, cfg.delta, copies=copies,
+                          note=note or f"{cfg.algorithm}: non-private baseline (no DP claim)")
+    executed = (algs.privacy_event(alg.dp, sampler, cfg.rounds, simulated=False)
+                if cfg.noise_cohort_size is not None else None)
+    charges = (*prior, Charge(stage, event, ("users",), executed))
+    if budget is None:
+        budget = cfg.target_epsilon
+    what = (f"{cfg.algorithm}, z = {z:.4g}, {cfg.rounds} rounds, cohort {cfg.cohort_size}"
+            + (f" (noise of {cfg.noise_cohort_size})" if cfg.noise_cohort_size else "")
+            + f" of {num_clients} clients")
+    if budget is None:  # fixed z, no target: the ledger's budget is the run's own epsilon
+        budget = accounting.compute_epsilon([c.event for c in charges], cfg.delta)[0] * (1 + 1e-6)
+        what += "; z fixed, no target epsilon: budget = its own epsilon"
+    return PlannedRun(name, budget, cfg.delta, charges, _nonprivate_vocabulary(cfg), copies=copies,
+                      note=note or what)
+
+
+def lm_fl_plan(cfg) -> PrivacyPlan:
+    """``experiments.lm_fl`` / ``experiments.demo``: one run, its own ledger."""
+    return PrivacyPlan((lm_run(cfg, lm_train_clients(cfg), f"{cfg.algorithm} on {cfg.corpus}"),))
+
+
+def privacy_utility_plan(cfg) -> PrivacyPlan:
+    """``experiments.privacy_utility``: per tokenizer, FedAvg (non-private) and DP-FTRL at each
+    epsilon (``variants``), one ledger per (tokenizer, seed, method, server lr)."""
+    runs = []
+    lrs = len(cfg.server_lrs) if cfg.server_lrs else 1
+    for tok in cfg.tokenizers:
+        base = dataclasses.replace(cfg.lm, tokenizer=tok)
+        n = lm_train_clients(base)
+        runs.append(lm_run(dataclasses.replace(base, algorithm="fedavg", target_epsilon=None,
+                                               noise_multiplier=None), n,
+                           f"{tok}: FedAvg (non-private)", copies=len(cfg.seeds)))
+        for e in cfg.epsilons:
+            runs.append(lm_run(dataclasses.replace(base, algorithm="dp_ftrl", target_epsilon=e,
+                                                   noise_multiplier=None), n,
+                               f"{tok}: DP-FTRL eps~{e:g}", copies=len(cfg.seeds) * lrs))
+    return PrivacyPlan(tuple(runs))
+
+
+def mf_comparison_plan(cfg) -> PrivacyPlan:
+    """``experiments.mf_comparison``: one ledger per (seed, algorithm), all at ``target_epsilon``
+    (the events do not depend on the seed: built once, ``copies`` = seeds)."""
+    n = lm_train_clients(cfg.lm)
+    return PrivacyPlan(tuple(
+        lm_run(dataclasses.replace(cfg.lm, algorithm=a, seed=cfg.seeds[0]), n, a,
+               stage=f"fl-training ({a})", copies=len(cfg.seeds)) for a in cfg.algorithms))
+
+
+def public_training_plan(cfg) -> PrivacyPlan:
+    """``recipes.public.run_rows``: per epsilon, the whole T-round DP-FTRL event in each row's
+    ledger (public training after T' is post-processing, no cost). The run's ledger budget is the
+    calibrated epsilon itself; here it is the claimed ``epsilons`` entry (stricter)."""
+    n = lm_train_clients(cfg)
+    runs = tuple(lm_run(dataclasses.replace(cfg, seed=cfg.seeds[0], target_epsilon=e,
+                                            noise_multiplier=None), n, f"DP-FTRL eps~{e:g}",
+                        copies=len(cfg.seeds) * len(cfg.rows)) for e in cfg.epsilons)
+    return PrivacyPlan(runs)
+
+
+def fred_train_clients(cfg) -> int:
+    """FL users of the FreD pipeline (``fedpriv.fred.pipeline.build_data``): the private
+    fraction of the chitchat senders, at most ``lm.max_clients``, the training split."""
+    private = split_sizes(corpus_clients("chitchat"), (cfg.private_fraction, 1 - cfg.private_fraction))[0]
+    return lm_train_clients(cfg.lm, total=private)
+
+
+def fred_pipeline_plan(cfg) -> PrivacyPlan:
+    """``fedpriv.fred.pipeline.run_pipeline``: the pipeline ledger (FreD release, then the
+    FL-finetuning of FreD's choice, z calibrated to what FreD left), the no-prefinetuning row
+    (a fresh ledger of the same budget) and, with ``compare_all``, the other candidates'
+    counterfactual rows (copies of the pipeline ledger after FreD)."""
+    from fedpriv.fred.pipeline import NONE, RELEASE, fred_release_event
+    if cfg.fred_unit == "sample":  # as private_stats refuses it on the pipeline's ledger
+        raise ValueError("a sample-level FreD release cannot be charged to the pipeline's "
+                         "user-level ledger")
+    lm = cfg.lm
+    n = fred_train_clients(cfg)
+    fred = (Charge(RELEASE, fred_release_event(cfg)),)
+    chosen = lm_run(lm, n, "pipeline: FreD + FL-finetune (rank 1)", prior=fred, budget=cfg.total_epsilon,
+                    stage="DP-FTRL FL-finetune (rank 1)")
+    runs = [chosen, lm_run(lm, n, f"no prefinetuning {NONE}", budget=cfg.total_epsilon,
+                           stage=f"DP-FTRL FL-finetune ({NONE})")]
+    if cfg.compare_all:
+        runs.append(dataclasses.replace(chosen, name="ranks 2.. (counterfactual, ledger after FreD)",
+                                        copies=FRED_CANDIDATES - 1))
+    return PrivacyPlan(tuple(runs))
+
+
+def fred_table_plan(cfg) -> PrivacyPlan:
+    """``experiments.fred_table``: no pipeline ledger; each release (one per seed, unit and
+    embedding space) claims (eps, delta) per Gaussian release, (2 eps, 2 delta) for the pair
+    (Prop. 3.1) -- accounted here as a ledger of that budget charged with the pair's event."""
+    event = moments.release_event(moments.moment_events(moments.gaussian_sigma(cfg.epsilon, cfg.delta)))
+    spaces = 2 if cfg.pca_dims else 1
+    return PrivacyPlan(tuple(
+        PlannedRun(f"FreD release ({unit} level)", 2 * cfg.epsilon, 2 * cfg.delta,
+                   (Charge("FreD release (mean + covariance)", event),), copies=cfg.seeds * spaces,
+                   note=f"one release per seed and embedding space ({cfg.seeds} x {spaces}), each "
+                        f"its own claim: ({cfg.epsilon:g}, {cfg.delta:g}) per Gaussian release")
+        for unit in ("sample", "user")))
+
+
+def expansion_train_clients(dataset: str, cfg) -> tuple[int, int]:
+    """(S, T) training clients of a Koga et al. dataset (``expansion.prepare_dataset``): active
+    users, caps, balancing to alpha, the stratified client split."""
+    from fedpriv.expansion.data import split_clients
+    from fedpriv.expansion.datasets import balance_populations
+    key = (dataset, cfg.min_words_per_client,
+           cfg.max_chitchat_messages if dataset == "spoken_vs_typed" else None)
+    if key not in EXPANSION_ACTIVE_USERS:
+        raise ConfigError(f"no known population for {key} (dataset, min_words_per_client, "
+                          "max_chitchat_messages): add it to fedpriv.recipes.plans.EXPANSION_ACTIVE_USERS")
+    n_s, n_t = EXPANSION_ACTIVE_USERS[key]
+    n_s = min(n_s, cfg.max_source_clients or n_s)
+    n_t = min(n_t, cfg.max_target_clients or n_t)
+    s, t, _ = balance_populations(dict.fromkeys(range(n_s)), dict.fromkeys(range(n_t)),
+                                  cfg.alpha, cfg.data_seed)
+    return (len(split_clients(list(s), 0, tuple(cfg.split))[0]),
+            len(split_clients(list(t), 0, tuple(cfg.split))[0]))
+
+
+def population_expansion_plan(cfg) -> PrivacyPlan:
+    """``experiments.population_expansion``: one ledger per (dataset, seed, scheme) with the
+    scheme's budget and the config's accountant: the unigram releases (Geometric, on S and on T)
+    if the scheme uses them, then each stage's DP-FedAvg event, z calibrated to the stage's
+    budget for the stage's population (``expansion.pipeline.plan_stages``)."""
+    from fedpriv.expansion.data import POPULATION_LABELS as LABELS, SOURCE, TARGET
+    from fedpriv.expansion.datasets import PRIVATE_VOCABULARY
+    from fedpriv.expansion.pipeline import calibrate_stage
+    from fedpriv.expansion.unigrams import unigram_entry_name, unigram_sensitivity
+    from fedpriv.fl.samplers import PoissonSampler
+    runs = []
+    for dataset in cfg.datasets:
+        n_s, n_t = expansion_train_clients(dataset, cfg)
+        alpha = n_t / (n_s + n_t)
+        train = {SOURCE: n_s, TARGET: n_t}
+        for scheme in cfg.training_schemes:
+            charges = []
+            if scheme.unigram_budget is not None:
+                eps0, delta0 = scheme.unigram_budget
+                if delta0 != 0:
+                    raise ValueError("the Geometric mechanism is (eps0, 0)-DP")
+                ev = geometric.geometric_dp_event(eps0, unigram_sensitivity())
+                charges += [Charge(unigram_entry_name(LABELS[p]), ev, (LABELS[p],)) for p in (SOURCE, TARGET)]
+            for i, (stage, rounds) in enumerate(zip(scheme.stages, scheme.stage_rounds(cfg.rounds))):
+                n = sum(train[p] for p in stage.populations)
+                train_c = stage.cohort_size(cfg.train_cohort, alpha)
+                noise_c = stage.cohort_size(cfg.noise_cohort, alpha)
+                rate = min(1.0, train_c / n)
+                z = calibrate_stage(n, rate, rounds, noise_c, cfg.clip_norm, *stage.budget)
+                sampler = PoissonSampler(n, rate)
+                dp = algs.DPConfig(cfg.clip_norm, z, "gaussian", noise_cohort_size=noise_c)
+                charges.append(Charge(f"{scheme.name}/stage{i}",
+                                      algs.privacy_event(dp, sampler, rounds, simulated=True),
+                                      stage.population_labels,
+                                      algs.privacy_event(dp, sampler, rounds, simulated=False)))
+            declared = [sp.populations for sp in scheme.privacy_plan(LABELS)]
+            if declared != [c.populations for c in charges]:  # the scheme's own budget table
+                raise ValueError(f"{scheme.name}: charges on {[c.populations for c in charges]} but "
+                                 f"the scheme declares {declared}")
+            nonprivate = (((PRIVATE_VOCABULARY, (LABELS[TARGET],)),)
+                          if cfg.vocabulary == "target_train" else ())
+            runs.append(PlannedRun(f"{dataset}/{scheme.name}", *scheme.budget, tuple(charges),
+                                   nonprivate, accountant=cfg.accountant, copies=len(cfg.seeds),
+                                   note=f"train clients S={n_s}, T={n_t}"))
+    return PrivacyPlan(tuple(runs))
+
+
+def nothing(reason: str) -> PrivacyPlan:
+    """The plan of an experiment that touches no private data."""
+    return PrivacyPlan.nothing(reason)
