@@ -52,3 +52,10 @@ LM_SCALE = {"smoke": "smoke,rounds=2,eval_every=2", "small": "small", "paper": "
 
 def get_config(arg: str = "small") -> LMSweepConfig:
     return with_lm_config(LMSweepConfig, SCALES, LM_SCALE, arg, lm_config)
+
+
+def privacy_plan(cfg):
+    """Every ledger the experiment opens and what it charges, from ``cfg`` alone (no data, no
+    training): ``fedpriv.recipes.plans``; accounted in tests/experiments/test_configs.py."""
+    from fedpriv.recipes import plans
+    return plans.lm_sweep_plan(cfg)

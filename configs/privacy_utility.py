@@ -10,23 +10,14 @@ import dataclasses
 
 from configs.common import ConfigError, check, with_lm_config
 from configs.lm_fl import TOKENIZERS, get_config as lm_config
-
-
-def parse_tokenizer(spec: str) -> tuple[str, int | None]:
-    """``"word:5000"`` -> ``("word", 5000)``; ``"sentencepiece"`` -> ``("sentencepiece", None)``
-    (the LM config's ``vocab_size``). Raises ``ConfigError`` for anything else."""
-    name, sep, size = str(spec).partition(":")
-    if name not in TOKENIZERS or (sep and not (size.isdigit() and int(size) > 4)):
-        raise ConfigError(f"tokenizer {spec!r}: expected name[:vocab size] with name in {TOKENIZERS} "
-                          "and a vocabulary size > 4")
-    return name, int(size) if sep else None
+from fedpriv.recipes.lm import parse_tokenizer  # noqa: F401 (re-exported for the experiment)
 
 
 def _valid_tokenizer(spec) -> bool:
     try:
         parse_tokenizer(spec)
         return True
-    except ConfigError:
+    except ValueError:
         return False
 
 
@@ -45,7 +36,7 @@ class PrivacyUtilityConfig:
                                ("epsilons", self.epsilons, lambda e: e > 0),
                                ("server_lrs", self.server_lrs or (), lambda v: v > 0)):
             if not all(ok(v) for v in vals) or (name != "server_lrs" and not vals):
-                raise ConfigError(f"{name} = {vals!r}: invalid (tokenizers from {TOKENIZERS}; "
+                raise ConfigError(f"{name} = {vals!r}: invalid (tokenizers: name[:vocab size > 4], name in {TOKENIZERS}; "
                                   "seeds >= 0; epsilons and server_lrs > 0)")
 
 

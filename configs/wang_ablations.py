@@ -62,3 +62,10 @@ LM_SCALE = {"smoke": "smoke,rounds=4,eval_every=4,checkpoint_every=4", "small": 
 
 def get_config(arg: str = "small") -> WangAblationsConfig:
     return with_lm_config(WangAblationsConfig, SCALES, LM_SCALE, arg, public_config)
+
+
+def privacy_plan(cfg):
+    """Every ledger the experiment opens and what it charges, from ``cfg`` alone (no data, no
+    training): ``fedpriv.recipes.plans``; accounted in tests/experiments/test_configs.py."""
+    from fedpriv.recipes import plans
+    return plans.wang_ablations_plan(cfg)

@@ -69,3 +69,10 @@ SCALES = {
 
 def get_config(arg: str = "small") -> WangFigure3Config:
     return from_scale(BASE, SCALES, arg)
+
+
+def privacy_plan(cfg):
+    """Every ledger the experiment opens and what it charges, from ``cfg`` alone (no data, no
+    training): ``fedpriv.recipes.plans``; accounted in tests/experiments/test_configs.py."""
+    from fedpriv.recipes import plans
+    return plans.oracle_plan(cfg)

@@ -22,10 +22,10 @@ import dataclasses
 import json
 import os
 
-from configs.privacy_utility import parse_tokenizer
 from experiments import common
 from fedpriv.data import load_public_pool, train_sentencepiece
 from fedpriv.recipes import lm
+from fedpriv.recipes.lm import parse_tokenizer
 
 SUMMARY_KEYS = ("epsilon", "epsilon_executed_run", "epsilon_if_vocabulary_public",
                 "epsilon_executed_run_if_vocabulary_public", "noise_multiplier", "val_accuracy",
@@ -51,9 +51,8 @@ def run(cfg, workdir: str, progress: bool = True) -> list[dict]:
                     if n == "sentencepiece"), cfg.lm.vocab_size)
     sp = train_sentencepiece(load_public_pool(progress=progress).texts, vocab_size=sp_size)
     for tok in cfg.tokenizers:
-        tok_name, size = parse_tokenizer(tok)
         for seed in cfg.seeds:
-            base = dataclasses.replace(cfg.lm, tokenizer=tok_name, vocab_size=size or cfg.lm.vocab_size, seed=seed)
+            base = dataclasses.replace(lm.with_tokenizer(cfg.lm, tok), seed=seed)
             prepared = lm.prepare_data(base, progress)
             for name, over in variants(cfg):
                 grid = cfg.server_lrs if over["algorithm"] != "fedavg" and cfg.server_lrs else [base.server_lr]

@@ -29,6 +29,7 @@ import numpy as np
 import optax
 
 from fedpriv import report
+from fedpriv.data.errors import ConfigError
 from fedpriv.data import (WordTokenizer, load_chitchat, load_public_pool, load_shakespeare,
                           load_simpsons, train_sentencepiece)
 from fedpriv.dp import accounting
@@ -55,6 +56,26 @@ class Prepared:
     test: object
     tokenizer: object
     stats: dict
+
+
+TOKENIZER_NAMES = ("sentencepiece", "word_public", "word")
+
+
+def parse_tokenizer(spec: str) -> tuple[str, int | None]:
+    """A tokenizer spec ``name[:vocab size]``: ``"word:5000"`` -> ``("word", 5000)``,
+    ``"sentencepiece"`` -> ``("sentencepiece", None)`` (the config's ``vocab_size``).
+    Raises :class:`ConfigError` for anything else."""
+    name, sep, size = str(spec).partition(":")
+    if name not in TOKENIZER_NAMES or (sep and not (size.isdigit() and int(size) > 4)):
+        raise ConfigError(f"tokenizer {spec!r}: expected name[:vocab size] with name in {TOKENIZER_NAMES} "
+                          "and a vocabulary size > 4")
+    return name, int(size) if sep else None
+
+
+def with_tokenizer(cfg, spec: str):
+    """``cfg`` (an LM-FL config) with the tokenizer (and vocabulary size) of ``spec``."""
+    name, size = parse_tokenizer(spec)
+    return dataclasses.replace(cfg, tokenizer=name, vocab_size=size or cfg.vocab_size)
 
 
 def prepare_data(cfg, progress: bool = True) -> Prepared:

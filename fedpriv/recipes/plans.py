@@ -34,7 +34,8 @@ from fedpriv.fl import algorithms as algs
 __all__ = ["CORPUS_CLIENTS", "EXPANSION_ACTIVE_USERS", "corpus_clients", "split_sizes",
            "lm_train_clients", "lm_run", "lm_fl_plan", "privacy_utility_plan",
            "mf_comparison_plan", "public_training_plan", "fred_pipeline_plan",
-           "fred_table_plan", "population_expansion_plan", "nothing"]
+           "fred_table_plan", "population_expansion_plan", "wang_ablations_plan", "lm_sweep_plan",
+           "oracle_plan", "nothing"]
 
 # Clients (users) of the packaged corpora with the loaders' defaults (`fedpriv.data.load_*`;
 # chitchat's per-sender cap of 1000 messages keeps every sender).
@@ -112,10 +113,11 @@ def lm_fl_plan(cfg) -> PrivacyPlan:
 def privacy_utility_plan(cfg) -> PrivacyPlan:
     """``experiments.privacy_utility``: per tokenizer, FedAvg (non-private) and DP-FTRL at each
     epsilon (``variants``), one ledger per (tokenizer, seed, method, server lr)."""
+    from fedpriv.recipes import lm
     runs = []
     lrs = len(cfg.server_lrs) if cfg.server_lrs else 1
     for tok in cfg.tokenizers:
-        base = dataclasses.replace(cfg.lm, tokenizer=tok)
+        base = lm.with_tokenizer(cfg.lm, tok)
         n = lm_train_clients(base)
         runs.append(lm_run(dataclasses.replace(base, algorithm="fedavg", target_epsilon=None,
                                                noise_multiplier=None), n,
@@ -254,6 +256,32 @@ def population_expansion_plan(cfg) -> PrivacyPlan:
                                    nonprivate, accountant=cfg.accountant, copies=len(cfg.seeds),
                                    note=f"train clients S={n_s}, T={n_t}"))
     return PrivacyPlan(tuple(runs))
+
+
+def wang_ablations_plan(cfg) -> PrivacyPlan:
+    """``experiments.wang_ablations``: every (ablation point, seed, row) run is a
+    ``recipes.public.run_rows`` row with its own ledger charged the same T-round DP-FTRL event at
+    each epsilon (public training, at any T', is post-processing): ``public_training``'s plan."""
+    return public_training_plan(cfg.lm)
+
+
+def lm_sweep_plan(cfg) -> PrivacyPlan:
+    """``experiments.lm_sweep``: one ``lm_fl`` run (own ledger) per grid point and seed. The grid
+    changes lr and clip norm; the event depends on z, rounds and sampling only, so each point's
+    event is that of the base config (the clip norm scales the noise with it). The SELECTION over
+    the grid is not covered by the per-run epsilon (the outputs say so)."""
+    n = lm_train_clients(cfg.lm)
+    points = len(cfg.server_lrs) * len(cfg.client_lrs) * len(cfg.clip_norms) * len(cfg.seeds)
+    return PrivacyPlan((lm_run(cfg.lm, n, f"{cfg.lm.algorithm} grid point", copies=points),),
+                       notes=("hyper-parameter selection over the grid is not accounted",))
+
+
+def oracle_plan(cfg) -> PrivacyPlan:
+    """``experiments.wang_figure3``: a NON-PRIVATE oracle LM trained on the private training users
+    (no noise; never released) and per-sample perplexities of held-out private users: no DP
+    claim, recorded as a non-private use of the users' data."""
+    return PrivacyPlan((PlannedRun("oracle LM + per-sample perplexities (NON-PRIVATE)", None, 1e-6,
+                                   note="non-private analysis, no DP claim (Wang et al. Figure 3)"),))
 
 
 def nothing(reason: str) -> PrivacyPlan:
