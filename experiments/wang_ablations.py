@@ -25,7 +25,7 @@ import time
 
 from experiments import common
 from fedpriv.models import gguf
-from fedpriv.recipes import public, sweep
+from fedpriv.recipes import ablations, public, sweep
 
 METRIC = "val_accuracy"
 EXTENDABLE = ("seeds", "epsilons")  # more seeds / epsilons: a finished point resumes its rows
@@ -59,14 +59,14 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
                                extendable=EXTENDABLE)
         out["t_prime_runs"] = runs
         for name, row, paper, title in (
-                ("table4", "mid_dm", public.PAPER_TABLE4, "Table 4: timing T' with distribution "
+                ("table4", "mid_dm", ablations.PAPER_TABLE4, "Table 4: timing T' with distribution "
                  "matching (mid_dm; T'=0: random sample)"),
-                ("table5", "mid_random", public.PAPER_TABLE5, "Table 5: timing T' without "
+                ("table5", "mid_random", ablations.PAPER_TABLE5, "Table 5: timing T' without "
                  "distribution matching (random public subset)")):
-            out[name] = public.t_prime_table(runs, lm.rounds, tps, eps, row, paper=paper,
+            out[name] = ablations.t_prime_table(runs, lm.rounds, tps, eps, row, paper=paper,
                                              metric=METRIC)
             common.write_table(out[name], workdir, name, title=title, notes=notes)
-        verdicts += public.t_prime_verdicts(runs, lm.rounds, tps, eps, row="mid_dm",
+        verdicts += ablations.t_prime_verdicts(runs, lm.rounds, tps, eps, row="mid_dm",
                                             metric=METRIC)
     for ab, field, grid, xlabel, claim, largest in (
             ("distill_steps", "distill_steps", cfg.distill_steps_grid, "distillation steps",
@@ -78,16 +78,16 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
                                {field: grid}, os.path.join(workdir, ab), log=log,
                                extendable=EXTENDABLE)
         out[f"{ab}_runs"] = runs
-        curves = public.ablation_curves(runs, field, eps, metric=METRIC)
+        curves = ablations.ablation_curves(runs, field, eps, metric=METRIC)
         table = [{"epsilon": k[4:], field: x, "val accuracy (%)": f"{m:.2f}",
                   "std": f"{s:.2f}"} for k, (xs, ms, ss) in curves.items()
                  for x, m, s in zip(xs, ms, ss)]
         common.write_table(table, workdir, f"accuracy_vs_{ab}", notes=notes,
                            title=f"Accuracy after private FL vs {xlabel} (pretrain_distill)")
-        public.plot_errorbars(curves, os.path.join(workdir, f"accuracy_vs_{ab}.png"), xlabel,
+        ablations.plot_errorbars(curves, os.path.join(workdir, f"accuracy_vs_{ab}.png"), xlabel,
                               "validation accuracy (%)", f"{lm.corpus}, DP-FTRL T={lm.rounds}: "
                               f"pre-training w/ distillation (mean ± std, seeds {list(lm.seeds)})")
-        verdicts += [v for e in eps if (v := public.sweep_verdict(
+        verdicts += [v for e in eps if (v := ablations.sweep_verdict(
             runs, field, e, f"{claim} (eps~{e:g}; Figure 2/4)", largest=largest,
             metric=METRIC)) is not None]
     every = [r for k, v in out.items() if k.endswith("_runs") for r in v]

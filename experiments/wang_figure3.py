@@ -6,7 +6,7 @@ paper fine-tunes it "without DP noise to overfit the private data distribution")
 covered by any privacy ledger and is never released: this figure is a diagnostic of the data,
 not a private result. Samples: N messages of held-out private users and N public-pool
 sentences, each scored as the same corpus-form sequence by the oracle and the teacher
-(`fedpriv.recipes.public.figure3_samples`). Writes ``figure3.png`` (both axes log PPL),
+(`fedpriv.recipes.oracle.figure3_samples`). Writes ``figure3.png`` (both axes log PPL),
 ``figure3_samples.csv`` (per sample), ``figure3_summary.{md,csv}`` (median PPL and IQR of log
 PPL per set and model) and ``verdicts.json``.
 
@@ -20,18 +20,18 @@ import os
 import time
 
 from experiments import common
-from fedpriv.recipes import public
+from fedpriv.recipes import oracle
 
 
 def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) -> dict:
     t0 = time.time()
     os.makedirs(workdir, exist_ok=True)
-    fig = public.figure3_samples(cfg, workdir, teacher=teacher, progress=progress, log=log)
+    fig = oracle.figure3_samples(cfg, workdir, teacher=teacher, progress=progress, log=log)
     common.write_table(fig.rows, workdir, "figure3_samples")
-    summary = public.figure3_summary(fig.rows)
+    summary = oracle.figure3_summary(fig.rows)
     st = fig.stats
     common.write_table(summary, workdir, "figure3_summary", notes=[
-        public.NONPRIVATE_ORACLE,
+        oracle.NONPRIVATE_ORACLE,
         f"{cfg.corpus}: oracle {cfg.arch} (embed {cfg.embed_dim}, hidden {cfg.hidden_dim}), "
         f"{cfg.oracle_steps} Adam steps (lr {cfg.oracle_lr:g}, batch {cfg.oracle_batch_size}) on "
         f"{st['train_sequences']} sequences of {st['train_clients']} training users; samples: "
@@ -41,11 +41,11 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
         "(teacher BOS, first L tokens, EOS if it fits); the oracle's p(UNK) is spread over the "
         f"{st['unk_class_size']} teacher ids folded into UNK"],
         title="Figure 3: PPL of private vs public samples (oracle on-device LM vs public LLM)")
-    public.plot_figure3(fig.rows, os.path.join(workdir, "figure3.png"),
+    oracle.plot_figure3(fig.rows, os.path.join(workdir, "figure3.png"),
                         f"{cfg.corpus}: private vs public samples (oracle: NON-PRIVATE)")
-    verdicts = public.figure3_verdicts(fig.rows)
+    verdicts = oracle.figure3_verdicts(fig.rows)
     common.write_verdicts(verdicts, workdir)
-    result = {"summary": summary, "stats": st, "nonprivate": public.NONPRIVATE_ORACLE,
+    result = {"summary": summary, "stats": st, "nonprivate": oracle.NONPRIVATE_ORACLE,
               "ledger": None, "oracle_final_loss": (fig.oracle_history[-1]["loss"]
                                                     if fig.oracle_history else None),
               "verdicts": [dataclasses.asdict(v) for v in verdicts],

@@ -16,7 +16,7 @@ import pytest
 
 from experiments import common, lm_sweep, wang_ablations, wang_figure3
 from fedpriv.models import gguf
-from fedpriv.recipes import lm, public, sweep
+from fedpriv.recipes import ablations, lm, oracle, public, sweep
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,9 +98,9 @@ def test_wang_ablations_tables_figures_verdicts_and_resume(tmp_path, monkeypatch
     # T' points: T'=0 is pretrain_distill only (no private model to match with), then both rows
     assert [(c.t_prime_rounds, c.rows) for c in calls[:5]] == [
         (0, ("pretrain_distill",))] + [(tp, ("mid_dm", "mid_random")) for tp in (1, 2, 3, 4)]
-    for name, paper in (("table4", public.PAPER_TABLE4), ("table5", public.PAPER_TABLE5)):
+    for name, paper in (("table4", ablations.PAPER_TABLE4), ("table5", ablations.PAPER_TABLE5)):
         table = out[name]
-        cols = [public.t_prime_label(tp, T) for tp in cfg.t_primes()]
+        cols = [ablations.t_prime_label(tp, T) for tp in cfg.t_primes()]
         assert list(table[0]) == ["epsilon", "source", *cols]  # one column per T'
         assert [(r["epsilon"], r["source"].split()[0]) for r in table] == [
             ("1.77", "this"), ("1.77", "paper"), ("18.71", "this"), ("18.71", "paper")]
@@ -147,12 +147,12 @@ def test_lm_sweep_selects_on_validation(tmp_path, monkeypatch):
 
 def test_figure3_smoke(tmp_path, monkeypatch):
     got = {}
-    real = public.figure3_samples
+    real = oracle.figure3_samples
 
     def keep(*a, **kw):
         got["fig"] = real(*a, **kw)
         return got["fig"]
-    monkeypatch.setattr(public, "figure3_samples", keep)
+    monkeypatch.setattr(oracle, "figure3_samples", keep)
     # oracle_steps=0: an untrained oracle (its training is pretrain.train_central, tested on its
     # own; the full smoke scale trains it): this test is about the per-sample values
     cfg = common.load_config("configs/wang_figure3.py:smoke,num_samples=4,oracle_steps=0")

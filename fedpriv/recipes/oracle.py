@@ -1,0 +1,173 @@
+"""Recipe: Wang et al. 2023 Figure 3 -- perplexity of private vs public samples under a NON-PRIVATE
+"oracle" on-device LM (trained centrally on the private training users, never released, in no
+ledger) and under the public LLM (the teacher).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import jax
+import numpy as np
+
+from fedpriv import report
+from fedpriv.data import load_public_pool
+from fedpriv.models import gguf
+from fedpriv.public import distill, pretrain
+from fedpriv.public.pool import build_public_pool
+from fedpriv.public.vocab import (RestrictedTeacherTokenizer, private_datasets,
+                                  restriction_from_texts, unk_class_size)
+from fedpriv.recipes import lm
+from fedpriv.public.algorithm import private_logprob
+from fedpriv.recipes.public import _task
+
+# --------------------------------------------------------------------------------------------
+
+NONPRIVATE_ORACLE = ("NON-PRIVATE: the oracle on-device LM is trained centrally, without DP "
+                     "noise, on the private training users' text (Wang et al. §5.1, Figure 3); "
+                     "neither it nor anything computed from it is covered by any privacy ledger "
+                     "or released")
+
+
+@dataclasses.dataclass
+class Figure3Samples:
+    """Per-sample values of Figure 3: ``rows`` (one dict per sample: set, source, text,
+    nll/ppl under the oracle and the LLM, targets), the data statistics, the oracle's history;
+    ``tokens`` (student ids of every sample, row order), ``task`` and ``params`` (the oracle) to
+    recompute them. None of it is released (see `NONPRIVATE_ORACLE`)."""
+    rows: list
+    stats: dict
+    oracle_history: list
+    tokens: np.ndarray | None = None
+    task: object = None
+    params: object = None
+
+
+def figure3_samples(cfg, workdir: str, *, teacher=None, progress: bool = True,
+                    log=print) -> Figure3Samples:
+    """N private messages of held-out (test-split) users and N public-pool sentences, scored by
+    (a) a NON-PRIVATE oracle LM trained centrally on the training users (``cfg.oracle_steps``
+    Adam steps, resumable in ``workdir/oracle``) and (b) the teacher (`build_public_pool`'s
+    cached ``log p_pub``). Both score the same corpus-form sequences (teacher BOS + first L
+    tokens + EOS if it fits) at the same positions; NLL = −mean token log-prob, PPL = exp(NLL).
+    The oracle's NLL spreads p(UNK) over the teacher ids folded into UNK (`private_logprob`), so
+    both are per-teacher-token perplexities."""
+    teacher = teacher or gguf.cached_teacher(cfg.teacher_path)
+    pub = load_public_pool(progress=progress)
+    rng = np.random.default_rng(cfg.sample_seed)
+    vocab_idx = (np.arange(len(pub)) if cfg.vocab_texts is None or cfg.vocab_texts >= len(pub)
+                 else np.sort(rng.choice(len(pub), cfg.vocab_texts, replace=False)))
+    restriction = (distill.VocabRestriction.full(teacher) if cfg.vocab_kept is None else
+                   restriction_from_texts(teacher, [pub.texts[i] for i in vocab_idx],
+                                          cfg.vocab_kept))
+    tok = RestrictedTeacherTokenizer(teacher, restriction)
+    text = lm.LOADERS[cfg.corpus](progress=progress)
+    if cfg.max_clients is not None and cfg.max_clients < len(text):
+        ids = np.random.default_rng(cfg.split_seed).choice(len(text.client_ids), cfg.max_clients,
+                                                           replace=False)
+        text = text.subset([text.client_ids[i] for i in sorted(ids)])
+    train, _, test = private_datasets(
+        text, tok, split=cfg.split, split_seed=cfg.split_seed, seq_len=cfg.seq_len,
+        max_examples_per_client=cfg.max_examples_per_client, batch_size=cfg.batch_size,
+        seed=cfg.split_seed)
+    held = [m for c in test.client_ids for m in text[c] if m.strip()]
+    n_priv, n_pub = min(cfg.num_samples, len(held)), min(cfg.num_samples, len(pub))
+    priv_sel = np.sort(np.random.default_rng([cfg.sample_seed, 1]).choice(len(held), n_priv,
+                                                                           replace=False))
+    pub_sel = np.sort(np.random.default_rng([cfg.sample_seed, 2]).choice(len(pub), n_pub,
+                                                                          replace=False))
+    texts = [held[i] for i in priv_sel] + [pub.texts[i] for i in pub_sel]
+    sets = ["private"] * n_priv + ["public"] * n_pub
+    sources = ["private (held-out users)"] * n_priv + [pub.sources[i] for i in pub_sel]
+    log(f"figure 3: {n_priv} private messages of {len(test)} held-out users, {n_pub} public "
+        "sentences; teacher pass (cached)")
+    scored = build_public_pool(teacher, texts, sources, restriction, seq_len=cfg.seq_len,
+                               cache_dir=os.path.join(workdir, "teacher_cache"),
+                               with_topk=False, batch_size=cfg.teacher_batch_size,
+                               progress=progress)
+    task = _task(cfg.arch, cfg.embed_dim, cfg.hidden_dim, cfg.seq_len, tok.vocab_size)
+    train_tokens = train.concat_examples()["tokens"]
+    log(f"oracle (NON-PRIVATE): {cfg.oracle_steps} central steps on {len(train_tokens)} "
+        f"sequences of {len(train)} training users")
+    params, hist = pretrain.train_central(
+        task.loss_fn, task.init(jax.random.key(cfg.seed)), {"tokens": train_tokens},
+        steps=cfg.oracle_steps, batch_size=min(cfg.oracle_batch_size, len(train_tokens)),
+        seed=cfg.seed, optimizer=pretrain.adam_with_clipping(cfg.oracle_lr, 1.0),
+        workdir=os.path.join(workdir, "oracle"), progress=progress,
+        desc="oracle (non-private)", log=log)
+    lp_oracle = private_logprob(task, params, scored, cfg.score_batch_size,
+                                unk_correction=cfg.unk_correction)
+    targets = scored.tokens[:, 1:]
+    n_targets = (targets != 0).sum(1)
+    rows = []
+    for i in range(len(texts)):
+        nll_o, nll_t = -float(lp_oracle[i]), -float(scored.logp_pub[i])
+        rows.append({"set": sets[i], "source": sources[i], "targets": int(n_targets[i]),
+                     "nll_oracle": nll_o, "ppl_oracle": float(np.exp(nll_o)),
+                     "nll_llm": nll_t, "ppl_llm": float(np.exp(nll_t)), "text": texts[i]})
+    stats = {"train_clients": len(train), "train_sequences": int(len(train_tokens)),
+             "heldout_clients": len(test), "private_samples": n_priv, "public_samples": n_pub,
+             "student_vocab_size": tok.vocab_size, "unk_class_size": unk_class_size(restriction),
+             "teacher": {"file": os.path.basename(teacher.path or ""),
+                         "sha256": teacher.fingerprint}}
+    return Figure3Samples(rows, stats, hist, scored.tokens, task, params)
+
+
+def figure3_summary(rows: list[dict]) -> list[dict]:
+    """Median PPL, median and IQR of log PPL (= NLL) of each set under each model."""
+    out = []
+    for s in ("private", "public"):
+        for model, key in (("oracle on-device LM (non-private)", "nll_oracle"),
+                           ("public LLM (teacher)", "nll_llm")):
+            v = np.array([r[key] for r in rows if r["set"] == s], np.float64)
+            q1, med, q3 = np.percentile(v, [25, 50, 75]) if len(v) else (np.nan,) * 3
+            out.append({"set": s, "model": model, "samples": int(len(v)),
+                        "median PPL": float(np.exp(med)), "median log PPL": float(med),
+                        "IQR of log PPL": float(q3 - q1)})
+    return out
+
+
+def figure3_verdicts(rows: list[dict]) -> list:
+    """Figure 3's orderings: private samples have lower median PPL under the oracle than public
+    ones; public samples are more dispersed (larger IQR of log PPL, under each model)."""
+    def stat(s, key, fn):
+        return fn(np.array([r[key] for r in rows if r["set"] == s], np.float64))
+    iqr = lambda v: float(np.subtract(*np.percentile(v, [75, 25])))  # noqa: E731
+    med = lambda v: float(np.median(v))  # noqa: E731
+    out = [report.ordering_verdict(
+        "private samples have lower median PPL under the oracle than public samples (Figure 3)",
+        [stat("private", "nll_oracle", med)], [stat("public", "nll_oracle", med)],
+        higher_is_better=False, names=("private median log PPL", "public median log PPL"))]
+    for key, model in (("nll_oracle", "oracle"), ("nll_llm", "LLM")):
+        out.append(report.ordering_verdict(
+            f"public samples are more dispersed than private ones (IQR of log PPL under the "
+            f"{model}; Figure 3)", [stat("public", key, iqr)], [stat("private", key, iqr)],
+            higher_is_better=True, names=("public IQR", "private IQR")))
+    return out
+
+
+def plot_figure3(rows: list[dict], path: str, title: str = "") -> str:
+    """Scatter (with marginal 2-D density contours) of (log PPL under the oracle, log PPL under
+    the LLM), private vs public coloured."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6, 5))
+    for s, color in (("private", "tab:blue"), ("public", "tab:orange")):
+        x = np.array([r["nll_oracle"] for r in rows if r["set"] == s])
+        y = np.array([r["nll_llm"] for r in rows if r["set"] == s])
+        ax.scatter(x, y, s=6, alpha=0.35, color=color, label=f"{s} (n={len(x)})")
+        if len(x) >= 50:  # a 2-D histogram's contours where there are enough samples
+            h, xe, ye = np.histogram2d(x, y, bins=30)
+            ax.contour((xe[:-1] + xe[1:]) / 2, (ye[:-1] + ye[1:]) / 2, h.T, levels=4,
+                       colors=color, linewidths=0.8)
+    ax.set_xlabel("log PPL under the oracle on-device LM (NON-PRIVATE)")
+    ax.set_ylabel("log PPL under the public LLM (teacher)")
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
