@@ -70,11 +70,13 @@ SCALES = {
                   fl_y_percents=(0, 100), seeds=(0,), fred_trials=3, pca_dims=8,
                   prefinetune_steps=3, prefinetune_batch=16, total_epsilon=60.0, embed_batch=16,
                   embed_max_length=16),
-    # the CPU reproduction (2 shared cores, <= ~35 min): pools of 2000 sentences (the embedder
-    # runs ~100-300 sentences/s here, and 2000 x 2 pools + ~5000 user messages embed in about a
-    # minute); the LM-FL config's small model with 50 rounds and 300 prefinetuning steps, so the
-    # 18 (Y, seed) prefinetune + FL runs fit; budget as configs/fred_pipeline.py:small
-    "small": dict(),
+    # the CPU reproduction (2 cores shared with other jobs, <= ~35-45 min): pools of 2000
+    # sentences (the embedder runs ~100-300 sentences/s here: 2 pools + ~4000 user messages
+    # embed in 1-2 min); FreD on all six Ys; the LM-FL config's small model with 50 rounds and
+    # 300 prefinetuning steps takes 2.5-5 min per (Y, seed) on the shared CPU, so prefinetuning
+    # + FL-finetuning runs on Y = 0/50/100 x 3 seeds only (9 runs); budget as
+    # configs/fred_pipeline.py:small
+    "small": dict(fl_y_percents=(0, 50, 100)),
     # the paper's settings (§4.2): 150K-sentence mixtures, FreD (0.6, 2e-6) per release with no
     # PCA, FL-finetuning at epsilon 1.26 (delta 1e-6) on top of what FreD spends, for GPU/TPU
     "paper": dict(max_per_user=256, num_sentences=150_000, y_percents=(0, 10, 40, 70, 95, 99, 100),

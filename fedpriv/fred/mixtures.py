@@ -81,6 +81,37 @@ def shuffled_pools(pools: Mapping[str, Sequence[str]], seed: int) -> dict[str, l
 # FreD vs Y (Figure 2)
 # ============================================================================================
 
+def user_weighted_stats(priv_emb: Mapping[str, np.ndarray]):
+    """The noise-free value of what a user-level release estimates: mean = average of the users'
+    means, covariance = average of the users' second moments about that mean (every user weighs
+    the same, whatever their number of sentences; no clipping)."""
+    from fedpriv.fred.distance import GaussianStats
+    users = [np.asarray(e, np.float64) for e in priv_emb.values() if len(e)]
+    mu = np.mean([u.mean(0) for u in users], axis=0)
+    cov = np.mean([(u - mu).T @ (u - mu) / len(u) for u in users], axis=0)
+    return GaussianStats(mu, 0.5 * (cov + cov.T), len(users))
+
+
+def nonprivate_fred_vs_y(priv_emb: Mapping[str, np.ndarray], pools: Mapping[str, np.ndarray],
+                         y_percents: Sequence[float], total: int, pca_dims: int | None) -> dict:
+    """Noise-free FreD of every mixture: ``nonprivate`` (sentence-pooled users, in the PCA basis
+    of the release), ``nonprivate_full`` (sentence-pooled, full embedding: the paper's
+    non-private FreD) and ``nonprivate_user`` (user-weighted, PCA basis: exactly the private
+    release's estimand)."""
+    from fedpriv.fred.distance import frechet_distance
+    basis = (pca_basis(np.concatenate([pools[HELD_OUT], pools[PUBLIC]]), pca_dims)
+             if pca_dims else None)
+    proj = (lambda e: np.asarray(e, np.float64) @ basis) if basis is not None else np.asarray
+    mixes = {y: mixture(pools[HELD_OUT], pools[PUBLIC], y, total) for y in y_percents}
+    all_priv = np.concatenate(list(priv_emb.values()))
+    uw = user_weighted_stats({u: proj(e) for u, e in priv_emb.items()})
+    pub = {y: gaussian_stats(proj(mixes[y])) for y in y_percents}
+    return {"nonprivate": [fred_nonprivate(proj(mixes[y]), proj(all_priv)) for y in y_percents],
+            "nonprivate_full": [fred_nonprivate(mixes[y], all_priv) for y in y_percents],
+            "nonprivate_user": [frechet_distance(pub[y].mean, pub[y].cov, uw.mean, uw.cov)
+                                for y in y_percents]}
+
+
 def fred_vs_y(priv_emb: Mapping[str, np.ndarray], pools: Mapping[str, np.ndarray],
               y_percents: Sequence[float], total: int, *, trials: int, clip: float,
               epsilon: float, delta: float, unit: str, seed: int, pca_dims: int | None,
@@ -97,10 +128,8 @@ def fred_vs_y(priv_emb: Mapping[str, np.ndarray], pools: Mapping[str, np.ndarray
     proj = (lambda e: np.asarray(e, np.float64) @ basis) if basis is not None else np.asarray
     mixes = {y: mixture(pools[HELD_OUT], pools[PUBLIC], y, total) for y in y_percents}
     stats = {y: gaussian_stats(proj(m)) for y, m in mixes.items()}
-    all_priv = np.concatenate(list(priv_emb.values()))
     out = {"y": list(y_percents),
-           "nonprivate": [fred_nonprivate(proj(mixes[y]), proj(all_priv)) for y in y_percents],
-           "nonprivate_full": [fred_nonprivate(mixes[y], all_priv) for y in y_percents],
+           **nonprivate_fred_vs_y(priv_emb, pools, y_percents, total, pca_dims),
            "private": [], "releases": []}
     users = [proj(priv_emb[u]) for u in priv_emb]
     for t in range(trials):
@@ -166,13 +195,21 @@ def plot_fred_vs_y(fr: dict, path: str, pair: tuple[float, float] = (99, 100),
     ys = np.asarray(fr["y"], float)
     priv = np.asarray(fr["private"], float)  # [trials, Y]
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
-    a.plot(ys, fr["nonprivate"], "o-", label="non-private FreD")
     a.errorbar(ys, priv.mean(0), yerr=priv.std(0, ddof=1) if len(priv) > 1 else None, fmt="s--",
-               capsize=3, label=f"private FreD (mean ± std, {len(priv)} trials)")
+               color="C3", capsize=3, label=f"private FreD (mean ± std, {len(priv)} trials)")
     a.set_xlabel("Y (% of prefinetuning data from the private distribution)")
-    a.set_ylabel("FreD to the private users")
+    a.set_ylabel("private FreD to the private users", color="C3")
     a.grid(alpha=0.3)
-    a.legend()
+    a2 = a.twinx()  # the private values carry the PSD projection's bias: own axis
+    for key, label, style in (("nonprivate_full", "non-private (full embedding)", "o-"),
+                              ("nonprivate", "non-private (PCA basis)", "^-"),
+                              ("nonprivate_user", "non-private (PCA, user-weighted)", "v:")):
+        if key in fr:
+            a2.plot(ys, fr[key], style, label=label)
+    a2.set_ylabel("non-private FreD")
+    h1, l1 = a.get_legend_handles_labels()
+    h2, l2 = a2.get_legend_handles_labels()
+    a.legend(h1 + h2, l1 + l2, fontsize=7)
     idx = [list(fr["y"]).index(p) for p in pair if p in fr["y"]]
     for j, i in enumerate(idx):
         v = priv[:, i]
@@ -278,7 +315,7 @@ def run_mixtures(cfg, workdir: str, progress: bool = True) -> dict:
     """
     from fedpriv.data import load_public_pool, train_sentencepiece
     from fedpriv.dp.ledger import PrivacyLedger
-    from fedpriv.fl.stages import Stage, run_stages
+    from fedpriv.fl.stages import Stage, run_stages, stage_dir
     from fedpriv.recipes import lm as lm_recipe
 
     lm = cfg.lm
@@ -303,9 +340,15 @@ def run_mixtures(cfg, workdir: str, progress: bool = True) -> dict:
 
     stages = [Stage("FreD", _fred_stage(cfg, pools, fred_private, progress))]
     stages += [Stage(stage_name(y, s), _finetune_stage(cfg, y, s, lm_data, pools, progress))
-               for y in cfg.fl_y_percents for s in cfg.seeds]
+               for s in cfg.seeds for y in cfg.fl_y_percents]  # seed-major: each seed a full table
     ledger = PrivacyLedger(cfg.total_epsilon, lm.delta, unit="user")
     out = run_stages(stages, workdir, ledger, fingerprint=dataclasses.asdict(cfg),
                      log=print if progress else (lambda _: None))
-    return {"fred": out.results["FreD"], "runs": [out.results[s.name] for s in stages[1:]],
+    fr = out.results["FreD"]
+    if "nonprivate_user" not in fr:  # a FreD stage recorded before this column existed
+        priv_emb, pool_emb, _ = embed_all(None, {}, {}, cfg.embed_batch,
+                                          os.path.join(stage_dir(workdir, 0, "FreD"), "embeddings.npz"))
+        fr = {**fr, **nonprivate_fred_vs_y(priv_emb, pool_emb, cfg.y_percents, cfg.num_sentences,
+                                           cfg.pca_dims)}
+    return {"fred": fr, "runs": [out.results[s.name] for s in stages[1:]],
             "ledger": out.ledger, "resumed": out.resumed}
