@@ -211,11 +211,15 @@ def plot_fred_vs_y(fr: dict, path: str, pair: tuple[float, float] = (99, 100),
     h2, l2 = a2.get_legend_handles_labels()
     a.legend(h1 + h2, l1 + l2, fontsize=7)
     idx = [list(fr["y"]).index(p) for p in pair if p in fr["y"]]
+    for t in range(len(priv)):  # one line per trial: both Ys share that trial's release
+        b.plot(range(len(idx)), priv[t, idx], "-o", color=f"C{t % 10}", alpha=0.6, ms=4,
+               label=f"trial {t}")
     for j, i in enumerate(idx):
         v = priv[:, i]
-        b.scatter(np.full(len(v), j) + np.linspace(-0.08, 0.08, len(v)), v, s=14, alpha=0.7)
-        b.errorbar([j], [v.mean()], yerr=[[v.mean() - v.min()], [v.max() - v.mean()]], fmt="o",
+        x = j + (0.15 if j else -0.15)
+        b.errorbar([x], [v.mean()], yerr=[[v.mean() - v.min()], [v.max() - v.mean()]], fmt="s",
                    color="k", capsize=6)
+    b.legend(fontsize=7)
     b.set_xticks(range(len(idx)), [f"{fr['y'][i]:g}%" for i in idx])
     b.set_xlim(-0.6, len(idx) - 0.4)
     b.set_ylabel("private FreD (trials; bars: min-max)")
