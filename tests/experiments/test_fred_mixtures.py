@@ -80,3 +80,21 @@ def test_fred_mixtures_smoke(tmp_path):
         assert r["test_ppl_before_fl"] > 1 and r["test_ppl_after_fl"] > 1
         assert r["pipeline_epsilon"] <= cfg.total_epsilon * (1 + 1e-9)
     assert "Hou et al. Table 2" in open(tmp_path / "fred_mixtures.md").read()
+
+
+def test_paper_config_accounts_within_budget():
+    """configs/fred_mixtures.py:paper: FreD's two releases at (0.6, 2e-6) each, then the FL stage
+    with z calibrated to what they left of the budget; both fit it under one ledger."""
+    from fedpriv.dp import moments
+    from fedpriv.recipes import lm as lm_recipe
+    cfg = common.load_config("configs/fred_mixtures.py:paper")
+    assert cfg.lm.noise_multiplier is None and cfg.lm.target_epsilon == cfg.total_epsilon
+    assert (cfg.fred_epsilon, cfg.fred_delta, cfg.num_sentences, cfg.lm.delta) == (0.6, 2e-6, 150_000, 1e-6)
+    fred_event = moments.release_event(moments.moment_events(moments.gaussian_sigma(cfg.fred_epsilon,
+                                                                                     cfg.fred_delta)))
+    task = lm_recipe.build_task(cfg.lm, cfg.lm.vocab_size)
+    _, _, fl_event, z = lm_recipe.build_algorithm(cfg.lm, 526, task.loss_fn, [fred_event])
+    ledger = PrivacyLedger(cfg.total_epsilon, cfg.lm.delta, unit="user")
+    ledger.spend("FreD", fred_event)
+    ledger.spend("DP-FTRL FL-finetune", fl_event)
+    assert z > 0 and ledger.spent() <= cfg.total_epsilon * (1 + 1e-9)
