@@ -32,7 +32,7 @@ from typing import Callable, Mapping, Sequence
 import jax
 import numpy as np
 
-from fedpriv.fred.distance import fred_nonprivate, gaussian_stats, pca_basis
+from fedpriv.fred.distance import gaussian_stats, pca_basis
 from fedpriv.fred.embed import HELD_OUT, embed_all
 from fedpriv.fred.private import fred, private_stats
 
@@ -92,24 +92,44 @@ def user_weighted_stats(priv_emb: Mapping[str, np.ndarray]):
     return GaussianStats(mu, 0.5 * (cov + cov.T), len(users))
 
 
+def frechet_to_many(publics: Sequence, target) -> list[float]:
+    """Eq. 2 from each public :class:`GaussianStats` in ``publics`` to one ``target``: the
+    target's PSD square root is computed once, ``Tr((C1 C2)^{1/2}) = sum sqrt eig(C2^{1/2} C1
+    C2^{1/2})`` (same eigenvalues as ``C1 C2``), so each public set costs one ``eigvalsh``."""
+    from fedpriv.fred.distance import psd_sqrt
+    s2 = psd_sqrt(target.cov)
+    out = []
+    for p in publics:
+        w = np.linalg.eigvalsh(s2 @ p.cov @ s2)
+        diff = p.mean - target.mean
+        d = diff @ diff + np.trace(p.cov) + np.trace(target.cov) - 2 * np.sum(np.sqrt(np.clip(w, 0, None)))
+        out.append(max(float(d), 0.0))
+    return out
+
+
+def _basis(pools: Mapping[str, np.ndarray], pca_dims: int | None):
+    """The public PCA basis of the two pools (None: no projection)."""
+    return (pca_basis(np.concatenate([pools[HELD_OUT], pools[PUBLIC]]), pca_dims)
+            if pca_dims else None)
+
+
 def nonprivate_fred_vs_y(priv_emb: Mapping[str, np.ndarray], pools: Mapping[str, np.ndarray],
-                         y_percents: Sequence[float], total: int, pca_dims: int | None) -> dict:
+                         y_percents: Sequence[float], total: int, pca_dims: int | None,
+                         basis: np.ndarray | None = None) -> dict:
     """Noise-free FreD of every mixture: ``nonprivate`` (sentence-pooled users, in the PCA basis
     of the release), ``nonprivate_full`` (sentence-pooled, full embedding: the paper's
     non-private FreD) and ``nonprivate_user`` (user-weighted, PCA basis: exactly the private
-    release's estimand)."""
-    from fedpriv.fred.distance import frechet_distance
-    basis = (pca_basis(np.concatenate([pools[HELD_OUT], pools[PUBLIC]]), pca_dims)
-             if pca_dims else None)
+    release's estimand). ``basis``: the PCA basis if already computed."""
+    basis = _basis(pools, pca_dims) if basis is None and pca_dims else basis
     proj = (lambda e: np.asarray(e, np.float64) @ basis) if basis is not None else np.asarray
     mixes = {y: mixture(pools[HELD_OUT], pools[PUBLIC], y, total) for y in y_percents}
     all_priv = np.concatenate(list(priv_emb.values()))
-    uw = user_weighted_stats({u: proj(e) for u, e in priv_emb.items()})
-    pub = {y: gaussian_stats(proj(mixes[y])) for y in y_percents}
-    return {"nonprivate": [fred_nonprivate(proj(mixes[y]), proj(all_priv)) for y in y_percents],
-            "nonprivate_full": [fred_nonprivate(mixes[y], all_priv) for y in y_percents],
-            "nonprivate_user": [frechet_distance(pub[y].mean, pub[y].cov, uw.mean, uw.cov)
-                                for y in y_percents]}
+    pub = [gaussian_stats(proj(mixes[y])) for y in y_percents]
+    return {"nonprivate": frechet_to_many(pub, gaussian_stats(proj(all_priv))),
+            "nonprivate_full": frechet_to_many([gaussian_stats(mixes[y]) for y in y_percents],
+                                               gaussian_stats(all_priv)),
+            "nonprivate_user": frechet_to_many(
+                pub, user_weighted_stats({u: proj(e) for u, e in priv_emb.items()}))}
 
 
 def fred_vs_y(priv_emb: Mapping[str, np.ndarray], pools: Mapping[str, np.ndarray],
@@ -123,13 +143,12 @@ def fred_vs_y(priv_emb: Mapping[str, np.ndarray], pools: Mapping[str, np.ndarray
     others are replicates of the experiment). Every release is reused for every ``Y``.
     Returns JSON-able ``{"y", "nonprivate", "nonprivate_full", "private": [trial][y], ...}``.
     """
-    basis = (pca_basis(np.concatenate([pools[HELD_OUT], pools[PUBLIC]]), pca_dims)
-             if pca_dims else None)
+    basis = _basis(pools, pca_dims)
     proj = (lambda e: np.asarray(e, np.float64) @ basis) if basis is not None else np.asarray
     mixes = {y: mixture(pools[HELD_OUT], pools[PUBLIC], y, total) for y in y_percents}
     stats = {y: gaussian_stats(proj(m)) for y, m in mixes.items()}
     out = {"y": list(y_percents),
-           **nonprivate_fred_vs_y(priv_emb, pools, y_percents, total, pca_dims),
+           **nonprivate_fred_vs_y(priv_emb, pools, y_percents, total, pca_dims, basis),
            "private": [], "releases": []}
     users = [proj(priv_emb[u]) for u in priv_emb]
     for t in range(trials):
