@@ -410,3 +410,14 @@ def test_error_paths():
         F.fred(pub, rel)
     with pytest.raises(ValueError, match="at least 2"):
         F.fred(np.zeros((1, 6)), rel)
+
+
+def test_mixture_monotone_verdict():
+    """fedpriv.fred.mixtures.monotone_verdict: strict monotonicity of the means; "(within
+    noise)" when an adjacent gap is inside the spread; one value per Y is never noise."""
+    from fedpriv.fred.mixtures import monotone_verdict
+    assert monotone_verdict("c", [0, 50, 100], [[3.0], [2.0], [1.0]]).status == "reproduced"
+    assert monotone_verdict("c", [0, 50, 100], [[3.0], [3.5], [1.0]]).status == "not reproduced"
+    v = monotone_verdict("c", [0, 100], [[3.0, 3.2], [3.0, 3.1]])
+    assert v.status == "reproduced (within noise)" and "Y=100" in v.measured
+    assert monotone_verdict("c", [0, 100], [[1.0], [2.0]], decreasing=False).status == "reproduced"

@@ -1,0 +1,93 @@
+"""Config of the prefinetuning-mixture experiment (Hou et al. 2023 §4.2, Table 2, Figure 2).
+
+Mixtures of ``Y%`` private-distribution text (held-out chitchat senders) and ``100 - Y%``
+Wikipedia at a fixed total ``num_sentences``; FreD (non-private, and private over
+``fred_trials`` Algorithm-1 releases, user level, ``(fred_epsilon, fred_delta)`` per release)
+for every ``Y``; for ``fl_y_percents`` x ``seeds``: prefinetune, test perplexity, DP-FTRL
+FL-finetune, test perplexity. The FL stage's noise multiplier is calibrated to what FreD left
+of ``total_epsilon`` (``lm.target_epsilon = total_epsilon``, ``lm.noise_multiplier = None``):
+a fixed z inherited from ``configs/lm_fl.py`` would ignore the budget and the ledger would
+refuse the run (see configs/fred_pipeline.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from configs.common import ConfigError, check, with_lm_config
+from configs.lm_fl import get_config as lm_config
+
+
+@dataclasses.dataclass(frozen=True)
+class FredMixturesConfig:
+    lm: object                          # configs.lm_fl.LMFLConfig of the FL-finetuning stage
+    private_fraction: float = 0.5       # chitchat senders that are the private users
+    max_per_user: int = 10              # messages per training user embedded for FreD
+    num_sentences: int = 2000           # total size of every mixture (= size of each pool)
+    y_percents: tuple = (0, 25, 50, 75, 99, 100)   # FreD for all of these
+    fl_y_percents: tuple = (0, 25, 50, 75, 99, 100)  # prefinetune + FL-finetune these
+    seeds: tuple = (0, 1, 2)            # prefinetuning / FL seeds per Y
+    fred_trials: int = 5                # private FreD releases (trial = release seed)
+    fred_epsilon: float = 0.6           # per release (mean, covariance), the paper's Fig. 2
+    fred_delta: float = 2e-6            # per release, the paper's Fig. 2
+    fred_clip: float = 1.0
+    pca_dims: int | None = 32           # public PCA basis (not in the paper; see fred.pca_basis)
+    total_epsilon: float = 18.7         # FreD (trial 0) + FL-finetuning budget
+    prefinetune_steps: int = 300
+    prefinetune_batch: int = 64
+    prefinetune_lr: float = 3e-3
+    embed_batch: int = 64
+    embed_max_length: int | None = 64   # word pieces per sentence (None: the model's 256)
+    seed: int = 0                       # data split, pools, release keys
+
+    def __post_init__(self):
+        check(self, positive=("max_per_user", "num_sentences", "fred_trials", "fred_epsilon",
+                              "fred_clip", "pca_dims", "total_epsilon", "prefinetune_steps",
+                              "prefinetune_batch", "prefinetune_lr", "embed_batch",
+                              "embed_max_length"),
+              non_negative=("seed",), open_unit=("private_fraction", "fred_delta"))
+        for name in ("y_percents", "fl_y_percents", "seeds"):
+            v = getattr(self, name)
+            if not v or len(set(v)) != len(v):
+                raise ConfigError(f"{name} must be a non-empty tuple without repeats, got {v}")
+        if any(not 0 <= y <= 100 for y in self.y_percents) or list(self.y_percents) != sorted(self.y_percents):
+            raise ConfigError(f"y_percents must be increasing values in [0, 100], got {self.y_percents}")
+        if not set(self.fl_y_percents) <= set(self.y_percents):
+            raise ConfigError(f"fl_y_percents {self.fl_y_percents} must be among y_percents {self.y_percents}")
+        if list(self.fl_y_percents) != sorted(self.fl_y_percents):
+            raise ConfigError(f"fl_y_percents must be increasing, got {self.fl_y_percents}")
+        if any(not (isinstance(s, int) and s >= 0) for s in self.seeds):
+            raise ConfigError(f"seeds must be ints >= 0, got {self.seeds}")
+        if self.num_sentences < 100:
+            raise ConfigError(f"num_sentences must be >= 100 (99% and 100% must differ), got "
+                              f"{self.num_sentences}")
+        if self.fred_trials < 2:
+            raise ConfigError("fred_trials must be >= 2 (a spread over trials)")
+
+
+SCALES = {
+    # seconds, for tests: 100-sentence mixtures of 16-piece sentences, tiny LM, 1 seed
+    "smoke": dict(max_per_user=2, num_sentences=100, y_percents=(0, 50, 99, 100),
+                  fl_y_percents=(0, 100), seeds=(0,), fred_trials=3, pca_dims=8,
+                  prefinetune_steps=3, prefinetune_batch=16, total_epsilon=60.0, embed_batch=16,
+                  embed_max_length=16),
+    # the CPU reproduction (2 cores shared with other jobs, <= ~35-45 min): pools of 2000
+    # sentences (the embedder runs ~100-300 sentences/s here: 2 pools + ~4000 user messages
+    # embed in 1-2 min); FreD on all six Ys; the LM-FL config's small model with 50 rounds and
+    # 300 prefinetuning steps takes 2.5-5 min per (Y, seed) on the shared CPU, so prefinetuning
+    # + FL-finetuning runs on Y = 0/50/100 x 3 seeds only (9 runs); budget as
+    # configs/fred_pipeline.py:small
+    "small": dict(fl_y_percents=(0, 50, 100)),
+    # the paper's settings (§4.2): 150K-sentence mixtures, FreD (0.6, 2e-6) per release with no
+    # PCA, FL-finetuning at epsilon 1.26 (delta 1e-6) on top of what FreD spends, for GPU/TPU
+    "paper": dict(max_per_user=256, num_sentences=150_000, y_percents=(0, 10, 40, 70, 95, 99, 100),
+                  fl_y_percents=(10, 40, 70, 95, 99, 100), prefinetune_steps=20_000, pca_dims=None,
+                  embed_max_length=None, total_epsilon=1.26 + 1.2),
+}
+LM_SCALE = {"smoke": "smoke,max_clients=80",
+            "small": "small,rounds=50,eval_every=25,checkpoint_every=25", "paper": "paper"}
+
+
+def get_config(arg: str = "small") -> FredMixturesConfig:
+    cfg = with_lm_config(FredMixturesConfig, SCALES, LM_SCALE, arg, lm_config)
+    return dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, target_epsilon=cfg.total_epsilon,
+                                                           noise_multiplier=None))

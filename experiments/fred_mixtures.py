@@ -1,0 +1,125 @@
+"""Prefinetuning mixtures on real corpora (Hou et al. 2023 §4.2: Table 2 and Figure 2, small).
+
+Mixtures of Y% private-distribution text (held-out chitchat senders) and (100-Y)% Wikipedia,
+fixed total size, nested (99% and 100% share 99% of their sentences). FreD to the private
+users (non-private; private over several Algorithm-1 releases, each reused for every Y), then
+for each (Y, seed): prefinetune the LM, test perplexity, DP-FTRL FL-finetune, test perplexity.
+The stages are ``fedpriv.fred.mixtures`` (resumable per stage); this writes ``summary.json``,
+``fred_mixtures.{md,csv}`` (Table 2 layout), ``fred_vs_y.png`` (Figure 2) and ``verdicts.json``.
+
+    python -m experiments.fred_mixtures --config configs/fred_mixtures.py:small --workdir runs/fred_mixtures
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+
+import numpy as np
+
+from experiments import common
+from fedpriv.fred.mixtures import monotone_verdict, plot_fred_vs_y, run_mixtures, separation_verdict
+from fedpriv.report import Verdict, write_verdicts
+
+# Hou et al. Table 2: Y% -> (test perplexity before, after DP FL-finetuning)
+PAPER_TABLE2 = {10: (56.18, 52.77), 40: (44.01, 42.47), 70: (39.35, 38.52), 95: (37.18, 36.59),
+                99: (36.90, 36.37), 100: (36.88, 36.33)}
+
+
+def run(cfg, workdir: str, progress: bool = True) -> dict:
+    t0 = time.time()
+    res = run_mixtures(cfg, workdir, progress)
+    fr, runs = res["fred"], res["runs"]
+    priv = np.asarray(fr["private"])  # [trials, Y]
+    by_y = {y: [r for r in runs if r["y"] == y] for y in cfg.fl_y_percents}
+    col = lambda y, k: [r[k] for r in by_y.get(y, [])]  # noqa: E731
+    rows = []
+    for i, y in enumerate(fr["y"]):
+        gains = [a - b for a, b in zip(col(y, "test_ppl_before_fl"), col(y, "test_ppl_after_fl"))]
+        paper = PAPER_TABLE2.get(y, (None, None))
+        rows.append({"Y%": y, "test ppl before FL": common.pm(col(y, "test_ppl_before_fl")),
+                     "test ppl after FL": common.pm(col(y, "test_ppl_after_fl")),
+                     "FL gain (before-after)": common.pm(gains), "seeds": len(by_y.get(y, [])),
+                     "paper before": paper[0], "paper after": paper[1],
+                     "private FreD (mean ± std)": common.pm(priv[:, i], digits=4),
+                     "private FreD min": float(priv[:, i].min()), "private FreD max": float(priv[:, i].max()),
+                     "nonprivate/FreD 384-d": fr["nonprivate_full"][i], "nonprivate/FreD PCA": fr["nonprivate"][i],
+                     "nonprivate/FreD PCA user-weighted": fr["nonprivate_user"][i]})
+    fl_ys = list(cfg.fl_y_percents)
+    gain = lambda y: [a - b for a, b in zip(col(y, "test_ppl_before_fl"), col(y, "test_ppl_after_fl"))]  # noqa: E731
+    verdicts = [
+        monotone_verdict("non-private FreD (full 384-d embedding, sentences pooled) decreases monotonically "
+                         "with Y (Fig. 2 left)", fr["y"], [[v] for v in fr["nonprivate_full"]]),
+        monotone_verdict("(ours) non-private FreD in the release's PCA basis, sentences pooled, decreases "
+                         "monotonically with Y", fr["y"], [[v] for v in fr["nonprivate"]]),
+        monotone_verdict("(ours) non-private FreD of exactly what the release estimates (PCA basis, "
+                         "user-weighted) decreases monotonically with Y", fr["y"],
+                         [[v] for v in fr["nonprivate_user"]]),
+        monotone_verdict(f"private FreD (eps={cfg.fred_epsilon}, delta={cfg.fred_delta:g} per release) "
+                         "decreases monotonically with Y, means over trials (Fig. 2 left)", fr["y"],
+                         [list(priv[:, i]) for i in range(len(fr["y"]))]),
+    ]
+    if 99 in fr["y"] and 100 in fr["y"]:
+        i99, i100 = fr["y"].index(99), fr["y"].index(100)
+        verdicts.append(separation_verdict("private FreD separates 99% from 100%: max FreD(100%) < "
+                                           "min FreD(99%) over the trials (Fig. 2 right)",
+                                           priv[:, i100], priv[:, i99], ("FreD(100%)", "FreD(99%)")))
+        d = priv[:, i99] - priv[:, i100]  # same release: the noise is shared by both Ys
+        verdicts.append(Verdict("(ours, paired) within every trial FreD(100%) < FreD(99%)",
+                                "reproduced" if (d > 0).all() else "not reproduced",
+                                f"FreD(99%) - FreD(100%) per trial: {', '.join(f'{x:+.3g}' for x in d)}"))
+    if len(fl_ys) > 1:
+        verdicts += [
+            monotone_verdict("test perplexity before FL-finetuning decreases with Y (Table 2)", fl_ys,
+                             [col(y, "test_ppl_before_fl") for y in fl_ys]),
+            monotone_verdict("test perplexity after DP FL-finetuning decreases with Y (Table 2)", fl_ys,
+                             [col(y, "test_ppl_after_fl") for y in fl_ys]),
+            monotone_verdict("the FL-finetuning gain (before - after) shrinks as Y grows (Table 2)", fl_ys,
+                             [gain(y) for y in fl_ys]),
+        ]
+    write_verdicts(verdicts, workdir)
+    plot_fred_vs_y(fr, os.path.join(workdir, "fred_vs_y.png"),
+                   title=f"FreD vs Y (private: eps={cfg.fred_epsilon}, delta={cfg.fred_delta:g} per release, "
+                         f"user level, {cfg.fred_trials} trials)")
+    ledger = runs[0]["ledger"] if runs else res["ledger"].report()
+    rel = fr["releases"][0]
+    notes = [f"mixtures of {cfg.num_sentences} sentences: Y% held-out chitchat senders' messages + (100-Y)% "
+             "Wikipedia, nested prefixes of two shuffled pools (99% and 100% share 99% of sentences)",
+             f"FreD: {fr['private_users']} private users (user level), two Gaussian releases at "
+             f"(eps={cfg.fred_epsilon}, delta={cfg.fred_delta:g}) each (RDP eps {rel['epsilon_rdp']:.3g} at "
+             f"delta {rel['delta_total']:g}), {cfg.fred_trials} trials = release seeds; each release reused "
+             "for every Y (post-processing); trial 0 charged to the ledger, the others are replicates"
+             + (f"; in a {cfg.pca_dims}-dim PCA basis of the public pools (not in the paper)" if cfg.pca_dims else ""),
+             f"prefinetune {cfg.prefinetune_steps} steps (batch {cfg.prefinetune_batch}); DP-FTRL "
+             f"{cfg.lm.rounds} rounds, z={runs[0]['fl_noise_multiplier']:.3g} calibrated so FreD + FL fit "
+             f"epsilon {cfg.total_epsilon} (delta {cfg.lm.delta:g}); each (Y, seed) run under its own copy of "
+             "the ledger after FreD" if runs else "no FL runs",
+             "test ppl = exact evaluation on held-out private users (NOT covered by the ledger); "
+             "nonprivate/ columns are noise-free FreD (NOT covered)",
+             "paper columns: Hou et al. Table 2 (DistilGPT-2, StackOverflow; their Y values are 10/40/70/95/99/100)"]
+    common.write_table(rows, workdir, "fred_mixtures", title="FreD mixtures (Hou et al. 2023, Table 2 / Fig. 2)",
+                       notes=notes)
+    with open(os.path.join(workdir, "fred_mixtures.md"), "a") as f:
+        f.write("\n## Hou et al. Table 2 (paper)\n\n| Y% | before FL | after FL |\n|---|---|---|\n"
+                + "".join(f"| {y} | {b} | {a} |\n" for y, (b, a) in PAPER_TABLE2.items())
+                + "\n## Verdicts\n\n" + "".join(f"- {v.claim}: **{v.status}** — {v.measured}\n" for v in verdicts))
+    summary = {"rows": rows, "fred": {k: fr[k] for k in ("y", "nonprivate", "nonprivate_full", "nonprivate_user", "private",
+                                                          "releases", "embedder_sentences_per_s",
+                                                          "embedded_sentences", "private_users")},
+               "runs": [{k: v for k, v in r.items() if k != "ledger"} for r in runs],
+               "verdicts": [dataclasses.asdict(v) for v in verdicts], "ledger": ledger,
+               "resumed": res["resumed"], "wall_clock_s_this_session": time.time() - t0,
+               "stage_wall_s": {"FreD": fr["wall_s"], **{f"Y={r['y']:g}% seed={r['seed']}": r["wall_s"] for r in runs}},
+               **common.run_record(dataclasses.asdict(cfg), cfg.seed)}
+    common.save_json(summary, os.path.join(workdir, "summary.json"))
+    return summary
+
+
+def main(argv=None):
+    cfg, workdir, _ = common.config_and_workdir(argv, __doc__, "fred_mixtures")
+    run(cfg, workdir)
+    print(open(os.path.join(workdir, "fred_mixtures.md")).read())
+
+
+if __name__ == "__main__":
+    common.cli(main)
