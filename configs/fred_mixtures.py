@@ -91,3 +91,10 @@ def get_config(arg: str = "small") -> FredMixturesConfig:
     cfg = with_lm_config(FredMixturesConfig, SCALES, LM_SCALE, arg, lm_config)
     return dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, target_epsilon=cfg.total_epsilon,
                                                            noise_multiplier=None))
+
+
+def privacy_plan(cfg):
+    """Every ledger the experiment opens and what it charges, from ``cfg`` alone (no data, no
+    training): ``fedpriv.recipes.plans``; accounted in tests/experiments/test_configs.py."""
+    from fedpriv.recipes import plans
+    return plans.fred_mixtures_plan(cfg)

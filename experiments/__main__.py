@@ -53,9 +53,11 @@ ARTEFACTS = (
              "fred_pipeline", "fred_pipeline", outputs=("fred_pipeline.md", "fred_pipeline.png")),
     Artefact("hou-table1-fred", "Hou et al. 2023", "Table 1's FreD columns in detail: both units of privacy, "
              "public PCA basis, mean ± std over releases", "fred_table", "fred_table", outputs=("fred_table.md",)),
-    Artefact("hou-table2", "Hou et al. 2023", "perplexity vs Y% of the prefinetuning set from the private "
-             "distribution", None, None),
-    Artefact("hou-figure2", "Hou et al. 2023", "FreD vs Y%; private FreD separating 99% from 100%", None, None),
+    Artefact("hou-table2", "Hou et al. 2023", "test perplexity before / after DP FL-finetuning vs Y% of the "
+             "prefinetuning set from the private distribution", "fred_mixtures", "fred_mixtures",
+             outputs=("fred_mixtures.md",)),
+    Artefact("hou-figure2", "Hou et al. 2023", "FreD vs Y% (non-private, private over trials); private FreD "
+             "separating 99% from 100%", "fred_mixtures", "fred_mixtures", outputs=("fred_vs_y.png",)),
     Artefact("koga-table1", "Koga et al. 2023", "8 schemes x 2 domain-adaptation datasets",
              "population_expansion", "population_expansion", outputs=("table.md", "table1.png")),
     Artefact("mf-comparison", "beyond the papers", "tree vs banded / BLT matrix-factorization DP-FTRL vs "

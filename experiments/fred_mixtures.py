@@ -18,7 +18,8 @@ import time
 import numpy as np
 
 from experiments import common
-from fedpriv.fred.mixtures import monotone_verdict, plot_fred_vs_y, run_mixtures, separation_verdict
+from fedpriv.fred.mixtures import (monotone_verdict, plot_fred_vs_y, run_mixtures, separation_verdict,
+                                   trials_epsilon)
 from fedpriv.report import Verdict, write_verdicts
 
 # Hou et al. Table 2: Y% -> (test perplexity before, after DP FL-finetuning)
@@ -88,7 +89,9 @@ def run(cfg, workdir: str, progress: bool = True) -> dict:
              f"FreD: {fr['private_users']} private users (user level), two Gaussian releases at "
              f"(eps={cfg.fred_epsilon}, delta={cfg.fred_delta:g}) each (RDP eps {rel['epsilon_rdp']:.3g} at "
              f"delta {rel['delta_total']:g}), {cfg.fred_trials} trials = release seeds; each release reused "
-             "for every Y (post-processing); trial 0 charged to the ledger, the others are replicates"
+             "for every Y (post-processing); trial 0 charged to the ledger; trials 1.. are replicate releases of "
+             "the same users for the spread over trials (Fig. 2), NOT covered by the ledger: all "
+             f"{cfg.fred_trials} releases together are (eps={trials_epsilon(cfg.fred_epsilon, cfg.fred_delta, cfg.fred_trials, cfg.lm.delta):.3g}, delta={cfg.lm.delta:g})"
              + (f"; in a {cfg.pca_dims}-dim PCA basis of the public pools (not in the paper)" if cfg.pca_dims else ""),
              f"prefinetune {cfg.prefinetune_steps} steps (batch {cfg.prefinetune_batch}); DP-FTRL "
              f"{cfg.lm.rounds} rounds, z={runs[0]['fl_noise_multiplier']:.3g} calibrated so FreD + FL fit "

@@ -163,6 +163,15 @@ def fred_vs_y(priv_emb: Mapping[str, np.ndarray], pools: Mapping[str, np.ndarray
     return out
 
 
+def trials_epsilon(epsilon: float, delta: float, trials: int, at_delta: float) -> float:
+    """Epsilon at ``at_delta`` of ``trials`` FreD releases (mean + covariance, each Gaussian at
+    ``(epsilon, delta)``) of the same users together: what the spread over trials would cost if
+    every trial were charged (only trial 0 is; the others are replicates of the experiment)."""
+    from fedpriv.dp import accounting, moments
+    release = moments.release_event(moments.moment_events(moments.gaussian_sigma(epsilon, delta)))
+    return accounting.compute_epsilon([release] * trials, at_delta)[0]
+
+
 # ============================================================================================
 # Verdicts
 # ============================================================================================

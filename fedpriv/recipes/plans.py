@@ -34,7 +34,7 @@ from fedpriv.fl import algorithms as algs
 __all__ = ["CORPUS_CLIENTS", "EXPANSION_ACTIVE_USERS", "corpus_clients", "split_sizes",
            "lm_train_clients", "lm_run", "lm_fl_plan", "privacy_utility_plan",
            "mf_comparison_plan", "public_training_plan", "fred_pipeline_plan",
-           "fred_table_plan", "population_expansion_plan", "wang_ablations_plan", "lm_sweep_plan",
+           "fred_table_plan", "fred_mixtures_plan", "population_expansion_plan", "wang_ablations_plan", "lm_sweep_plan",
            "oracle_plan", "nothing"]
 
 # Clients (users) of the packaged corpora with the loaders' defaults (`fedpriv.data.load_*`;
@@ -176,6 +176,23 @@ def fred_pipeline_plan(cfg) -> PrivacyPlan:
         runs.append(dataclasses.replace(chosen, name="ranks 2.. (counterfactual, ledger after FreD)",
                                         copies=FRED_CANDIDATES - 1))
     return PrivacyPlan(tuple(runs))
+
+
+def fred_mixtures_plan(cfg) -> PrivacyPlan:
+    """``fedpriv.fred.mixtures.run_mixtures``: FreD's trial-0 release (user level, ``(fred_epsilon,
+    fred_delta)`` per Gaussian release) on the pipeline ledger, then one FL-finetuning per
+    (Y, seed) on its own copy of the ledger after FreD, z calibrated to what FreD left. FreD's
+    other trials are replicate releases, not charged (``fedpriv.fred.mixtures.trials_epsilon``
+    is their joint cost, stated in the outputs)."""
+    from fedpriv.fred.mixtures import RELEASE, trials_epsilon
+    event = moments.release_event(moments.moment_events(moments.gaussian_sigma(cfg.fred_epsilon,
+                                                                                cfg.fred_delta)))
+    fred = (Charge(RELEASE, event),)
+    run = lm_run(cfg.lm, fred_train_clients(cfg), "FreD (trial 0) + FL-finetune per (Y, seed)", prior=fred,
+                 budget=cfg.total_epsilon, copies=len(cfg.fl_y_percents) * len(cfg.seeds))
+    joint = trials_epsilon(cfg.fred_epsilon, cfg.fred_delta, cfg.fred_trials, cfg.lm.delta)
+    return PrivacyPlan((run,), notes=(f"FreD trials 1..{cfg.fred_trials - 1}: replicate releases, not "
+                                      f"charged (all {cfg.fred_trials} together: eps {joint:.3g})",))
 
 
 def fred_table_plan(cfg) -> PrivacyPlan:
