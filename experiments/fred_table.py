@@ -25,6 +25,7 @@ from experiments import common
 from fedpriv.fred.compare import table_rows
 from fedpriv.fred.embed import embed_all, table_datasets
 from fedpriv.models import bert
+from fedpriv.report import NOT_REPRODUCED, REPRODUCED, Verdict
 
 
 def run(cfg, workdir: str, progress: bool = True) -> dict:
@@ -80,7 +81,21 @@ def run(cfg, workdir: str, progress: bool = True) -> dict:
             f"{r['nonprivate/same_ranking']} | {r['nonprivate/same_closest']} |"
         )
     (work / "fred_table.md").write_text("\n".join(lines) + "\n")
+    common.write_verdicts(verdicts(rows, cfg.seeds), str(work))
     return {"rows": rows, "releases": releases, "markdown": "\n".join(lines)}
+
+
+def verdicts(rows: list[dict], seeds: int) -> list:
+    """Hou et al. Table 1's claim, per (space, unit): private FreD finds the candidate that
+    non-private FreD finds closest, in every release (and the whole ranking)."""
+    out = []
+    for space, unit in dict.fromkeys((r["space"], r["unit"]) for r in rows):
+        r = next(r for r in rows if r["space"] == space and r["unit"] == unit)
+        top, order = (int(r[k].split("/")[0]) for k in ("nonprivate/same_closest", "nonprivate/same_ranking"))
+        out.append(Verdict(f"[{space}, {unit} level] private FreD identifies the candidate closest by "
+                           "non-private FreD (Table 1)", REPRODUCED if top == seeds else NOT_REPRODUCED,
+                           f"same closest in {top}/{seeds} releases, same full ranking in {order}/{seeds}"))
+    return out
 
 
 def main(argv=None):

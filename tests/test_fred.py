@@ -421,3 +421,15 @@ def test_mixture_monotone_verdict():
     v = monotone_verdict("c", [0, 100], [[3.0, 3.2], [3.0, 3.1]])
     assert v.status == "reproduced (within noise)" and "Y=100" in v.measured
     assert monotone_verdict("c", [0, 100], [[1.0], [2.0]], decreasing=False).status == "reproduced"
+
+
+def test_fred_table_verdicts_follow_the_releases():
+    """Hou Table 1's claim per (space, unit): reproduced only if every release found the same
+    closest candidate as non-private FreD."""
+    from experiments.fred_table import verdicts
+    rows = [{"space": "384-d", "unit": u, "candidate": c, "nonprivate/same_closest": top,
+             "nonprivate/same_ranking": "1/3"}
+            for u, top in (("sample", "3/3"), ("user", "2/3")) for c in ("a", "b")]
+    v = verdicts(rows, 3)
+    assert [x.status for x in v] == ["reproduced", "not reproduced"]
+    assert "2/3 releases" in v[1].measured and "sample level" in v[0].claim
