@@ -38,6 +38,7 @@ import jax
 import numpy as np
 import optax
 
+from fedpriv.data.errors import ConfigError
 from fedpriv.dp import accounting, geometric
 from fedpriv.dp.ledger import PrivacyLedger
 from fedpriv.expansion.data import POPULATION_LABELS as LABELS, SOURCE, TARGET, DomainDataset
@@ -124,8 +125,8 @@ def _seed_for(seed: int, row: int, stage_index: int) -> int:
 def plan_stages(scheme: TrainingScheme, ds: DomainDataset, cfg, seed: int,
                 u_hat=None) -> list[StagePlan]:
     """The stages of ``scheme`` on ``ds``: expected cohort ``train_cohort`` (x alpha for alpha*C
-    stages) by Poisson sampling at rate q = cohort / N (capped at 1), noise of ``noise_cohort``
-    (x alpha), z calibrated so the stage's simulated-run event meets the stage's budget."""
+    stages) by Poisson sampling at rate q = cohort / N (a cohort > N raises ConfigError, never
+    capped), noise of ``noise_cohort`` (x alpha), z calibrated so the stage's simulated-run event meets the stage's budget."""
     out = []
     for i, (stage, rounds) in enumerate(zip(scheme.stages, scheme.stage_rounds(cfg.rounds))):
         clients = stage_clients(ds, stage, u_hat, cfg.weight_mode, cfg.weight_max)
@@ -133,7 +134,10 @@ def plan_stages(scheme: TrainingScheme, ds: DomainDataset, cfg, seed: int,
         n = len(ids)
         train_c = stage.cohort_size(cfg.train_cohort, ds.alpha)
         noise_c = stage.cohort_size(cfg.noise_cohort, ds.alpha)
-        rate = min(1.0, train_c / n)
+        if train_c > n:  # fail closed: never cap the rate at 1 (check_cohorts refuses earlier)
+            raise ConfigError(f"scheme {scheme.name!r} stage {i}: cohort {train_c} exceeds its "
+                              f"population of {n} training clients")
+        rate = train_c / n
         z = calibrate_stage(n, rate, rounds, noise_c, cfg.clip_norm, *stage.budget)
         sampler = PoissonSampler(n, rate, seed=_seed_for(seed, scheme.row, i))
         dp = algs.DPConfig(cfg.clip_norm, z, "gaussian", noise_cohort_size=noise_c)
