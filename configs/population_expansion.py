@@ -87,6 +87,9 @@ class PopulationExpansionConfig:
     server_lr: float = 0.1
     batch_size: int = 16                  # local batch size
     max_local_steps: int | None = None    # None = one local epoch ("1 client iteration")
+    # per-user bound of the unigram release, "<sequences>x<tokens>": Delta = their product
+    # (Sec. 4.2: 5 sequences of 10 tokens, Delta = 50; configs/iw_regime.py varies it)
+    unigram_bound: str = "5x10"
     weight_mode: str = "none"             # Eq. 3 weights as is ("none"), "scale" or "clip"
     weight_max: float | None = None       # for weight_mode="clip"
     accountant: str = "best"              # ledger: "best" (min of RDP, PLD), "rdp" or "pld"
@@ -122,6 +125,10 @@ class PopulationExpansionConfig:
                               "larger cohort)")
         if not self.seeds:
             raise ConfigError("need at least one seed")
+        parts = str(self.unigram_bound).lower().split("x")
+        if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+            raise ConfigError(f"unigram_bound must be <sequences>x<tokens> with both >= 1, e.g. "
+                              f"5x10; got {self.unigram_bound!r}")
 
     @property
     def training_schemes(self) -> tuple[TrainingScheme, ...]:
