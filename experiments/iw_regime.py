@@ -10,7 +10,8 @@ PT on ``chat_target`` (T = chitchat senders) in the regime where (1) finds signa
 Outputs in ``--workdir``: ``regime.{md,csv}`` (mean +- std over seeds per point),
 ``regime_runs.csv``, ``regime_{eps0,vocab,bound}.png`` (TV vs N_T), ``negative.{md,csv}``,
 ``table.{md,csv}`` (perplexity on T, mean +- std, with the trained release's TV),
-``verdicts.json``, ``summary.json``; training runs under ``train/`` (experiments.population_expansion).
+``verdicts.json``, ``summary.json``; training runs under ``train/``
+(experiments.population_expansion's outputs).
 
     .venv/bin/python -m experiments.iw_regime --config configs/iw_regime.py:small \
         --workdir runs/iw_regime
@@ -86,9 +87,13 @@ def run(cfg, workdir: str, log=print) -> dict:
         prep = expansion.prepare_dataset("chat_target", tcfg)
         rel = release_rows(prep, tcfg.seeds, log)
         tv, tv_sig = report.pm([r["tv_release"] for r in rel], digits=3), rel[0]["tv_signal"]
-        table = [{"scheme": r["scheme"], "val PPL on T": r["val PPL on T"],
-                  "test PPL on T": r["test PPL on T"], "seeds": r["seeds"],
-                  "eps S (sim.)": r["eps S (sim.)"], "eps T (sim.)": r["eps T (sim.)"],
+        ppl = {(s, k): [r[k] for r in trained["runs"] if r["scheme"] == s]
+               for s in tcfg.schemes for k in ("val_ppl", "test_ppl")}
+        table = [{"scheme": r["scheme"],
+                  "val PPL on T": report.pm(ppl[r["scheme"], "val_ppl"], digits=3),
+                  "test PPL on T": report.pm(ppl[r["scheme"], "test_ppl"], digits=3),
+                  "seeds": r["seeds"], "eps S (sim.)": r["eps S (sim.)"],
+                  "eps T (sim.)": r["eps T (sim.)"],
                   "unigram TV(release, true)": tv if r["scheme"] in ("IW", "IWPT") else "",
                   "signal TV(u_T, u_SuT)": tv_sig if r["scheme"] in ("IW", "IWPT") else ""}
                  for r in trained["table"]]
@@ -96,12 +101,10 @@ def run(cfg, workdir: str, log=print) -> dict:
                            "chat_target (perplexity on T, mean ± std over seeds)",
                            notes=trained["notes"] + [f"unigram release on the {rel[0]['n_users']}"
                                                      f" T training users: TV {tv}"])
-        ppl = {s: [r["test_ppl"] for r in trained["runs"] if r["scheme"] == s]
-               for s in tcfg.schemes}
         verdicts = [report.ordering_verdict(
-            f"{a} beats {b} (test PPL on T, chat_target, N_T = {rel[0]['n_users']})", ppl[a],
-            ppl[b], higher_is_better=False, names=(a, b))
-            for a, b in CLAIMS if ppl.get(a) and ppl.get(b)]
+            f"{a} beats {b} (test PPL on T, chat_target, N_T = {rel[0]['n_users']})",
+            ppl[a, "test_ppl"], ppl[b, "test_ppl"], higher_is_better=False, names=(a, b))
+            for a, b in CLAIMS if ppl.get((a, "test_ppl")) and ppl.get((b, "test_ppl"))]
         report.write_verdicts(verdicts, workdir)
         out.update(table=table, release=rel, verdicts=[v.__dict__ for v in verdicts],
                    train_wall_clock_s=trained["wall_clock_s"])

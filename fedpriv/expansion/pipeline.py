@@ -126,7 +126,8 @@ def plan_stages(scheme: TrainingScheme, ds: DomainDataset, cfg, seed: int,
                 u_hat=None) -> list[StagePlan]:
     """The stages of ``scheme`` on ``ds``: expected cohort ``train_cohort`` (x alpha for alpha*C
     stages) by Poisson sampling at rate q = cohort / N (a cohort > N raises ConfigError, never
-    capped), noise of ``noise_cohort`` (x alpha), z calibrated so the stage's simulated-run event meets the stage's budget."""
+    capped), noise of ``noise_cohort`` (x alpha), z calibrated so the stage's simulated-run
+    event meets the stage's budget."""
     out = []
     for i, (stage, rounds) in enumerate(zip(scheme.stages, scheme.stage_rounds(cfg.rounds))):
         clients = stage_clients(ds, stage, u_hat, cfg.weight_mode, cfg.weight_max)

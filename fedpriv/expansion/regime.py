@@ -133,7 +133,8 @@ def measure_release(target: Mapping[Hashable, Any], source: Mapping[Hashable, An
 # The regime grid on real populations (experiments/iw_regime.py; configs/iw_regime.py)
 # ---------------------------------------------------------------------------------------------
 
-def encoded_populations(name: str, cfg, vocab_words: int, pool_texts=None) -> tuple[dict, dict, int]:
+def encoded_populations(name: str, cfg, vocab_words: int,
+                        pool_texts=None) -> tuple[dict, dict, int]:
     """(T clients, S clients, vocab size) of dataset ``name`` with EVERY active user (no alpha
     balancing, no split: the whole population releases), App. A encoding with the top
     ``vocab_words`` words of the public pool. ``cfg``: a configs/population_expansion.py config
