@@ -99,8 +99,12 @@ def run(cfg, workdir: str, log=print) -> dict:
                  for r in trained["table"]]
         common.write_table(table, workdir, "table", title="IW / IWPT vs baselines on "
                            "chat_target (perplexity on T, mean ± std over seeds)",
-                           notes=trained["notes"] + [f"unigram release on the {rel[0]['n_users']}"
-                                                     f" T training users: TV {tv}"])
+                           notes=[n for n in trained["notes"] if not n.startswith("Regenerate")]
+                           + [f"IW/IWPT's unigram release on the {rel[0]['n_users']} T training "
+                              f"users: TV(u_hat_T, u_T) {tv} (seeds {list(tcfg.seeds)}) vs signal "
+                              f"TV(u_T, u_SuT) {tv_sig:.3f}",
+                              "Regenerate: .venv/bin/python -m experiments.iw_regime --config "
+                              f"configs/iw_regime.py:<scale> --workdir {workdir}"])
         verdicts = [report.ordering_verdict(
             f"{a} beats {b} (test PPL on T, chat_target, N_T = {rel[0]['n_users']})",
             ppl[a, "test_ppl"], ppl[b, "test_ppl"], higher_is_better=False, names=(a, b))
