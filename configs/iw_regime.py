@@ -55,13 +55,16 @@ class IWRegimeConfig:
     train_vocab: int = 50
     train_bound: str = "5x10"              # per-user bound of the trained release (paper: 5x10)
     seeds: tuple = (0, 1, 2)
+    # control: the same pipeline at a vocabulary where (1) finds NO signal (TV ~ 0.5 at N_T ~ 680)
+    control_vocab: int | None = 1000
+    control_schemes: tuple = ("S u T", "IW")
     rounds: int = 40
     max_eval_examples: int | None = 2000   # cap on pooled T val/test sequences
     progress: bool = False
 
     def __post_init__(self):
         check(self, positive=("base_vocab", "base_epsilon0", "negative_vocab", "train_vocab",
-                              "rounds", "max_eval_examples"), open_unit=("alpha",),
+                              "rounds", "max_eval_examples", "control_vocab"), open_unit=("alpha",),
               choices={"pe_scale": tuple(pe.SCALES), "regime_dataset": pe.ALL_DATASETS})
         for name in ("n_targets", "epsilons0", "vocabs", "regime_seeds", "seeds"):
             if not getattr(self, name):
@@ -71,6 +74,8 @@ class IWRegimeConfig:
             raise ConfigError("n_targets >= 0 (0 = all), epsilons0 > 0, vocabs >= 1")
         for b in self.bounds + (self.base_bound, self.train_bound):
             parse_bound(b)
+        if set(self.control_schemes) - set(pe.SCHEME_NAMES):
+            raise ConfigError(f"unknown control_schemes; choose from {pe.SCHEME_NAMES}")
         unknown = set(self.negative_datasets) - set(pe.ALL_DATASETS)
         if unknown:
             raise ConfigError(f"unknown negative_datasets {sorted(unknown)}")
@@ -103,7 +108,7 @@ SCALES = {
     # Table 1's settings on chat_target (GPU/TPU): 2000 rounds, C = 400 / 5000, LSTM 96/670,
     # the paper's 10K vocabulary (where (1) finds no signal at this N_T: see the study)
     "paper": dict(pe_scale="paper", train_vocab=10_000, rounds=2000, seeds=(0, 1, 2),
-                  max_eval_examples=None),
+                  max_eval_examples=None, control_vocab=None),
 }
 
 

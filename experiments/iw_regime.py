@@ -10,7 +10,8 @@ PT on ``chat_target`` (T = chitchat senders) in the regime where (1) finds signa
 Outputs in ``--workdir``: ``regime.{md,csv}`` (mean +- std over seeds per point),
 ``regime_runs.csv``, ``regime_{eps0,vocab,bound}.png`` (TV vs N_T), ``negative.{md,csv}``,
 ``table.{md,csv}`` (perplexity on T, mean +- std, with the trained release's TV),
-``verdicts.json``, ``summary.json``; training runs under ``train/``
+``control.{md,csv}`` (S u T vs IW at a vocabulary where the release carries no signal),
+``verdicts.json``, ``summary.json``; training runs under ``train/`` and ``control/``
 (experiments.population_expansion's outputs).
 
     .venv/bin/python -m experiments.iw_regime --config configs/iw_regime.py:small \
@@ -18,6 +19,7 @@ Outputs in ``--workdir``: ``regime.{md,csv}`` (mean +- std over seeds per point)
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -82,36 +84,30 @@ def run(cfg, workdir: str, log=print) -> dict:
                            "release on Table 1's small target populations (small scale)")
     out = {"regime": summary, "regime_runs": rows, "negative": negative, "notes": notes}
     if cfg.train:
-        tdir = os.path.join(workdir, "train")
-        trained = pe_exp.run(tcfg, tdir, log)
-        prep = expansion.prepare_dataset("chat_target", tcfg)
-        rel = release_rows(prep, tcfg.seeds, log)
-        tv, tv_sig = report.pm([r["tv_release"] for r in rel], digits=3), rel[0]["tv_signal"]
-        ppl = {(s, k): [r[k] for r in trained["runs"] if r["scheme"] == s]
-               for s in tcfg.schemes for k in ("val_ppl", "test_ppl")}
-        table = [{"scheme": r["scheme"],
-                  "val PPL on T": report.pm(ppl[r["scheme"], "val_ppl"], digits=3),
-                  "test PPL on T": report.pm(ppl[r["scheme"], "test_ppl"], digits=3),
-                  "seeds": r["seeds"], "eps S (sim.)": r["eps S (sim.)"],
-                  "eps T (sim.)": r["eps T (sim.)"],
-                  "unigram TV(release, true)": tv if r["scheme"] in ("IW", "IWPT") else "",
-                  "signal TV(u_T, u_SuT)": tv_sig if r["scheme"] in ("IW", "IWPT") else ""}
-                 for r in trained["table"]]
-        common.write_table(table, workdir, "table", title="IW / IWPT vs baselines on "
-                           "chat_target (perplexity on T, mean ± std over seeds)",
-                           notes=[n for n in trained["notes"] if not n.startswith("Regenerate")]
-                           + [f"IW/IWPT's unigram release on the {rel[0]['n_users']} T training "
-                              f"users: TV(u_hat_T, u_T) {tv} (seeds {list(tcfg.seeds)}) vs signal "
-                              f"TV(u_T, u_SuT) {tv_sig:.3f}",
-                              "Regenerate: .venv/bin/python -m experiments.iw_regime --config "
-                              f"configs/iw_regime.py:<scale> --workdir {workdir}"])
-        verdicts = [report.ordering_verdict(
-            f"{a} beats {b} (test PPL on T, chat_target, N_T = {rel[0]['n_users']})",
-            ppl[a, "test_ppl"], ppl[b, "test_ppl"], higher_is_better=False, names=(a, b))
-            for a, b in CLAIMS if ppl.get((a, "test_ppl")) and ppl.get((b, "test_ppl"))]
+        arms = [("table", tcfg, "")]
+        if cfg.control_vocab:  # the same schemes where the release carries no signal
+            arms.append(("control", dataclasses.replace(
+                tcfg, vocab_words=cfg.control_vocab, schemes=tuple(cfg.control_schemes)),
+                f", control V = {cfg.control_vocab}"))
+        verdicts = []
+        for name, acfg, tag in arms:
+            trained = pe_exp.run(acfg, os.path.join(workdir, "train" if name == "table"
+                                                    else name), log)
+            rel = release_rows(expansion.prepare_dataset("chat_target", acfg), acfg.seeds, log)
+            table, ppl = regime.scheme_table(trained["runs"], acfg.schemes, rel)
+            common.write_table(table, workdir, name, title=f"IW / IWPT vs baselines on "
+                               f"chat_target{tag} (perplexity on T, mean ± std over seeds)",
+                               notes=[n for n in trained["notes"] if not n.startswith("Regen")]
+                               + [f"Regenerate: .venv/bin/python -m experiments.iw_regime "
+                                  f"--config configs/iw_regime.py:<scale> --workdir {workdir}"])
+            verdicts += [report.ordering_verdict(
+                f"{a} beats {b} (test PPL on T, chat_target, N_T = {rel[0]['n_users']}, "
+                f"V = {acfg.vocab_words})", ppl[a], ppl[b], higher_is_better=False, names=(a, b))
+                for a, b in CLAIMS if ppl.get(a) and ppl.get(b)]
+            out[name] = {"table": table, "release": rel, "wall_clock_s": trained["wall_clock_s"],
+                         "schemes_wall_clock_s": trained["schemes_wall_clock_s"]}
         report.write_verdicts(verdicts, workdir)
-        out.update(table=table, release=rel, verdicts=[v.__dict__ for v in verdicts],
-                   train_wall_clock_s=trained["wall_clock_s"])
+        out["verdicts"] = [dataclasses.asdict(v) for v in verdicts]
     out.update(wall_clock_s=time.time() - t0,
                **common.run_record(cfg, list(cfg.regime_seeds) + list(cfg.seeds)))
     common.save_json(out, os.path.join(workdir, "summary.json"))
@@ -121,7 +117,7 @@ def run(cfg, workdir: str, log=print) -> dict:
 def main(argv=None):
     cfg, workdir, _ = common.config_and_workdir(argv, __doc__, "iw_regime")
     out = run(cfg, workdir)
-    for name in ("regime", "table"):
+    for name in ("regime", "table", "control"):
         if os.path.exists(p := os.path.join(workdir, f"{name}.md")):
             print(open(p).read())
     print(f"wall clock {out['wall_clock_s']:.0f}s; wrote {workdir}")

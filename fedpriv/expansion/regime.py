@@ -29,7 +29,8 @@ from fedpriv.expansion.unigrams import (DEFAULT_IGNORE_IDS, normalise_counts,
                                         unigram_entry_name, unigram_sensitivity)
 
 __all__ = ["tv_distance", "exact_frequencies", "full_counts", "noise_abs_mean",
-           "predicted_noise_tv", "subsample_clients", "measure_release"]
+           "predicted_noise_tv", "subsample_clients", "measure_release", "encoded_populations",
+           "sweep_points", "measure_grid", "summarise_grid", "training_release", "scheme_table"]
 
 _ALL = 10 ** 9  # no bound: every target position of every row
 
@@ -238,3 +239,26 @@ def training_release(ds, vocab_size: int, epsilon: float, seed: int,
         return {c: sub[c]["tokens"] for c in sub.client_ids}
     return measure_release(plain(TARGET), plain(SOURCE), vocab_size, epsilon, seed,
                            ledger=PrivacyLedger(*budget))
+
+
+def scheme_table(runs: list[dict], schemes, release: list[dict]) -> tuple[list[dict], dict]:
+    """(rows, test PPLs by scheme) from `run_scheme` summaries: val/test perplexity on T, mean
+    +- std over seeds (3 decimals), the ledger's epsilons, and for IW / IWPT the TV of the
+    trained release (``release``: `training_release` rows, one per seed) and its signal."""
+    from fedpriv.report import pm
+    tv = pm([r["tv_release"] for r in release], digits=3)
+    rows, test = [], {}
+    for name in schemes:
+        rs = [r for r in runs if r["scheme"] == name]
+        if not rs:
+            continue
+        test[name] = [r["test_ppl"] for r in rs]
+        eps = rs[0]["epsilon_by_population"]
+        iw = name in ("IW", "IWPT")
+        rows.append({"scheme": name, "val PPL on T": pm([r["val_ppl"] for r in rs], digits=3),
+                     "test PPL on T": pm(test[name], digits=3),
+                     "seeds": "/".join(str(r["seed"]) for r in rs),
+                     "eps S": eps.get("S"), "eps T": eps.get("T"),
+                     "unigram TV(release, true)": tv if iw else "",
+                     "signal TV(u_T, u_SuT)": round(release[0]["tv_signal"], 4) if iw else ""})
+    return rows, test
