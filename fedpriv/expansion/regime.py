@@ -258,7 +258,7 @@ def scheme_table(runs: list[dict], schemes, release: list[dict]) -> tuple[list[d
         rows.append({"scheme": name, "val PPL on T": pm([r["val_ppl"] for r in rs], digits=3),
                      "test PPL on T": pm(test[name], digits=3),
                      "seeds": "/".join(str(r["seed"]) for r in rs),
-                     "eps S": eps.get("S"), "eps T": eps.get("T"),
+                     "eps S (sim.)": eps.get("S"), "eps T (sim.)": eps.get("T"),
                      "unigram TV(release, true)": tv if iw else "",
                      "signal TV(u_T, u_SuT)": round(release[0]["tv_signal"], 4) if iw else ""})
     return rows, test
