@@ -47,7 +47,9 @@ def _schemes() -> tuple[TrainingScheme, ...]:
 
 TRAINING_SCHEMES: tuple[TrainingScheme, ...] = _schemes()
 SCHEMES_BY_NAME: dict[str, TrainingScheme] = {s.name: s for s in TRAINING_SCHEMES}
-DATASETS = ("spoken_vs_typed", "topics")
+DATASETS = ("spoken_vs_typed", "topics")  # the default pair (Table 1's two datasets)
+# + the large-target variant (T = chitchat senders; the IW regime study, configs/iw_regime.py)
+ALL_DATASETS = DATASETS + ("chat_target",)
 SCHEME_NAMES = tuple(SCHEMES_BY_NAME)
 
 
@@ -55,6 +57,7 @@ SCHEME_NAMES = tuple(SCHEMES_BY_NAME)
 class PopulationExpansionConfig:
     # --- data (Sec. 4.1, App. A)
     datasets: tuple = DATASETS            # "spoken_vs_typed" (CV & Reddit) | "topics" (SubReddits)
+    #                                       | "chat_target" (large T: chitchat senders)
     schemes: tuple = SCHEME_NAMES         # rows of Table 1 to run
     alpha: float = 0.1                    # target population share |T| / (|S| + |T|)
     min_words_per_client: int = 20        # users with fewer words are not part of either domain
@@ -84,6 +87,9 @@ class PopulationExpansionConfig:
     server_lr: float = 0.1
     batch_size: int = 16                  # local batch size
     max_local_steps: int | None = None    # None = one local epoch ("1 client iteration")
+    # per-user bound of the unigram release, "<sequences>x<tokens>": Delta = their product
+    # (Sec. 4.2: 5 sequences of 10 tokens, Delta = 50; configs/iw_regime.py varies it)
+    unigram_bound: str = "5x10"
     weight_mode: str = "none"             # Eq. 3 weights as is ("none"), "scale" or "clip"
     weight_max: float | None = None       # for weight_mode="clip"
     accountant: str = "best"              # ledger: "best" (min of RDP, PLD), "rdp" or "pld"
@@ -108,9 +114,9 @@ class PopulationExpansionConfig:
                        "vocabulary": ("public", "target_train"),
                        "accountant": ("best", "rdp", "pld")},
               fractions=("split",))
-        unknown = set(self.datasets) - set(DATASETS)
+        unknown = set(self.datasets) - set(ALL_DATASETS)
         if unknown:
-            raise ConfigError(f"unknown datasets {sorted(unknown)}; choose from {DATASETS}")
+            raise ConfigError(f"unknown datasets {sorted(unknown)}; choose from {ALL_DATASETS}")
         unknown = set(self.schemes) - set(SCHEME_NAMES)
         if unknown:
             raise ConfigError(f"unknown schemes {sorted(unknown)}; choose from {SCHEME_NAMES}")
@@ -119,6 +125,10 @@ class PopulationExpansionConfig:
                               "larger cohort)")
         if not self.seeds:
             raise ConfigError("need at least one seed")
+        parts = str(self.unigram_bound).lower().split("x")
+        if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
+            raise ConfigError(f"unigram_bound must be <sequences>x<tokens> with both >= 1, e.g. "
+                              f"5x10; got {self.unigram_bound!r}")
 
     @property
     def training_schemes(self) -> tuple[TrainingScheme, ...]:
@@ -144,8 +154,12 @@ SCALES = {
     "small": dict(vocab_words=1000, embed_dim=32, hidden_dim=64, rounds=40, noise_cohort=5000,
                   train_cohort=40, batch_size=16, max_local_steps=1, seeds=(0, 1),
                   eval_every=10, checkpoint_every=10),
-    # the paper's settings (Sec. 4.2, App. A), for GPU/TPU.
-    "paper": dict(),
+    # the paper's settings (Sec. 4.2, App. A), for GPU/TPU, on the one dataset whose target
+    # population holds the trained cohort: "T w. C" trains C = 400 clients per round on T only,
+    # and the two default datasets have 76 / 52 T training users at alpha = 0.1 (a cohort larger
+    # than its population is refused, `fedpriv.expansion.check_cohorts`). chat_target at
+    # alpha = 0.25 has ~403 T training users (S = 2,014 active users bounds |T| / alpha).
+    "paper": dict(datasets=("chat_target",), alpha=0.25),
 }
 
 

@@ -11,10 +11,13 @@ Modules by concern:
 - `schemes`: the mechanics of a row of Table 1 (`TrainingScheme`, `Stage`); the eight rows
   themselves are data in ``configs/population_expansion.py``.
 - `latency`: the latency model of Prop. 3.1 (Eq. 1, App. B) and its Monte Carlo simulator.
-- `datasets`: the two CPU-sized domain-adaptation datasets of the reproduction (Sec. 4.1).
+- `datasets`: the CPU-sized domain-adaptation datasets of the reproduction (Sec. 4.1) and the
+  large-target variant ``chat_target``; `check_cohorts` refuses a cohort above its population.
 - `pipeline`: one scheme on one dataset and seed (unigram release -> PT -> FT through
   `fedpriv.fl.stages.run_stages` with one ledger).
 - `tables`: Table 1 rows, notes and chart series from the runs' summaries.
+- `regime`: when the private target unigrams carry signal (TV of the release vs TV(u_T,
+  u_{S u T})) as N_T, eps0, the vocabulary and the per-user bound vary (experiments/iw_regime).
 """
 from fedpriv.expansion.data import (KOGA_MAX_TOKENS_PER_CLIENT, KOGA_SEQ_LEN, POPULATION_LABELS,
                                     SOURCE, TARGET, DomainDataset, assemble_domain_dataset,
@@ -22,8 +25,8 @@ from fedpriv.expansion.data import (KOGA_MAX_TOKENS_PER_CLIENT, KOGA_SEQ_LEN, PO
                                     split_clients)
 from fedpriv.expansion.datasets import (DATASET_INFO, FOLIO_COMEDIES, FOLIO_HISTORIES,
                                         FOLIO_TRAGEDIES, PRIVATE_VOCABULARY, Prepared,
-                                        balance_populations, build_vocabulary, load_domains,
-                                        prepare_dataset)
+                                        balance_populations, build_vocabulary, check_cohorts,
+                                        load_domains, prepare_dataset)
 from fedpriv.expansion.latency import (LatencyEstimate, compare_latency, expected_kth_arrival,
                                        expected_latency,
                                        latency_counts, latency_lower_bound, latency_upper_bound,
@@ -63,7 +66,8 @@ __all__ = [
     # datasets and pipeline
     "FOLIO_COMEDIES", "FOLIO_HISTORIES", "FOLIO_TRAGEDIES", "DATASET_INFO", "Prepared",
     "PRIVATE_VOCABULARY", "build_vocabulary", "balance_populations", "load_domains",
-    "prepare_dataset", "UNIGRAM_STAGE", "StagePlan", "build_task", "calibrate_stage",
+    "check_cohorts", "prepare_dataset",
+    "UNIGRAM_STAGE", "StagePlan", "build_task", "calibrate_stage",
     "stage_clients", "plan_stages", "unigram_diagnostics", "run_scheme",
     "executed_by_population", "outputs",
 ]

@@ -6,6 +6,12 @@ Built from real user-keyed text (the paper's Reddit / Common Voice cannot be dow
   ``load_simpsons``), S = chitchat senders (typed chat, ``load_chitchat``).
 * ``topics`` (the paper's "SubReddits"): one source, two disjoint topic groups: T = Shakespeare's
   First Folio comedies, S = its histories and tragedies; clients = (play, role) (LEAF).
+* ``chat_target`` (not in the paper; the large-T variant of the IW regime study,
+  ``experiments/iw_regime.py``): T = chitchat senders (typed chat, the largest user-keyed corpus
+  here: 1,144 active senders), S = Simpsons speakers + Shakespeare roles (2,014 active users).
+  The two corpora above give only 50-80 target training users at alpha = 0.1, too few for the
+  private unigram release of IW/IWPT to carry signal; here T can have several hundred, at the
+  price of a larger alpha (S is at most ~2K users, so alpha = 0.25 for |T| ~ 670).
 
 The populations are disjoint (different users), so every user is in exactly one of S, T. The
 population ratio is set to alpha = |T| / (|S| + |T|) by subsampling the larger side
@@ -25,13 +31,14 @@ import numpy as np
 
 from fedpriv.data import (WordTokenizer, load_chitchat, load_public_pool, load_shakespeare,
                           load_simpsons)
+from fedpriv.data.errors import ConfigError
 from fedpriv.data.text import FederatedText
 from fedpriv.expansion.data import (POPULATION_LABELS, SOURCE, TARGET, DomainDataset,
                                     assemble_domain_dataset, encode_domain_dataset)
 
 __all__ = ["FOLIO_COMEDIES", "FOLIO_HISTORIES", "FOLIO_TRAGEDIES", "DATASET_INFO", "Prepared",
            "PRIVATE_VOCABULARY", "build_vocabulary", "balance_populations", "load_domains",
-           "prepare_dataset"]
+           "check_cohorts", "prepare_dataset"]
 
 # First Folio (1623) genres. Pericles is not in the Folio and belongs to neither group.
 FOLIO_COMEDIES = (
@@ -52,6 +59,9 @@ DATASET_INFO = {
                         "S": "chitchat senders (typed)"},
     "topics": {"paper": "SubReddits", "T": "Shakespeare comedies, clients = (play, role)",
                "S": "Shakespeare histories + tragedies, clients = (play, role)"},
+    "chat_target": {"paper": "(large-T variant, not in the paper)",
+                    "T": "chitchat senders (typed chat)",
+                    "S": "Simpsons speakers + Shakespeare roles (spoken / dramatic)"},
 }
 
 
@@ -141,9 +151,38 @@ def load_domains(name: str, cfg) -> tuple[dict, dict]:
         source = {c: v for c, v in active.items()
                   if play(c) in FOLIO_HISTORIES + FOLIO_TRAGEDIES}
         target = {c: v for c, v in active.items() if play(c) in FOLIO_COMEDIES}
+    elif name == "chat_target":
+        src = load_chitchat(max_examples_per_client=cfg.max_chitchat_messages, seed=cfg.data_seed,
+                            progress=cfg.progress)
+        target = {f"chitchat/{c}": v for c, v in _active(src, cfg.min_words_per_client).items()}
+        source = {f"simpsons/{c}": v for c, v in
+                  _active(load_simpsons(progress=cfg.progress), cfg.min_words_per_client).items()}
+        source.update({f"shakespeare/{c}": v for c, v in _active(
+            load_shakespeare(progress=cfg.progress), cfg.min_words_per_client).items()})
     else:
         raise ValueError(f"unknown dataset {name!r}")
     return source, target
+
+
+def check_cohorts(ds: DomainDataset, cfg, schemes=None) -> None:
+    """Refuse (`ConfigError`, one line) a trained cohort larger than the population it samples.
+
+    Every stage of ``schemes`` (default ``cfg.training_schemes``) Poisson-samples its expected
+    cohort (``cfg.train_cohort``, x alpha for alpha*C stages) from its training clients at rate
+    q = cohort / N; q > 1 is impossible, and capping it at 1 would silently train a smaller
+    cohort than the table claims. Run at data-prep time, before any training (the noise cohort
+    ``cfg.noise_cohort`` is a simulated population scaled up by the same factor, so it may
+    exceed N by design)."""
+    schemes = getattr(cfg, "training_schemes", ()) if schemes is None else schemes
+    for scheme in schemes:
+        for i, stage in enumerate(scheme.stages):
+            cohort = stage.cohort_size(cfg.train_cohort, ds.alpha)
+            n = len(stage.clients(ds, "train"))
+            if cohort > n:
+                raise ConfigError(
+                    f"scheme {scheme.name!r} stage {i}: cohort {cohort} ({stage.cohort}) exceeds "
+                    f"its population of {n} training clients; lower train_cohort or use a "
+                    f"larger population")
 
 
 def prepare_dataset(name: str, cfg) -> Prepared:
@@ -176,6 +215,7 @@ def prepare_dataset(name: str, cfg) -> Prepared:
             stats[f"{split}_{POPULATION_LABELS[pop]}_sequences"] = int(sub.concat_examples()["tokens"].shape[0])
     val, test = t_tokens("val"), t_tokens("test")
     stats["val_T_eval_sequences"], stats["test_T_eval_sequences"] = len(val), len(test)
+    check_cohorts(ds, cfg)
     return Prepared(name, ds, tok.vocab_size, val, test, stats, vocab_public)
 
 

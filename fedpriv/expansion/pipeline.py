@@ -38,6 +38,7 @@ import jax
 import numpy as np
 import optax
 
+from fedpriv.data.errors import ConfigError
 from fedpriv.dp import accounting, geometric
 from fedpriv.dp.ledger import PrivacyLedger
 from fedpriv.expansion.data import POPULATION_LABELS as LABELS, SOURCE, TARGET, DomainDataset
@@ -124,8 +125,9 @@ def _seed_for(seed: int, row: int, stage_index: int) -> int:
 def plan_stages(scheme: TrainingScheme, ds: DomainDataset, cfg, seed: int,
                 u_hat=None) -> list[StagePlan]:
     """The stages of ``scheme`` on ``ds``: expected cohort ``train_cohort`` (x alpha for alpha*C
-    stages) by Poisson sampling at rate q = cohort / N (capped at 1), noise of ``noise_cohort``
-    (x alpha), z calibrated so the stage's simulated-run event meets the stage's budget."""
+    stages) by Poisson sampling at rate q = cohort / N (a cohort > N raises ConfigError, never
+    capped), noise of ``noise_cohort`` (x alpha), z calibrated so the stage's simulated-run
+    event meets the stage's budget."""
     out = []
     for i, (stage, rounds) in enumerate(zip(scheme.stages, scheme.stage_rounds(cfg.rounds))):
         clients = stage_clients(ds, stage, u_hat, cfg.weight_mode, cfg.weight_max)
@@ -133,7 +135,10 @@ def plan_stages(scheme: TrainingScheme, ds: DomainDataset, cfg, seed: int,
         n = len(ids)
         train_c = stage.cohort_size(cfg.train_cohort, ds.alpha)
         noise_c = stage.cohort_size(cfg.noise_cohort, ds.alpha)
-        rate = min(1.0, train_c / n)
+        if train_c > n:  # fail closed: never cap the rate at 1 (check_cohorts refuses earlier)
+            raise ConfigError(f"scheme {scheme.name!r} stage {i}: cohort {train_c} exceeds its "
+                              f"population of {n} training clients")
+        rate = train_c / n
         z = calibrate_stage(n, rate, rounds, noise_c, cfg.clip_norm, *stage.budget)
         sampler = PoissonSampler(n, rate, seed=_seed_for(seed, scheme.row, i))
         dp = algs.DPConfig(cfg.clip_norm, z, "gaussian", noise_cohort_size=noise_c)
@@ -144,7 +149,7 @@ def plan_stages(scheme: TrainingScheme, ds: DomainDataset, cfg, seed: int,
 
 
 def unigram_diagnostics(ds: DomainDataset, u_hat, vocab_size: int, epsilon: float,
-                        seed: int) -> dict:
+                        seed: int, bound: tuple[int, int] = (5, 10)) -> dict:
     """Evaluation-only diagnostic of the unigram release (never fed back into training): per
     population, the number of counted tokens (<= 5 x 10 per user), the Geometric noise std per
     word, and the total-variation distance between the private u_hat and the same bounded
@@ -155,12 +160,13 @@ def unigram_diagnostics(ds: DomainDataset, u_hat, vocab_size: int, epsilon: floa
     out = {}
     for pop, u in zip((SOURCE, TARGET), u_hat):
         counts = unigram_counts(ds.clients("train", (pop,), (pop,)), vocab_size,
-                                np.random.default_rng([seed, 11, pop]))
+                                np.random.default_rng([seed, 11, pop]), max_sequences=bound[0],
+                                max_tokens_per_sequence=bound[1])
         exact = normalise_counts(counts, zero_ids=DEFAULT_IGNORE_IDS)
         out[LABELS[pop]] = {
             NONPRIVATE + "counted_tokens": int(counts.sum()),
             "noise_std_per_word": math.sqrt(geometric.geometric_variance(
-                epsilon, unigram_sensitivity())),
+                epsilon, unigram_sensitivity(*bound))),
             NONPRIVATE + "tv_distance_to_nonprivate": float(0.5 * np.abs(np.asarray(u) - exact).sum())}
     return out
 
@@ -214,10 +220,19 @@ def outputs() -> dict:
             "metrics.jsonl": OUTPUTS}
 
 
+def unigram_bound(cfg) -> tuple[int, int]:
+    """(max_sequences, max_tokens_per_sequence) per user of the unigram release: the config's
+    ``unigram_bound`` (e.g. "5x10"), default the paper's 5 x 10 (Delta = 50)."""
+    text = getattr(cfg, "unigram_bound", "5x10")
+    s, t = (int(x) for x in str(text).lower().split("x"))
+    return s, t
+
+
 def _fingerprint(cfg, dataset: str, seed: int, scheme: str) -> str:
     keep = {k: v for k, v in dataclasses.asdict(cfg).items()
             if k not in ("datasets", "schemes", "seeds", "progress", "eval_every",
-                         "checkpoint_every", "eval_batch_size")}
+                         "checkpoint_every", "eval_batch_size")
+            and not (k == "unigram_bound" and v == "5x10")}  # runs from before the field
     blob = json.dumps([keep, dataset, seed, scheme], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -275,8 +290,10 @@ def run_scheme(scheme: TrainingScheme, prep: Prepared, cfg, seed: int, workdir: 
             raise ValueError("the Geometric mechanism is (eps0, 0)-DP")
         # seeded, so an interrupted stage re-derives the very same release (charged once)
         rng = np.random.default_rng([seed, scheme.row, 7])
+        ms, mt = unigram_bound(cfg)
         u_s, u_t = domain_unigram_frequencies(ds, prep.vocab_size, eps0, rng, ledger=ctx.ledger,
-                                              labels=LABELS)
+                                              labels=LABELS, max_sequences=ms,
+                                              max_tokens_per_sequence=mt)
         return {"S": u_s.tolist(), "T": u_t.tolist()}
 
     def algorithm(sp: StagePlan):
@@ -340,7 +357,8 @@ def run_scheme(scheme: TrainingScheme, prep: Prepared, cfg, seed: int, workdir: 
     curve = [tuple(pt) for st in stages for pt in st.pop("curve")]
     diagnostics = None
     if u_hat is not None:
-        diagnostics = unigram_diagnostics(ds, u_hat, prep.vocab_size, scheme.unigram_budget[0], seed)
+        diagnostics = unigram_diagnostics(ds, u_hat, prep.vocab_size, scheme.unigram_budget[0],
+                                          seed, unigram_bound(cfg))
     val = eval_fn(final)
     test = evaluate_on(prep.test_tokens, final)
     report = ledger.report()

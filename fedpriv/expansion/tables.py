@@ -59,7 +59,7 @@ def aggregate(summaries: list[dict], cfg) -> list[dict]:
             val, test = [r["val_ppl"] for r in runs], [r["test_ppl"] for r in runs]
             (vm, vs, _), (tm, ts, _) = mean_std(val), mean_std(test)
             r0 = runs[0]
-            paper = PAPER_TABLE1[DATASET_INFO[name]["paper"]][scheme]
+            paper = PAPER_TABLE1.get(DATASET_INFO[name]["paper"], {}).get(scheme)
             eps, exe = r0["epsilon_by_population"], r0["epsilon_executed_by_population"]
             pub = r0.get("epsilon_if_public") or {}
             rows.append({
@@ -73,7 +73,8 @@ def aggregate(summaries: list[dict], cfg) -> list[dict]:
                                                 pub["epsilon_executed_by_population"].get("T"))))
                    if pub else {}),
                 "stages": _stages_text(r0["stages"]),
-                "paper val/test PPL": f"{paper[0]:.1f} / {paper[1]:.1f}",
+                "paper val/test PPL": (f"{paper[0]:.1f} / {paper[1]:.1f}" if paper else
+                                       "(not in the paper)"),
                 "wall_clock_s": float(np.mean([r["wall_clock_s"] for r in runs])),
             })
     return rows
@@ -123,7 +124,8 @@ def table_notes(cfg, preps: dict) -> list[str]:
         "Not covered by the ledger: the perplexities (exact evaluation on held-out private T "
         "users) and, in summary.json, the unigram diagnostics keyed nonprivate/.",
         "IW/IWPT: private unigram frequencies at (0.8, 0) per population (Geometric mechanism, "
-        "<= 5 sequences x 10 tokens per user), training at (1.2, 1e-6). PT/IWPT: pretrain on S "
+        f"<= {getattr(cfg, 'unigram_bound', '5x10').replace('x', ' sequences x ')} tokens per "
+        "user), training at (1.2, 1e-6). PT/IWPT: pretrain on S "
         "(cohort C), finetune on T (cohort alpha*C); disjoint populations, so each spends the "
         "full budget (parallel composition: S and T columns).",
         f"stages: population C=noise/trained q=sampling rate z=noise multiplier x rounds "

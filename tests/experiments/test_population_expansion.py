@@ -62,7 +62,11 @@ def test_configs_scale_and_override():
     assert len(small.schemes) == 8 and len(small.seeds) >= 2
     assert (paper.noise_cohort, paper.train_cohort, paper.rounds, paper.vocab_words) == (
         5000, 400, 2000, 10_000)
-    assert (paper.clip_norm, paper.client_lr, paper.server_lr, paper.alpha) == (0.5, 0.5, 0.1, 0.1)
+    assert (paper.clip_norm, paper.client_lr, paper.server_lr) == (0.5, 0.5, 0.1)
+    # the paper scale trains C = 400 on T only ("T w. C"): only chat_target's target population
+    # holds it (alpha = 0.25: ~403 T training users); the default pair has 76 / 52
+    assert paper.datasets == ("chat_target",) and paper.alpha == 0.25
+    assert small.alpha == 0.1
     cfg = common.load_config(f"{CONFIG}:smoke,seeds=3/4,schemes=PT/T w. C")
     assert cfg.seeds == (3, 4) and cfg.schemes == ("PT", "T w. C")
     with pytest.raises(ValueError):
