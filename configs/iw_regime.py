@@ -16,19 +16,9 @@ import dataclasses
 
 from configs import population_expansion as pe
 from configs.common import ConfigError, check, from_scale
+from fedpriv.expansion.unigrams import parse_bound
 
 STUDY_SCHEMES = ("T w. alpha*C", "T w. C", "S u T", "IW", "PT", "IWPT")
-
-
-def parse_bound(text: str) -> tuple[int, int]:
-    """``"5x10"`` -> (max_sequences, max_tokens_per_sequence) = (5, 10): Delta = 50."""
-    try:
-        s, t = (int(x) for x in str(text).lower().split("x"))
-    except ValueError:
-        raise ConfigError(f"bound {text!r}: expected <sequences>x<tokens>, e.g. 5x10") from None
-    if s < 1 or t < 1:
-        raise ConfigError(f"bound {text!r}: both factors must be >= 1")
-    return s, t
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,3 +104,10 @@ SCALES = {
 
 def get_config(arg: str = "small") -> IWRegimeConfig:
     return from_scale(BASE, SCALES, arg)
+
+
+def privacy_plan(cfg):
+    """Every ledger the experiment opens and what it charges, from ``cfg`` alone (no data, no
+    training): ``fedpriv.recipes.plans``; accounted in tests/experiments/test_configs.py."""
+    from fedpriv.recipes import plans
+    return plans.iw_regime_plan(cfg)

@@ -223,9 +223,8 @@ def outputs() -> dict:
 def unigram_bound(cfg) -> tuple[int, int]:
     """(max_sequences, max_tokens_per_sequence) per user of the unigram release: the config's
     ``unigram_bound`` (e.g. "5x10"), default the paper's 5 x 10 (Delta = 50)."""
-    text = getattr(cfg, "unigram_bound", "5x10")
-    s, t = (int(x) for x in str(text).lower().split("x"))
-    return s, t
+    from fedpriv.expansion.unigrams import parse_bound
+    return parse_bound(getattr(cfg, "unigram_bound", "5x10"))
 
 
 def _fingerprint(cfg, dataset: str, seed: int, scheme: str) -> str:

@@ -172,8 +172,8 @@ def sweep_points(cfg) -> list[dict]:
 
 
 def _bound(text: str) -> tuple[int, int]:
-    s, t = (int(x) for x in str(text).lower().split("x"))
-    return s, t
+    from fedpriv.expansion.unigrams import parse_bound
+    return parse_bound(text)
 
 
 def measure_grid(cfg, pe_cfg, budget: tuple[float, float], log=print) -> list[dict]:

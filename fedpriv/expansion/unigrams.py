@@ -57,6 +57,19 @@ class Ledger(Protocol):
     def spend(self, name: str, event: dp_event.DpEvent, populations: tuple[str, ...]) -> Any: ...
 
 
+def parse_bound(text: str) -> tuple[int, int]:
+    """A per-user bound of the unigram release, ``"<sequences>x<tokens>"``: ``"5x10"`` ->
+    ``(5, 10)`` (Delta = 50, the paper's). Raises ``ConfigError`` (one line) otherwise."""
+    from fedpriv.data.errors import ConfigError
+    try:
+        s, t = (int(x) for x in str(text).lower().split("x"))
+    except ValueError:
+        raise ConfigError(f"bound {text!r}: expected <sequences>x<tokens>, e.g. 5x10") from None
+    if s < 1 or t < 1:
+        raise ConfigError(f"bound {text!r}: both factors must be >= 1")
+    return s, t
+
+
 def unigram_sensitivity(max_sequences: int = UNIGRAM_MAX_SEQUENCES,
                         max_tokens_per_sequence: int = UNIGRAM_MAX_TOKENS_PER_SEQUENCE) -> int:
     """L1 sensitivity of the summed count vector under add/remove-one-user.

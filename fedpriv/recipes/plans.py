@@ -35,7 +35,7 @@ __all__ = ["CORPUS_CLIENTS", "EXPANSION_ACTIVE_USERS", "corpus_clients", "split_
            "lm_train_clients", "lm_run", "lm_fl_plan", "privacy_utility_plan",
            "mf_comparison_plan", "public_training_plan", "fred_pipeline_plan",
            "fred_table_plan", "fred_mixtures_plan", "population_expansion_plan", "wang_ablations_plan", "lm_sweep_plan",
-           "oracle_plan", "nothing"]
+           "oracle_plan", "iw_regime_plan", "nothing"]
 
 # Clients (users) of the packaged corpora with the loaders' defaults (`fedpriv.data.load_*`;
 # chitchat's per-sender cap of 1000 messages keeps every sender).
@@ -44,7 +44,8 @@ CORPUS_CLIENTS = {"chitchat": 1315, "shakespeare": 1341, "simpsons": 1702}
 # >= min_words_per_client words, keyed (dataset, min_words_per_client, max_chitchat_messages);
 # "topics" has no chitchat side (None).
 EXPANSION_ACTIVE_USERS = {("spoken_vs_typed", 20, 1000): (1144, 905),
-                          ("topics", 20, None): (772, 304)}
+                          ("topics", 20, None): (772, 304),
+                          ("chat_target", 20, 1000): (2014, 1144)}
 # FreD's candidate public datasets (`fedpriv.fred.embed.candidate_datasets`): held-out chitchat,
 # Wikipedia, Simpsons.
 FRED_CANDIDATES = 3
@@ -215,7 +216,7 @@ def expansion_train_clients(dataset: str, cfg) -> tuple[int, int]:
     from fedpriv.expansion.data import split_clients
     from fedpriv.expansion.datasets import balance_populations
     key = (dataset, cfg.min_words_per_client,
-           cfg.max_chitchat_messages if dataset == "spoken_vs_typed" else None)
+           cfg.max_chitchat_messages if dataset in ("spoken_vs_typed", "chat_target") else None)
     if key not in EXPANSION_ACTIVE_USERS:
         raise ConfigError(f"no known population for {key} (dataset, min_words_per_client, "
                           "max_chitchat_messages): add it to fedpriv.recipes.plans.EXPANSION_ACTIVE_USERS")
@@ -255,7 +256,10 @@ def population_expansion_plan(cfg) -> PrivacyPlan:
                 n = sum(train[p] for p in stage.populations)
                 train_c = stage.cohort_size(cfg.train_cohort, alpha)
                 noise_c = stage.cohort_size(cfg.noise_cohort, alpha)
-                rate = min(1.0, train_c / n)
+                if train_c > n:  # as expansion.pipeline.plan_stages / check_cohorts refuse it
+                    raise ConfigError(f"{dataset} / {scheme.name}: a trained cohort of {train_c:g} exceeds the "
+                                      f"{n} training users of {'+'.join(LABELS[p] for p in stage.populations)}")
+                rate = train_c / n
                 z = calibrate_stage(n, rate, rounds, noise_c, cfg.clip_norm, *stage.budget)
                 sampler = PoissonSampler(n, rate)
                 dp = algs.DPConfig(cfg.clip_norm, z, "gaussian", noise_cohort_size=noise_c)
@@ -299,6 +303,27 @@ def oracle_plan(cfg) -> PrivacyPlan:
     claim, recorded as a non-private use of the users' data."""
     return PrivacyPlan((PlannedRun("oracle LM + per-sample perplexities (NON-PRIVATE)", None, 1e-6,
                                    note="non-private analysis, no DP claim (Wang et al. Figure 3)"),))
+
+
+def iw_regime_plan(cfg) -> PrivacyPlan:
+    """``experiments.iw_regime``: (1) every point of the unigram-release grid is its own what-if
+    release (Geometric at eps0, Delta = sequences x tokens) on its own ``PrivacyLedger(2, 1e-6)``
+    (``fedpriv.expansion.regime``); composed over the grid they would cost the sum of their eps0
+    (the outputs say so); (2) the training part is ``population_expansion``'s plan of
+    ``cfg.training_config()`` (and of the control vocabulary, the same events)."""
+    from fedpriv.expansion.unigrams import parse_bound, unigram_sensitivity
+    runs = []
+    for eps0 in sorted(set(cfg.epsilons0) | {cfg.base_epsilon0}):
+        for b in sorted(set(cfg.bounds) | {cfg.base_bound}):
+            ev = geometric.geometric_dp_event(eps0, unigram_sensitivity(*parse_bound(b)))
+            runs.append(PlannedRun(f"unigram release eps0={eps0:g}, bound {b}", 2.0, 1e-6,
+                                   (Charge("target unigrams", ev, ("T",)),),
+                                   note="one what-if release per grid point and seed, its own ledger"))
+    plan = PrivacyPlan(tuple(runs), notes=("the grid's releases are what-if runs on the same users: "
+                                           "composed, they cost the sum of their eps0",))
+    if cfg.train:
+        plan = dataclasses.replace(plan, runs=plan.runs + population_expansion_plan(cfg.training_config()).runs)
+    return plan
 
 
 def nothing(reason: str) -> PrivacyPlan:
