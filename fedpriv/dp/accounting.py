@@ -402,6 +402,16 @@ def calibrate_noise_multiplier(make_event: Callable[[float], dpa.DpEvent], epsil
 
     lowest = 0.1
     bracket = dpa.LowerEndpointAndGuess(lowest, 1.0)
+    if accountant == "best":
+        # RDP's z is an upper end (best <= RDP); where PLD does not apply at it, "best" is RDP
+        # and the search would be the same. Else bracket [z/2, z] when eps(z/2) > target:
+        # PLD at a handful of points instead of the open-ended bracket search (~3x faster).
+        z_rdp = calibrate_noise_multiplier(make_event, epsilon, delta, neighboring, "rdp", tol)
+        if _pld_epsilon([make_event(z_rdp)], delta, neighboring) is None:
+            return z_rdp
+        low = z_rdp / 2
+        if low >= lowest and compute_epsilon(make_event(low), delta, neighboring, accountant)[0] > epsilon:
+            bracket = dpa.ExplicitBracketInterval(low, z_rdp)
     try:
         z = dpa.calibrate_dp_mechanism(_Acc, make_event, epsilon, delta, bracket, tol=tol)
     except NoBracketIntervalFoundError as err:

@@ -122,3 +122,19 @@ def test_ledger_round_trips_through_json(tmp_path):
     assert [e.event for e in back.entries] == [e.event for e in led.entries]
     ev = acc.dp_fedavg_poisson_event(1.0, 0.01, 50)
     assert event_from_json(json.loads(json.dumps(event_to_json(ev)))) == ev
+
+
+def test_best_calibration_brackets_from_rdp_and_meets_the_target():
+    """calibrate_noise_multiplier(accountant="best") starts from RDP's z (an upper end): where PLD
+    applies it returns a smaller z whose best epsilon is within tol of the target, never above;
+    where PLD does not (the tree), it is RDP's z exactly."""
+    import dp_accounting as dpa
+    from fedpriv.dp import accounting
+    make = lambda z: dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.01, dpa.GaussianDpEvent(z)), 500)
+    z_rdp = accounting.calibrate_noise_multiplier(make, 2.0, 1e-6, accountant="rdp")
+    z_best = accounting.calibrate_noise_multiplier(make, 2.0, 1e-6, accountant="best")
+    eps = accounting.compute_epsilon(make(z_best), 1e-6)[0]
+    assert z_best < z_rdp and eps <= 2.0 and eps > 2.0 * 0.99
+    tree = lambda z: accounting.dp_ftrl_event(z, 64, 64)
+    assert accounting.calibrate_noise_multiplier(tree, 5.0, 1e-6, accountant="best") == \
+        accounting.calibrate_noise_multiplier(tree, 5.0, 1e-6, accountant="rdp")
