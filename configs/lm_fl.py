@@ -36,6 +36,7 @@ class LMFLConfig:
     arch: str = "lstm"                    # lstm | transformer
     embed_dim: int = 96
     hidden_dim: int = 670
+    num_heads: int = 10                   # transformer heads (670 / 10 = 67, App. B.2)
     # algorithm
     algorithm: str = "dp_ftrl"            # fedavg | dp_fedavg | dp_ftrl | dp_mf_banded | dp_mf_blt
     mf_bands: int = 64                    # dp_mf_banded: bands (at most the min-separation)
@@ -62,7 +63,7 @@ class LMFLConfig:
 
     def __post_init__(self):
         check(self, positive=("max_clients", "seq_len", "max_examples_per_client", "batch_size",
-                              "max_local_steps", "embed_dim", "hidden_dim", "rounds",
+                              "max_local_steps", "embed_dim", "hidden_dim", "num_heads", "rounds",
                               "cohort_size", "noise_cohort_size", "target_epsilon", "clip_norm",
                               "client_lr", "server_lr", "eval_every", "eval_batch_size", "mf_bands",
                               "max_eval_examples", "checkpoint_every"),
@@ -71,6 +72,9 @@ class LMFLConfig:
                        "algorithm": ALGORITHMS, "server_optimizer": SERVER_OPTIMIZERS},
               fractions=("split",))
         check_lanes(self.lanes)
+        if self.arch == "transformer" and self.hidden_dim % self.num_heads:
+            raise ConfigError(f"num_heads={self.num_heads} must divide hidden_dim={self.hidden_dim} "
+                              "(transformer)")
         if self.vocab_size <= 4:
             raise ConfigError(f"vocab_size must be > 4 (the 4 special tokens), got {self.vocab_size}")
         if not self.server_momentum < 1:
@@ -92,12 +96,12 @@ BASE = LMFLConfig()
 
 SCALES = {
     # seconds, for tests: tiny model, few clients and rounds
-    "smoke": dict(max_clients=60, vocab_size=300, embed_dim=16, hidden_dim=32, rounds=4,
+    "smoke": dict(max_clients=60, vocab_size=300, embed_dim=16, hidden_dim=32, num_heads=4, rounds=4,
                   cohort_size=8, noise_cohort_size=None, max_examples_per_client=16,
                   max_local_steps=1, batch_size=16, eval_every=2, checkpoint_every=2,
                   target_epsilon=50.0, max_eval_examples=256, clip_norm=1.0),
     # a real reproduction on a 2-core CPU in minutes
-    "small": dict(vocab_size=2000, embed_dim=96, hidden_dim=128, rounds=120, cohort_size=16,
+    "small": dict(vocab_size=2000, embed_dim=96, hidden_dim=128, num_heads=4, rounds=120, cohort_size=16,
                   noise_cohort_size=100, max_examples_per_client=64, max_local_steps=4,
                   eval_every=20, checkpoint_every=20, target_epsilon=18.7, max_eval_examples=5000),
     # the paper's settings (Wang et al. §2, App. C), for GPU/TPU

@@ -42,6 +42,7 @@ class PublicTrainingConfig:
     arch: str = "lstm"
     embed_dim: int = 96
     hidden_dim: int = 670
+    num_heads: int = 10                   # transformer heads (670 / 10 = 67, App. B.2)
     # DP-FTRL (§2, App. C)
     algorithm: str = "dp_ftrl"
     rounds: int = 1600
@@ -82,7 +83,7 @@ class PublicTrainingConfig:
     def __post_init__(self):
         check(self, positive=("max_clients", "seq_len", "max_examples_per_client", "batch_size",
                               "max_local_steps", "vocab_kept", "vocab_texts", "topk",
-                              "teacher_batch_size", "pool_size", "embed_dim", "hidden_dim",
+                              "teacher_batch_size", "pool_size", "embed_dim", "hidden_dim", "num_heads",
                               "rounds", "cohort_size", "noise_cohort_size",
                               "clip_norm", "client_lr", "server_lr", "q",
                               "pretrain_fraction", "central_batch_size", "central_lr",
@@ -97,6 +98,9 @@ class PublicTrainingConfig:
                        "server_optimizer": ("sgd", "sgdm", "adam")},
               fractions=("split",))
         check_lanes(self.lanes)
+        if self.arch == "transformer" and self.hidden_dim % self.num_heads:
+            raise ConfigError(f"num_heads={self.num_heads} must divide hidden_dim={self.hidden_dim} "
+                              "(transformer)")
         unknown = set(self.rows) - set(ROWS)
         if unknown:
             raise ConfigError(f"unknown rows {sorted(unknown)}; choose from {ROWS}")
@@ -114,13 +118,13 @@ SCALES = {
     # seconds, for tests: a handful of public sequences, tiny LSTM, a few rounds
     "smoke": dict(max_clients=40, seq_len=8, max_examples_per_client=8, max_local_steps=1,
                   vocab_kept=200, vocab_texts=500, pool_size=8, teacher_batch_size=8,
-                  embed_dim=8, hidden_dim=16, rounds=2, cohort_size=8, q=0.25,
+                  embed_dim=8, hidden_dim=16, num_heads=4, rounds=2, cohort_size=8, q=0.25,
                   pretrain_steps=2, distill_steps=2, central_batch_size=2, clip_norm=1.0,
                   epsilons=(18.71,), eval_every=2, checkpoint_every=2,
                   max_eval_examples=64, eval_batch_size=64),
     # a real reproduction on a shared 2-core CPU in about half an hour
     "small": dict(max_clients=None, seq_len=20, max_examples_per_client=64, max_local_steps=2,
-                  vocab_kept=3000, pool_size=1024, embed_dim=96, hidden_dim=128, rounds=60,
+                  vocab_kept=3000, pool_size=1024, embed_dim=96, hidden_dim=128, num_heads=4, rounds=60,
                   cohort_size=16, noise_cohort_size=100, q=0.125, pretrain_steps=300,
                   distill_steps=150, central_batch_size=32, central_lr=1e-3, kd_beta=0.1,
                   eval_every=30, checkpoint_every=10, max_eval_examples=3000),

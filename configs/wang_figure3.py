@@ -32,6 +32,7 @@ class WangFigure3Config:
     arch: str = "lstm"
     embed_dim: int = 96
     hidden_dim: int = 670
+    num_heads: int = 10                   # transformer heads
     oracle_steps: int = 20000
     oracle_batch_size: int = 128
     oracle_lr: float = 1e-3
@@ -50,6 +51,10 @@ class WangFigure3Config:
               choices={"corpus": ("chitchat", "shakespeare", "simpsons"),
                        "arch": ("lstm", "transformer")},
               fractions=("split",))
+        if self.arch == "transformer" and self.hidden_dim % self.num_heads:
+            from configs.common import ConfigError
+            raise ConfigError(f"num_heads={self.num_heads} must divide hidden_dim={self.hidden_dim} "
+                              "(transformer)")
 
 
 BASE = WangFigure3Config()
@@ -57,11 +62,11 @@ BASE = WangFigure3Config()
 SCALES = {
     # seconds, for tests: 8 + 8 samples, a tiny oracle
     "smoke": dict(max_clients=40, seq_len=8, max_examples_per_client=8, vocab_kept=200,
-                  vocab_texts=500, teacher_batch_size=16, embed_dim=8, hidden_dim=16,
+                  vocab_texts=500, teacher_batch_size=16, embed_dim=8, hidden_dim=16, num_heads=4,
                   oracle_steps=5, oracle_batch_size=16, num_samples=8, score_batch_size=16),
     # on a shared 2-core CPU: 1000 + 1000 samples, a small oracle
     "small": dict(seq_len=20, max_examples_per_client=64, vocab_kept=3000, embed_dim=96,
-                  hidden_dim=128, oracle_steps=2000, oracle_batch_size=64, num_samples=1000),
+                  hidden_dim=128, num_heads=4, oracle_steps=2000, oracle_batch_size=64, num_samples=1000),
     # the paper's sample sizes and on-device LSTM
     "paper": dict(vocab_kept=None, num_samples=10000, oracle_steps=20000),
 }

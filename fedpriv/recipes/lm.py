@@ -108,7 +108,8 @@ def prepare_data(cfg, progress: bool = True) -> Prepared:
 
 def build_task(cfg, vocab_size: int):
     lm_cfg = LMConfig(vocab_size=vocab_size, arch=cfg.arch, embed_dim=cfg.embed_dim,
-                      hidden_dim=cfg.hidden_dim, max_len=max(64, cfg.seq_len))
+                      hidden_dim=cfg.hidden_dim, num_heads=getattr(cfg, "num_heads", 10),
+                      max_len=max(64, cfg.seq_len))
     return make_lm_task(make_lm(lm_cfg))
 
 
@@ -169,6 +170,8 @@ _NOT_FINGERPRINTED = ("rounds", "eval_every", "eval_batch_size", "max_eval_examp
 def run_fingerprint(cfg) -> dict:
     """The config fields a resumed run must match, beside the loop's own (rounds excluded)."""
     d = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(vars(cfg))
+    if d.get("arch") != "transformer":
+        d.pop("num_heads", None)  # no effect on an LSTM (and runs from before the field resume)
     return {k: v for k, v in d.items() if k not in _NOT_FINGERPRINTED}
 
 

@@ -150,11 +150,11 @@ def row_spec(row: str, cfg, seed: int) -> PublicTrainingSpec:
 
 
 @functools.lru_cache(maxsize=4)
-def _task(arch: str, embed_dim: int, hidden_dim: int, seq_len: int, vocab_size: int):
+def _task(arch: str, embed_dim: int, hidden_dim: int, seq_len: int, vocab_size: int, num_heads: int = 10):
     """The student task of a model shape: the same object for every `run_rows` call with that
     shape (the points of a sweep), so its compiled steps are reused."""
-    return lm.build_task(types.SimpleNamespace(arch=arch, embed_dim=embed_dim,
-                                               hidden_dim=hidden_dim, seq_len=seq_len), vocab_size)
+    return lm.build_task(types.SimpleNamespace(arch=arch, embed_dim=embed_dim, hidden_dim=hidden_dim,
+                                               num_heads=num_heads, seq_len=seq_len), vocab_size)
 
 
 def run_rows(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print,
@@ -169,7 +169,7 @@ def run_rows(cfg, workdir: str, *, teacher=None, progress: bool = True, log=prin
                        progress, log)
     T, tp = cfg.rounds, cfg.t_prime_rounds
     task = _task(cfg.arch, cfg.embed_dim, cfg.hidden_dim, cfg.seq_len,
-                 prepared.tokenizer.vocab_size)  # one task: compilations reused (across calls too)
+                 prepared.tokenizer.vocab_size, getattr(cfg, "num_heads", 10))  # one task: compilations reused (across calls too)
     ids = list(prepared.train.client_ids)
     val = prepared.val.concat_examples()["tokens"][: cfg.max_eval_examples]
     test = prepared.test.concat_examples()["tokens"][: cfg.max_eval_examples]

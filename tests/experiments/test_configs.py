@@ -142,3 +142,18 @@ def test_typed_overrides_and_errors():
         common.load_config("configs/lm_fl.py:huge")
     with pytest.raises(FileNotFoundError):
         common.load_config("configs/nope.py:small")
+
+
+@pytest.mark.parametrize("name", ["lm_fl", "public_training", "wang_figure3", "privacy_utility"])
+def test_transformer_builds_at_every_scale_and_bad_heads_are_refused(name):
+    """Issue 11: the transformer columns crashed at smoke/small (num_heads=10 vs hidden 16/128);
+    num_heads is a config field, chosen per scale, and a non-divisor is one ConfigError."""
+    from fedpriv.recipes import lm
+    for scale in scales_of(name):
+        cfg = common.load_config(f"configs/{name}.py:{scale},arch=transformer")
+        c = getattr(cfg, "lm", cfg)
+        assert c.hidden_dim % c.num_heads == 0
+        if scale == "smoke":
+            lm.build_task(c, 64)  # the model builds
+    with pytest.raises(ValueError, match="num_heads=7 must divide"):
+        common.load_config(f"configs/{name}.py:smoke,arch=transformer,num_heads=7")
