@@ -288,6 +288,27 @@ def aggregate(cfg, runs: list[dict]) -> list[dict]:
     return table
 
 
+def verdicts(cfg, runs: list[dict]) -> list:
+    """Wang et al.'s claimed orderings of Table 2 / Table 3 that the run's rows can test, per
+    epsilon, on test accuracy over seeds (:class:`fedpriv.report.Verdict`)."""
+    claims = (("pretrain_lm", "none", "public pre-training beats no public training (Tables 1/2)"),
+              ("mid_random", "pretrain_distill", "mid-training (T'=T/2) beats pre-training (T'=0) with "
+               "distillation on the same q (Table 2)"),
+              ("mid_dm", "mid_random", "distribution matching beats a random public subset (Table 2)"),
+              ("mid_dm", "mid_dm_priv_only", "matching with log p_pub + log p_priv beats log p_priv alone "
+               "(Table 3; the paper: clearly at eps 1.77, negligible at 18.71)"))
+    out = []
+    for eps in cfg.epsilons:
+        acc = {row: [100 * r["test_accuracy"] for r in runs
+                     if r["row"] == row and r["target_epsilon"] == eps and r.get("test_accuracy") is not None]
+               for row in cfg.rows}
+        for better, worse, claim in claims:
+            if acc.get(better) and acc.get(worse):
+                out.append(report.ordering_verdict(f"[eps {eps:g}] {claim}", acc[better], acc[worse],
+                                                   higher_is_better=True, names=(better, worse)))
+    return out
+
+
 def aggregate_shares(rows: list[dict]) -> list[dict]:
     """Mean selected share per (epsilon, beta, source) over seeds, next to the pool share."""
     keys = sorted({(r["target_epsilon"], r["beta"], r["source"]) for r in rows})
