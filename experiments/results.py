@@ -56,13 +56,17 @@ def _section(a: Artefact, runs: str, out_dir: str) -> tuple[str, dict]:
     lines += [f"Outputs below from `{inv['command']}` (finished {inv['time']}, commit "
               f"{inv.get('git_commit') or '?'}).", ""]
     summary["ran"] = f"`{inv['config']}`"
-    verdicts = read_verdicts(workdir)
+    verdicts = [v for v in read_verdicts(workdir)
+                if not a.claims or any(c in v.claim for c in a.claims)]
     if verdicts:
         lines += ["| claim (paper) | verdict | measured |", "|---|---|---|"]
         lines += [f"| {v.claim} | **{v.status}** | {v.measured} |" for v in verdicts]
         lines.append("")
-        n_ok = sum(v.status.startswith("reproduced") for v in verdicts)
-        summary["verdicts"] = f"{n_ok}/{len(verdicts)} reproduced"
+        kinds = [("reproduced", "reproduced"), ("reproduced (within noise)", "reproduced within noise"),
+                 ("not reproduced (within noise)", "not reproduced within noise"),
+                 ("not reproduced", "not reproduced")]
+        counts = [(sum(v.status == k for v in verdicts), label) for k, label in kinds]
+        summary["verdicts"] = ", ".join(f"{n} {label}" for n, label in counts if n)
     else:
         summary["verdicts"] = "no verdicts recorded"
     for name in a.outputs:

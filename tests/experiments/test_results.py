@@ -68,3 +68,23 @@ def test_verdicts_round_trip(tmp_path):
     write_verdicts(vs, str(tmp_path))
     assert read_verdicts(str(tmp_path)) == vs
     assert read_verdicts(str(tmp_path / "none")) == []
+
+
+def test_artefacts_sharing_a_run_show_their_own_claims(tmp_path, monkeypatch):
+    runs = tmp_path / "runs"
+    wd = runs / "shared"
+    wd.mkdir(parents=True)
+    (wd / common.INVOCATION_FILE).write_text(json.dumps(
+        {"module": "experiments.shared", "config": "configs/shared.py:small",
+         "command": "python -m experiments.shared --config configs/shared.py:small", "time": "t"}))
+    write_verdicts([Verdict("A wins (Table 1)", "reproduced", "1 vs 0"),
+                    Verdict("B wins (Figure 1)", "not reproduced (within noise)", "0 vs 0.1")], str(wd))
+    arts = (index.Artefact("t1", "P", "table", "shared", "demo", claims=("(Table 1)",)),
+            index.Artefact("f1", "P", "figure", "shared", "demo", claims=("(Figure 1)",)))
+    monkeypatch.setattr(results, "ARTEFACTS", arts)
+    page = results.build(str(runs), str(tmp_path / "R.md"))
+    t1, f1 = page.split("## t1 ")[1].split("\n## ")[0], page.split("## f1 ")[1]
+    assert "A wins" in t1 and "B wins" not in t1
+    assert "B wins" in f1 and "A wins" not in f1
+    assert "| t1 | P | `configs/shared.py:small` | 1 reproduced |" in page
+    assert "| f1 | P | `configs/shared.py:small` | 1 not reproduced within noise |" in page
