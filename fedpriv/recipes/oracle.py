@@ -15,11 +15,9 @@ from fedpriv.data import load_public_pool
 from fedpriv.models import gguf
 from fedpriv.public import distill, pretrain
 from fedpriv.public.pool import build_public_pool
-from fedpriv.public.vocab import (RestrictedTeacherTokenizer, private_datasets,
-                                  restriction_from_texts, unk_class_size)
-from fedpriv.recipes import lm
+from fedpriv.public.vocab import RestrictedTeacherTokenizer, restriction_from_texts, unk_class_size
 from fedpriv.public.algorithm import private_logprob
-from fedpriv.recipes.public import _task
+from fedpriv.recipes.public import _task, private_splits
 
 # --------------------------------------------------------------------------------------------
 
@@ -61,15 +59,7 @@ def figure3_samples(cfg, workdir: str, *, teacher=None, progress: bool = True,
                    restriction_from_texts(teacher, [pub.texts[i] for i in vocab_idx],
                                           cfg.vocab_kept))
     tok = RestrictedTeacherTokenizer(teacher, restriction)
-    text = lm.LOADERS[cfg.corpus](progress=progress)
-    if cfg.max_clients is not None and cfg.max_clients < len(text):
-        ids = np.random.default_rng(cfg.split_seed).choice(len(text.client_ids), cfg.max_clients,
-                                                           replace=False)
-        text = text.subset([text.client_ids[i] for i in sorted(ids)])
-    train, _, test = private_datasets(
-        text, tok, split=cfg.split, split_seed=cfg.split_seed, seq_len=cfg.seq_len,
-        max_examples_per_client=cfg.max_examples_per_client, batch_size=cfg.batch_size,
-        seed=cfg.split_seed)
+    text, train, _, test = private_splits(cfg, tok, progress)
     held = [m for c in test.client_ids for m in text[c] if m.strip()]
     n_priv, n_pub = min(cfg.num_samples, len(held)), min(cfg.num_samples, len(pub))
     priv_sel = np.sort(np.random.default_rng([cfg.sample_seed, 1]).choice(len(held), n_priv,

@@ -78,6 +78,22 @@ class RowRuns:
     task: object
 
 
+def private_splits(cfg, tok, progress: bool = True):
+    """``(text, train, val, test)``: the private users of ``cfg.corpus`` (at most ``max_clients``,
+    drawn with ``split_seed``), split by client and tokenized with the student tokenizer ``tok``
+    (``fedpriv.public.vocab.private_datasets``)."""
+    text = lm.LOADERS[cfg.corpus](progress=progress)
+    if cfg.max_clients is not None and cfg.max_clients < len(text):
+        ids = np.random.default_rng(cfg.split_seed).choice(len(text.client_ids), cfg.max_clients,
+                                                           replace=False)
+        text = text.subset([text.client_ids[i] for i in sorted(ids)])
+    train, val, test = private_datasets(
+        text, tok, split=cfg.split, split_seed=cfg.split_seed, seq_len=cfg.seq_len,
+        max_examples_per_client=cfg.max_examples_per_client, batch_size=cfg.batch_size,
+        seed=cfg.split_seed)
+    return text, train, val, test
+
+
 def prepare(cfg, teacher, cache_dir: str, progress: bool = True, log=print) -> Prepared:
     """Vocabulary from the public pool, private users and the public pool in student ids, the
     teacher's passes over the pool (log p_pub, top-k corpus; cached in `cache_dir`)."""
@@ -91,15 +107,7 @@ def prepare(cfg, teacher, cache_dir: str, progress: bool = True, log=print) -> P
         restriction = restriction_from_texts(teacher, [pub.texts[i] for i in vocab_idx],
                                                       cfg.vocab_kept)
     tok = RestrictedTeacherTokenizer(teacher, restriction)
-    text = lm.LOADERS[cfg.corpus](progress=progress)
-    if cfg.max_clients is not None and cfg.max_clients < len(text):
-        ids = np.random.default_rng(cfg.split_seed).choice(len(text.client_ids), cfg.max_clients,
-                                                           replace=False)
-        text = text.subset([text.client_ids[i] for i in sorted(ids)])
-    train, val, test = private_datasets(
-        text, tok, split=cfg.split, split_seed=cfg.split_seed, seq_len=cfg.seq_len,
-        max_examples_per_client=cfg.max_examples_per_client, batch_size=cfg.batch_size,
-        seed=cfg.split_seed)
+    text, train, val, test = private_splits(cfg, tok, progress)
     n = len(pub) if cfg.pool_size is None else min(cfg.pool_size, len(pub))
     sel = np.sort(np.random.default_rng([cfg.pool_seed, 1]).choice(len(pub), n, replace=False))
     log(f"public pool: {n} of {len(pub)} sentences; teacher passes (cached in {cache_dir})")
