@@ -63,8 +63,9 @@ def test_shakespeare_real(shakespeare):
     assert any("To be, or not to be" in t for t in corpus["hamlet/HAM"])
     assert not any("[" in t or "]" in t for t in corpus.texts())  # stage directions removed
     again = load_shakespeare(progress=False)
-    assert again.stats.cache_hit and again.stats.seconds < cold
-    assert dict(again) == dict(corpus)
+    assert again.stats.cache_hit and dict(again) == dict(corpus)
+    if not corpus.stats.cache_hit:  # the session's first load parsed: the cache hit is faster
+        assert again.stats.seconds < cold
 
 
 def test_simpsons_real(simpsons):
@@ -78,7 +79,9 @@ def test_simpsons_real(simpsons):
     assert st.examples + st.filtered + st.malformed == st.records
     assert not any(t.startswith("Homer:") for t in corpus["Homer"])
     again = load_simpsons(progress=False)
-    assert again.stats.cache_hit and again.stats.seconds < cold and dict(again) == dict(corpus)
+    assert again.stats.cache_hit and dict(again) == dict(corpus)
+    if not st.cache_hit:  # another test of this worker may have filled the cache first
+        assert again.stats.seconds < cold
 
 
 def test_public_pool_real(public_pool, simpsons):
