@@ -25,17 +25,12 @@ import os
 from experiments import common
 from fedpriv.data import load_public_pool, train_sentencepiece
 from fedpriv.recipes import lm
-from fedpriv.recipes.lm import parse_tokenizer
+from fedpriv.recipes.tokenizer_study import figure1, table1, verdicts
 
 SUMMARY_KEYS = ("epsilon", "epsilon_executed_run", "epsilon_if_vocabulary_public",
                 "epsilon_executed_run_if_vocabulary_public", "noise_multiplier", "val_accuracy",
                 "test_accuracy", "val_loss", "wall_clock_s", "val_accuracy_round0",
                 "val_token_accuracy", "val_token_accuracy_with_oov", "val_accuracy_with_oov")
-# Wang et al. Table 1 (next-token accuracy %, StackOverflow dev): {eps: (round 0, round 1600)}
-PAPER_TABLE1 = {"without pre-training": {1.77: (None, 20.48), 18.71: (0.00, 24.45)},
-                "with pre-training": {1.77: (None, 27.27), 18.71: (16.94, 30.13)}}
-
-
 def variants(cfg):
     """(row name, LM-config overrides) of the table's training rows."""
     out = [("FedAvg (non-private)", dict(algorithm="fedavg", target_epsilon=None, noise_multiplier=None))]
@@ -47,7 +42,7 @@ def run(cfg, workdir: str, progress: bool = True) -> list[dict]:
     """One row per (tokenizer, seed, method[, server lr]); a finished run is read back, not rerun.
     ``cfg.server_lrs`` is a grid for the DP rows (App. C tunes the server lr per noise level)."""
     rows = []
-    sp_size = next((v or cfg.lm.vocab_size for n, v in map(parse_tokenizer, cfg.tokenizers)
+    sp_size = next((v or cfg.lm.vocab_size for n, v in map(lm.parse_tokenizer, cfg.tokenizers)
                     if n == "sentencepiece"), cfg.lm.vocab_size)
     sp = train_sentencepiece(load_public_pool(progress=progress).texts, vocab_size=sp_size)
     for tok in cfg.tokenizers:
@@ -114,98 +109,20 @@ def notes(cfg) -> list[str]:
     return out
 
 
-def _pick(rows, tok, method):
-    """The seeds' rows of (tokenizer, method) at the server lr best on validation."""
-    rs = [r for r in rows if r["tokenizer"] == tok and r["method"] == method]
-    lrs = {r.get("server_lr") for r in rs}
-    if len(lrs) > 1:
-        best = max(lrs, key=lambda lr: common.mean_std(r["val_accuracy"] for r in rs
-                                                        if r.get("server_lr") == lr)[0])
-        rs = [r for r in rs if r.get("server_lr") == best]
-    return rs
-
-
-def table1(cfg, rows) -> list[dict]:
-    """Table 1's layout for the first tokenizer: rows epsilon, round 0 / round T (%)."""
-    tok, out = cfg.tokenizers[0], []
-    for eps, (name, _) in zip(cfg.epsilons, variants(cfg)[1:]):
-        rs = _pick(rows, tok, name)
-        paper = {k: v.get(round(eps, 2)) for k, v in PAPER_TABLE1.items()}
-        fmt = lambda p: "–" if p is None else f"{p:.2f}"
-        out.append({"epsilon": f"{eps:g}", "round 0 (%)": common.pm([r.get("val_accuracy_round0") for r in rs], 100),
-                    f"round {cfg.lm.rounds} (%)": common.pm([r["val_accuracy"] for r in rs], 100),
-                    **{f"paper {k} (round 0 / 1600)": " / ".join(map(fmt, v)) if v else "–"
-                       for k, v in paper.items()}})
-    return out
-
-
-def figure1(cfg, rows, path: str) -> dict:
-    """Figure 1: token accuracy per tokenizer and method, without / with OOV (bars, ± std)."""
-    groups = {}
-    for key, panel in (("val_token_accuracy", "next-token accuracy (OOV excluded)"),
-                       ("val_token_accuracy_with_oov", "next-token accuracy (with OOV)")):
-        groups[panel] = {}
-        for tok in cfg.tokenizers:
-            bars = {}
-            for name, _ in variants(cfg):
-                m, sd, n = common.mean_std(100 * r[key] for r in _pick(rows, tok, name) if r.get(key) is not None)
-                if n:
-                    bars[name] = (m, sd)
-            groups[panel][tok] = bars
-    common.bar_chart(groups, path, "validation accuracy (%)", f"Figure 1 ({cfg.lm.corpus}, {cfg.lm.rounds} rounds)")
-    return groups
-
-
-def verdicts(cfg, rows) -> list:
-    """The orderings Wang et al. claim in §2/§3.1 that this run can test."""
-    get = lambda tok, name, key="val_token_accuracy": [100 * r[key] for r in _pick(rows, tok, name)
-                                                       if r.get(key) is not None]
-    names = [n for n, _ in variants(cfg)]
-    dp = names[1:]
-    out, tok0 = [], cfg.tokenizers[0]
-    if len(dp) > 1:
-        hi, lo = sorted(zip(cfg.epsilons, dp))[-1], sorted(zip(cfg.epsilons, dp))[0]
-        out.append(common.ordering_verdict(f"[{tok0}] a larger epsilon gives higher accuracy (Table 1)",
-                                           get(tok0, hi[1], "val_accuracy"), get(tok0, lo[1], "val_accuracy"),
-                                           higher_is_better=True, names=(hi[1], lo[1])))
-    for name in dp:
-        acc = get(tok0, name, "val_accuracy")
-        r0 = get(tok0, name, "val_accuracy_round0")
-        if acc and r0:
-            out.append(common.ordering_verdict(f"[{tok0}] {name}: training improves on round 0 (Table 1)", acc, r0,
-                                               higher_is_better=True, names=("round T", "round 0")))
-    sps = [t for t in cfg.tokenizers if t.startswith("sentencepiece")]
-    words = [t for t in cfg.tokenizers if t.startswith("word")]
-    for name in dp:
-        for sp in sps[:1]:
-            for w in words:
-                if get(sp, name) and get(w, name):
-                    out.append(common.ordering_verdict(f"{name}: SentencePiece beats {w} in next-token accuracy "
-                                                       "(Figure 1)", get(sp, name), get(w, name),
-                                                       higher_is_better=True, names=(sp, w)))
-        sized = sorted((parse_tokenizer(w)[1] or cfg.lm.vocab_size, w) for w in words if w.startswith("word:")
-                       or w == "word")
-        if len(sized) > 1 and get(sized[0][1], name) and get(sized[-1][1], name):
-            out.append(common.ordering_verdict(f"{name}: under DP the larger word vocabulary does not help (Figure 1)",
-                                               get(sized[0][1], name), get(sized[-1][1], name),
-                                               higher_is_better=True, names=sized[0][1:] + sized[-1][1:]))
-    return out
-
-
 def main(argv=None):
     cfg, workdir, _ = common.config_and_workdir(argv, __doc__, "privacy_utility")
     rows = run(cfg, workdir)
     common.write_table(rows, workdir, "privacy_utility_runs")
     _, md = common.write_table(aggregate(rows), workdir, "privacy_utility",
                                title="Privacy-utility (Wang et al. §2)", notes=notes(cfg))
-    common.write_table(table1(cfg, rows), workdir, "table1",
+    common.write_table(table1(cfg, rows, variants(cfg)), workdir, "table1",
                        title=f"Table 1 (without pre-training; tokenizer {cfg.tokenizers[0]}): validation "
                              "next-token accuracy, mean ± std over seeds",
                        notes=["with pre-training: wang-table2's pretrain_lm row (experiments.public_training)",
                               "paper: StackOverflow, 1600 rounds, cohort 100; ours: see privacy_utility.md"])
     if len(cfg.tokenizers) > 1:
-        figure1(cfg, rows, os.path.join(workdir, "figure1.png"))
-    common.write_verdicts(verdicts(cfg, rows), workdir)
+        figure1(cfg, rows, variants(cfg), os.path.join(workdir, "figure1.png"))
+    common.write_verdicts(verdicts(cfg, rows, variants(cfg)), workdir)
     common.save_json({"rows": rows, **common.run_record(cfg, list(cfg.seeds))},
                      os.path.join(workdir, "summary.json"))
     print(open(md).read())

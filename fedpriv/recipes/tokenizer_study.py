@@ -1,0 +1,91 @@
+"""Recipe: Wang et al. 2023 Table 1 (round 0 / round T per epsilon) and Figure 1 (tokenizers) from the
+rows of ``experiments.privacy_utility`` (one per tokenizer, seed, method and server lr), with the
+verdicts on the paper's claimed orderings. ``variants``: the experiment's ``[(method name,
+overrides)]``, FedAvg first, then one DP-FTRL row per ``cfg.epsilons`` entry.
+"""
+from __future__ import annotations
+
+from fedpriv import report
+from fedpriv.recipes.lm import parse_tokenizer
+
+# Wang et al. Table 1 (next-token accuracy %, StackOverflow dev): {eps: (round 0, round 1600)}
+PAPER_TABLE1 = {"without pre-training": {1.77: (None, 20.48), 18.71: (0.00, 24.45)},
+                "with pre-training": {1.77: (None, 27.27), 18.71: (16.94, 30.13)}}
+
+
+def _pick(rows, tok, method):
+    """The seeds' rows of (tokenizer, method) at the server lr best on validation."""
+    rs = [r for r in rows if r["tokenizer"] == tok and r["method"] == method]
+    lrs = {r.get("server_lr") for r in rs}
+    if len(lrs) > 1:
+        best = max(lrs, key=lambda lr: report.mean_std(r["val_accuracy"] for r in rs
+                                                        if r.get("server_lr") == lr)[0])
+        rs = [r for r in rs if r.get("server_lr") == best]
+    return rs
+
+
+def table1(cfg, rows, variants) -> list[dict]:
+    """Table 1's layout for the first tokenizer: rows epsilon, round 0 / round T (%)."""
+    tok, out = cfg.tokenizers[0], []
+    for eps, (name, _) in zip(cfg.epsilons, variants[1:]):
+        rs = _pick(rows, tok, name)
+        paper = {k: v.get(round(eps, 2)) for k, v in PAPER_TABLE1.items()}
+        fmt = lambda p: "–" if p is None else f"{p:.2f}"
+        out.append({"epsilon": f"{eps:g}", "round 0 (%)": report.pm([r.get("val_accuracy_round0") for r in rs], 100),
+                    f"round {cfg.lm.rounds} (%)": report.pm([r["val_accuracy"] for r in rs], 100),
+                    **{f"paper {k} (round 0 / 1600)": " / ".join(map(fmt, v)) if v else "–"
+                       for k, v in paper.items()}})
+    return out
+
+
+def figure1(cfg, rows, variants, path: str) -> dict:
+    """Figure 1: token accuracy per tokenizer and method, without / with OOV (bars, ± std)."""
+    groups = {}
+    for key, panel in (("val_token_accuracy", "next-token accuracy (OOV excluded)"),
+                       ("val_token_accuracy_with_oov", "next-token accuracy (with OOV)")):
+        groups[panel] = {}
+        for tok in cfg.tokenizers:
+            bars = {}
+            for name, _ in variants:
+                m, sd, n = report.mean_std(100 * r[key] for r in _pick(rows, tok, name) if r.get(key) is not None)
+                if n:
+                    bars[name] = (m, sd)
+            groups[panel][tok] = bars
+    report.bar_chart(groups, path, "validation accuracy (%)", f"Figure 1 ({cfg.lm.corpus}, {cfg.lm.rounds} rounds)")
+    return groups
+
+
+def verdicts(cfg, rows, variants) -> list:
+    """The orderings Wang et al. claim in §2/§3.1 that this run can test."""
+    get = lambda tok, name, key="val_token_accuracy": [100 * r[key] for r in _pick(rows, tok, name)
+                                                       if r.get(key) is not None]
+    names = [n for n, _ in variants]
+    dp = names[1:]
+    out, tok0 = [], cfg.tokenizers[0]
+    if len(dp) > 1:
+        hi, lo = sorted(zip(cfg.epsilons, dp))[-1], sorted(zip(cfg.epsilons, dp))[0]
+        out.append(report.ordering_verdict(f"[{tok0}] a larger epsilon gives higher accuracy (Table 1)",
+                                           get(tok0, hi[1], "val_accuracy"), get(tok0, lo[1], "val_accuracy"),
+                                           higher_is_better=True, names=(hi[1], lo[1])))
+    for name in dp:
+        acc = get(tok0, name, "val_accuracy")
+        r0 = get(tok0, name, "val_accuracy_round0")
+        if acc and r0:
+            out.append(report.ordering_verdict(f"[{tok0}] {name}: training improves on round 0 (Table 1)", acc, r0,
+                                               higher_is_better=True, names=("round T", "round 0")))
+    sps = [t for t in cfg.tokenizers if t.startswith("sentencepiece")]
+    words = [t for t in cfg.tokenizers if t.startswith("word")]
+    for name in dp:
+        for sp in sps[:1]:
+            for w in words:
+                if get(sp, name) and get(w, name):
+                    out.append(report.ordering_verdict(f"{name}: SentencePiece beats {w} in next-token accuracy "
+                                                       "(Figure 1)", get(sp, name), get(w, name),
+                                                       higher_is_better=True, names=(sp, w)))
+        sized = sorted((parse_tokenizer(w)[1] or cfg.lm.vocab_size, w) for w in words if w.startswith("word:")
+                       or w == "word")
+        if len(sized) > 1 and get(sized[0][1], name) and get(sized[-1][1], name):
+            out.append(report.ordering_verdict(f"{name}: under DP the larger word vocabulary does not help (Figure 1)",
+                                               get(sized[0][1], name), get(sized[-1][1], name),
+                                               higher_is_better=True, names=sized[0][1:] + sized[-1][1:]))
+    return out
