@@ -95,21 +95,12 @@ def config_and_workdir(argv, doc: str, name: str, workdir: str | None = None):
     ap.add_argument("--workdir", default=workdir or f"runs/{name}")
     args = ap.parse_args(argv)
     cfg = load_config(args.config)
-    _LAST_RUN.update(workdir=args.workdir, config=args.config, module=_caller_module())
+    _LAST_RUN.update(workdir=args.workdir, config=args.config, module=f"experiments.{name}")
     return cfg, args.workdir, args.config
 
 
 INVOCATION_FILE = "invocation.json"
 _LAST_RUN: dict = {}
-
-
-def _caller_module() -> str:
-    frame = sys._getframe(2)
-    name = frame.f_globals.get("__name__", "")
-    if name == "__main__":
-        spec = frame.f_globals.get("__spec__")
-        name = spec.name if spec is not None else name
-    return name
 
 
 def record_invocation() -> None:
