@@ -84,9 +84,9 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
                  for x, m, s in zip(xs, ms, ss)]
         common.write_table(table, workdir, f"accuracy_vs_{ab}", notes=notes,
                            title=f"Accuracy after private FL vs {xlabel} (pretrain_distill)")
-        ablations.plot_errorbars(curves, os.path.join(workdir, f"accuracy_vs_{ab}.png"), xlabel,
-                              "validation accuracy (%)", f"{lm.corpus}, DP-FTRL T={lm.rounds}: "
-                              f"pre-training w/ distillation (mean ± std, seeds {list(lm.seeds)})")
+        common.plot_curves(curves, os.path.join(workdir, f"accuracy_vs_{ab}.png"), xlabel,
+                           "validation accuracy (%)", f"{lm.corpus}, DP-FTRL T={lm.rounds}: "
+                           f"pre-training w/ distillation (mean ± std, seeds {list(lm.seeds)})")
         verdicts += [v for e in eps if (v := ablations.sweep_verdict(
             runs, field, e, f"{claim} (eps~{e:g}; Figure 2/4)", largest=largest,
             metric=METRIC)) is not None]

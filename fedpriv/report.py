@@ -67,13 +67,17 @@ def write_table(rows: list[dict], workdir: str, name: str, columns: list[str] | 
 
 def plot_curves(curves: dict[str, tuple[list, list]], path: str, xlabel: str, ylabel: str, title: str = "",
                 log: bool = False):
-    """Line plot of ``{label: (xs, ys)}`` to a PNG (``log``: logarithmic y axis)."""
+    """Line plot of ``{label: (xs, ys)}`` or ``{label: (xs, ys, yerr)}`` (error bars) to a PNG
+    (``log``: logarithmic y axis)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(6, 4))
-    for label, (xs, ys) in curves.items():
-        ax.plot(xs, ys, marker="o", label=label)
+    for label, (xs, ys, *err) in curves.items():
+        if err:
+            ax.errorbar(xs, ys, yerr=err[0], marker="o", capsize=3, label=label)
+        else:
+            ax.plot(xs, ys, marker="o", label=label)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     if log:

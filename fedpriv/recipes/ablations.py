@@ -76,26 +76,6 @@ def ablation_curves(runs: list[dict], x_key: str, epsilons, *, row: str = "pretr
     return curves
 
 
-def plot_errorbars(curves: dict, path: str, xlabel: str, ylabel: str, title: str = "") -> str:
-    """Line plot with error bars of ``{label: (xs, means, stds)}`` to a PNG."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for label, (xs, ms, ss) in curves.items():
-        ax.errorbar(xs, ms, yerr=ss, marker="o", capsize=3, label=label)
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    if title:
-        ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
 def _best(groups: dict, higher: bool = True):
     """The key of `groups` (key -> per-seed values) with the best mean."""
     means = {k: report.mean_std(v)[0] for k, v in groups.items() if report.mean_std(v)[0] is not None}
