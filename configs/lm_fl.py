@@ -13,7 +13,8 @@ from configs.common import ConfigError, check, check_lanes, from_scale
 CORPORA = ("chitchat", "shakespeare", "simpsons")
 TOKENIZERS = ("sentencepiece", "word_public", "word")
 ARCHS = ("lstm", "transformer")
-ALGORITHMS = ("fedavg", "dp_fedavg", "dp_ftrl", "dp_mf_banded", "dp_mf_blt")
+ALGORITHMS = ("fedavg", "dp_fedavg", "dp_ftrl", "dp_mf_banded", "dp_mf_blt", "dp_fedavg_fixed",
+              "dp_ddg")
 SERVER_OPTIMIZERS = ("sgd", "sgdm", "adam")
 
 
@@ -38,8 +39,12 @@ class LMFLConfig:
     hidden_dim: int = 670
     num_heads: int = 10                   # transformer heads (670 / 10 = 67, App. B.2)
     # algorithm
-    algorithm: str = "dp_ftrl"            # fedavg | dp_fedavg | dp_ftrl | dp_mf_banded | dp_mf_blt
+    # fedavg | dp_fedavg (Poisson cohorts) | dp_ftrl | dp_mf_banded | dp_mf_blt | dp_fedavg_fixed
+    # (central Gaussian, fixed-size cohorts) | dp_ddg (distributed discrete Gaussian under secure
+    # aggregation, fixed-size cohorts, no amplification)
+    algorithm: str = "dp_ftrl"
     mf_bands: int = 64                    # dp_mf_banded: bands (at most the min-separation)
+    ddg_bits: int = 16                    # dp_ddg: secure aggregation modulus 2^bits
     rounds: int = 1600
     cohort_size: int = 100
     noise_cohort_size: int | None = None  # simulate the noise of a larger cohort (say so)
@@ -65,7 +70,7 @@ class LMFLConfig:
         check(self, positive=("max_clients", "seq_len", "max_examples_per_client", "batch_size",
                               "max_local_steps", "embed_dim", "hidden_dim", "num_heads", "rounds",
                               "cohort_size", "noise_cohort_size", "target_epsilon", "clip_norm",
-                              "client_lr", "server_lr", "eval_every", "eval_batch_size", "mf_bands",
+                              "client_lr", "server_lr", "eval_every", "eval_batch_size", "mf_bands", "ddg_bits",
                               "max_eval_examples", "checkpoint_every"),
               non_negative=("noise_multiplier", "server_momentum", "seed"), open_unit=("delta",),
               choices={"corpus": CORPORA, "tokenizer": TOKENIZERS, "arch": ARCHS,
@@ -94,6 +99,18 @@ def check_run(cfg: LMFLConfig) -> LMFLConfig:
 
 BASE = LMFLConfig()
 
+# Server lr, client lr and clip norm per epsilon, chosen on VALIDATION accuracy over a sub-grid of
+# Wang et al.'s App. C grid (server {0.05, 0.1, 0.2} x client {0.1, 0.5} x clip {0.3, 1.0}) by
+#   python -m experiments.lm_sweep --config "configs/lm_sweep.py:small,server_lrs=0.05/0.1/0.2,client_lrs=0.1/0.5,clip_norms=0.3/1.0,target_epsilon=1.77"
+# on chitchat at the small scale (LSTM 96/128, SentencePiece 2000, 120 rounds, cohort 16 with the
+# noise of 100: the paper's noise per round), on a 2-core CPU. Not re-tuned at the paper's
+# model size and 1600 rounds (that sweep needs a GPU). At epsilon 18.71 the defaults are kept:
+# they reach FedAvg's accuracy within noise (privacy_utility:small, 3 seeds).
+TUNED = {
+    18.71: dict(server_lr=1.0, client_lr=0.5, clip_norm=0.3),
+    1.77: dict(server_lr=0.2, client_lr=0.5, clip_norm=1.0),
+}
+
 SCALES = {
     # seconds, for tests: tiny model, few clients and rounds
     "smoke": dict(max_clients=60, vocab_size=300, embed_dim=16, hidden_dim=32, num_heads=4, rounds=4,
@@ -105,8 +122,9 @@ SCALES = {
                   noise_cohort_size=100, max_examples_per_client=64, max_local_steps=4,
                   eval_every=20, checkpoint_every=20, target_epsilon=18.7, max_eval_examples=5000),
     # the paper's settings (Wang et al. §2, App. C), for GPU/TPU
+    # (z = 8.83 is epsilon 1.77 over 1600 rounds: the hyper-parameters tuned for it)
     "paper": dict(vocab_size=32000, rounds=1600, cohort_size=100, noise_multiplier=8.83,
-                  max_examples_per_client=256, max_local_steps=16, eval_every=100),
+                  max_examples_per_client=256, max_local_steps=16, eval_every=100, **TUNED[1.77]),
 }
 
 

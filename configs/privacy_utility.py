@@ -28,6 +28,7 @@ class PrivacyUtilityConfig:
     seeds: tuple = (0,)
     epsilons: tuple = (18.71, 1.77)             # the DP-FTRL rows (delta = lm.delta)
     server_lrs: tuple | None = None             # grid for the DP rows (App. C); None = lm.server_lr
+    tuned: bool = False                         # DP rows use configs.lm_fl.TUNED[epsilon]
 
     def __post_init__(self):
         check(self)
@@ -40,7 +41,7 @@ class PrivacyUtilityConfig:
                                   "seeds >= 0; epsilons and server_lrs > 0)")
 
 
-SCALES = {"smoke": dict(), "small": dict(seeds=(0, 1, 2)), "paper": dict(seeds=(0, 1, 2))}
+SCALES = {"smoke": dict(), "small": dict(seeds=(0, 1, 2)), "paper": dict(seeds=(0, 1, 2), tuned=True)}
 LM_SCALE = {"smoke": "smoke,rounds=2,eval_every=2", "small": "small", "paper": "paper"}
 
 

@@ -65,6 +65,9 @@ ARTEFACTS = (
     Artefact("mf-comparison", "beyond the papers", "tree vs banded / BLT matrix-factorization DP-FTRL vs "
              "DP-FedAvg at equal epsilon (Choquette-Choo et al. 2023; McMahan et al. 2024)",
              "mf_comparison", "mf_comparison", outputs=("mf_comparison.md",)),
+    Artefact("ddg-comparison", "beyond the papers", "distributed discrete Gaussian under simulated secure "
+             "aggregation at 8/12/16/20 bits vs the central Gaussian at equal z (Kairouz et al. 2021)",
+             "ddg_comparison", "ddg_comparison", outputs=("ddg_comparison.md",)),
     Artefact("koga-iw-regime", "Koga et al. 2023", "IW/IWPT given a fair test: TV of the private target "
              "unigrams vs N_T, eps0, vocabulary, per-user bound; IW/IWPT vs baselines on a large target "
              "(chat_target), 3 seeds, + a no-signal control", "iw_regime", "iw_regime",

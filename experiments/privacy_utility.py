@@ -22,6 +22,7 @@ import dataclasses
 import json
 import os
 
+from configs import lm_fl as lm_fl_config
 from experiments import common
 from fedpriv.data import load_public_pool, train_sentencepiece
 from fedpriv.recipes import lm
@@ -34,8 +35,9 @@ SUMMARY_KEYS = ("epsilon", "epsilon_executed_run", "epsilon_if_vocabulary_public
 def variants(cfg):
     """(row name, LM-config overrides) of the table's training rows."""
     out = [("FedAvg (non-private)", dict(algorithm="fedavg", target_epsilon=None, noise_multiplier=None))]
-    return out + [(f"DP-FTRL eps~{e:.3g}", dict(algorithm="dp_ftrl", target_epsilon=e, noise_multiplier=None))
-                  for e in cfg.epsilons]
+    tuned = lambda e: lm_fl_config.TUNED.get(e, {}) if cfg.tuned else {}  # noqa: E731
+    return out + [(f"DP-FTRL eps~{e:.3g}", dict(algorithm="dp_ftrl", target_epsilon=e, noise_multiplier=None,
+                                                **tuned(e))) for e in cfg.epsilons]
 
 
 def run(cfg, workdir: str, progress: bool = True) -> list[dict]:
@@ -50,7 +52,9 @@ def run(cfg, workdir: str, progress: bool = True) -> list[dict]:
             base = dataclasses.replace(lm.with_tokenizer(cfg.lm, tok), seed=seed)
             prepared = lm.prepare_data(base, progress)
             for name, over in variants(cfg):
-                grid = cfg.server_lrs if over["algorithm"] != "fedavg" and cfg.server_lrs else [base.server_lr]
+                over = dict(over)
+                lr0 = over.pop("server_lr", base.server_lr)  # a tuned row's own server lr
+                grid = cfg.server_lrs if over["algorithm"] != "fedavg" and cfg.server_lrs else [lr0]
                 for lr in grid:
                     vcfg = dataclasses.replace(base, server_lr=lr, **over)
                     tag = "" if lr == base.server_lr else f"-slr{lr:g}"

@@ -43,8 +43,11 @@ import math
 from typing import Callable, Iterable
 
 import dp_accounting as dpa
+import numpy as np
 from dp_accounting import pld, rdp
 from dp_accounting.mechanism_calibration import NoBracketIntervalFoundError
+
+from fedpriv.dp import ddg
 
 NeighborRel = dpa.NeighboringRelation
 NEIGHBORING = ("add_remove", "replace_one")
@@ -284,20 +287,34 @@ def _rdp_epsilon(events, delta, neighboring):
 
 def _rdp_epsilon_impl(events, delta, neighboring):
     rel = NeighborRel.REPLACE_SPECIAL if neighboring == "add_remove" else NeighborRel.REPLACE_ONE
-    acc = rdp.RdpAccountant(neighboring_relation=rel)
+    leaves = [(leaf, count) for ev in events for leaf, count in _flatten(ev)
+              if not isinstance(leaf, dpa.NoOpDpEvent)]
+    secure = [(leaf, count) for leaf, count in leaves
+              if isinstance(leaf, ddg.DistributedDiscreteGaussianDpEvent)]
+    if any(leaf.neighboring != neighboring for leaf, _ in secure):
+        return None  # its sensitivities are stated for another relation
+    # the DDG bound (Kairouz et al. 2021, Prop. 14) is evaluated at integer orders: account
+    # every event at those orders, then add the DDG curves to dp_accounting's RDP vector
+    acc = rdp.RdpAccountant(orders=list(ddg.RDP_ORDERS) if secure else None,
+                            neighboring_relation=rel)
     extra = 0.0
-    for ev in events:
-        for leaf, count in _flatten(ev):
-            if isinstance(leaf, dpa.NoOpDpEvent):
-                continue
-            if acc.supports(leaf):
-                acc.compose(leaf, count)
-                continue
-            pe = pure_epsilon(leaf)
-            if pe is None:
-                return None
-            extra += count * pe
-    return acc.get_epsilon(delta) + extra
+    for leaf, count in leaves:
+        if isinstance(leaf, ddg.DistributedDiscreteGaussianDpEvent):
+            continue
+        if acc.supports(leaf):
+            acc.compose(leaf, count)
+            continue
+        pe = pure_epsilon(leaf)
+        if pe is None:
+            return None
+        extra += count * pe
+    if not secure:
+        return acc.get_epsilon(delta) + extra
+    curve = getattr(acc, "_rdp", None)  # dp_accounting 0.6's RDP vector (at acc._orders)
+    if curve is None or len(curve) != len(ddg.RDP_ORDERS):
+        raise RuntimeError("dp_accounting's RdpAccountant changed: cannot add the DDG RDP curve")
+    curve = np.asarray(curve, np.float64) + sum(count * ddg.event_rdp(leaf) for leaf, count in secure)
+    return rdp.rdp_privacy_accountant.compute_epsilon(ddg.RDP_ORDERS, curve, delta)[0] + extra
 
 
 _PLD_MIN_Z = 0.3

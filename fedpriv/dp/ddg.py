@@ -1,7 +1,9 @@
 """Distributed discrete Gaussian (DDG) under a simulated secure aggregation.
 
 Kairouz, Liu & Steinke 2021, "The distributed discrete Gaussian mechanism for federated
-learning with secure aggregation" (ICML), Alg. 1. Host-side NumPy simulation of one round:
+learning with secure aggregation" (ICML), Alg. 1, in JAX: ``encode`` (one client) and ``decode``
+(the server) are what the FL engine runs for ``mechanism="ddg"`` (``fedpriv.fl.algorithms``);
+``ddg_round`` simulates one round with them on a matrix of updates:
 
 client i (update ``x_i``, ``[d]``):
   1. clip to L2 norm ``c``; zero-pad to ``D = 2^ceil(log2 d)``;
@@ -34,12 +36,20 @@ integer sensitivities ``Delta_2`` and ``Delta_1 <= min(sqrt(D) Delta_2, Delta_2^
 alpha/2 (s2 + sqrt(D) tau)^2)``, ``s_p = Delta_p / (sqrt(n) sigma)``,
 ``tau = 10 sum_{k=1}^{n-1} exp(-2 pi^2 sigma^2 k / (k + 1))``; composed over rounds and
 converted to (eps, delta) with ``dp_accounting``'s RDP conversion. No sampling amplification.
+In a ledger: ``ddg_event`` (a ``DistributedDiscreteGaussianDpEvent``, replace-one neighbours of
+a fixed-size cohort, the worst survivor count a released round can have), accounted by
+``fedpriv.dp.accounting`` with the other events' RDP at the same integer orders.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
+import attr
+import dp_accounting as dpa
+import jax
+import jax.numpy as jnp
 import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_acc
 
@@ -47,24 +57,39 @@ RDP_ORDERS = tuple(float(a) for a in (*range(2, 129), 256, 512))  # integer orde
 
 
 # ----------------------------------------------------------------------------- primitives
-def discrete_gaussian(rng: np.random.Generator, sigma: float, shape) -> np.ndarray:
-    """Samples of ``N_Z(0, sigma^2)`` (``P(k) ~ exp(-k^2 / 2 sigma^2)``), int64, ``shape``."""
+def discrete_gaussian(key, sigma: float, shape) -> jax.Array:
+    """Samples of ``N_Z(0, sigma^2)`` (``P(k) ~ exp(-k^2 / 2 sigma^2)``), int32 ``shape``.
+
+    Canonne, Kamath & Steinke 2020, Alg. 3: a discrete Laplace of scale ``t = floor(sigma) + 1``
+    (the difference of two geometrics ``floor(t E)``, ``E ~ Exp(1)``: ``P(floor(t E) >= k) =
+    exp(-k / t)``) accepted with probability ``exp(-(|y| - sigma^2 / t)^2 / 2 sigma^2)``
+    (about 0.67-0.76). Vectorised: i.i.d. proposals in pools of ``1.4 n``; the accepted ones,
+    in order, fill the ``n`` outputs (``lax.while_loop`` until all are filled) — exact, since
+    the proposals are i.i.d. Float32 arithmetic: exact for the integers used (``|y| < 2^24``)."""
+    sigma = float(sigma)
     if sigma < 0:
         raise ValueError(f"discrete Gaussian sigma must be >= 0, got {sigma}")
-    out = np.zeros(shape, np.int64)
+    shape = tuple(np.atleast_1d(shape)) if not isinstance(shape, tuple) else shape
+    n = int(np.prod(shape))
     if sigma == 0:
-        return out
+        return jnp.zeros(shape, jnp.int32)
     t = math.floor(sigma) + 1
-    p = -math.expm1(-1.0 / t)  # discrete Laplace(t) = difference of two Geometric(p)
-    todo = np.ones(shape, bool)
-    while todo.any():
-        m = int(todo.sum())
-        y = rng.geometric(p, m) - rng.geometric(p, m)
-        accept = rng.random(m) < np.exp(-np.square(np.abs(y) - sigma ** 2 / t) / (2 * sigma ** 2))
-        idx = np.flatnonzero(todo)[accept]
-        out.flat[idx] = y[accept]
-        todo.flat[idx] = False
-    return out
+    pool = max(64, int(1.4 * n))
+
+    def body(c):
+        i, out, filled = c
+        k1, k2, k3 = jax.random.split(jax.random.fold_in(key, i), 3)
+        y = (jnp.floor(t * jax.random.exponential(k1, (pool,)))
+             - jnp.floor(t * jax.random.exponential(k2, (pool,))))
+        ok = jax.random.uniform(k3, (pool,)) < jnp.exp(
+            -jnp.square(jnp.abs(y) - sigma ** 2 / t) / (2 * sigma ** 2))
+        pos = filled + jnp.cumsum(ok) - 1  # the accepted proposals fill the next free slots
+        out = out.at[jnp.where(ok, pos, n)].set(y, mode="drop")
+        return i + 1, out, jnp.minimum(filled + jnp.sum(ok), n)
+
+    _, out, _ = jax.lax.while_loop(lambda c: c[2] < n, body,
+                                   (jnp.int32(0), jnp.zeros((n,), jnp.float32), jnp.int32(0)))
+    return out.astype(jnp.int32).reshape(shape)
 
 
 def discrete_gaussian_variance(sigma: float) -> float:
@@ -76,19 +101,18 @@ def discrete_gaussian_variance(sigma: float) -> float:
     return float((k ** 2 * w).sum() / w.sum())
 
 
-def _fwht(x):
-    """Normalised, order-consistent fast Walsh-Hadamard transform (self-inverse)."""
-    x = np.array(x, np.float64)
+def fwht(x: jax.Array) -> jax.Array:
+    """Normalised fast Walsh-Hadamard transform over the last axis (orthogonal, self-inverse);
+    its length must be a power of 2."""
     n = x.shape[-1]
     if n & (n - 1):
         raise ValueError(f"Hadamard length must be a power of 2, got {n}")
-    h = 1
+    lead, h = x.shape[:-1], 1
     while h < n:
-        x = x.reshape(x.shape[:-1] + (n // (2 * h), 2, h))
-        a, b = x[..., 0, :], x[..., 1, :]
-        x = np.stack([a + b, a - b], -2).reshape(x.shape[:-3] + (n,))
+        x = x.reshape(lead + (n // (2 * h), 2, h))
+        x = jnp.stack([x[..., 0, :] + x[..., 1, :], x[..., 0, :] - x[..., 1, :]], -2)
         h *= 2
-    return x / math.sqrt(n)
+    return x.reshape(lead + (n,)) / math.sqrt(n)
 
 
 # ----------------------------------------------------------------------------- configuration
@@ -122,8 +146,8 @@ class DDGConfig:
         if not (self.clip > 0 and self.noise_multiplier >= 0):
             raise ValueError(f"need clip > 0 and noise_multiplier >= 0, got {self.clip}, "
                              f"{self.noise_multiplier}")
-        if not 2 <= self.bits <= 62:
-            raise ValueError(f"bits must be in [2, 62], got {self.bits}")
+        if not 2 <= self.bits <= 31:
+            raise ValueError(f"bits must be in [2, 31], got {self.bits}")
         if not 0 <= self.dropout_rate < 1:
             raise ValueError(f"dropout_rate must be in [0, 1), got {self.dropout_rate}")
         if self.modulus // 2 - 1 - self.num_clients <= 0:
@@ -170,37 +194,180 @@ class DDGConfig:
         return min(math.sqrt(b2), a + math.sqrt(D)) if self.beta > 0 else a + math.sqrt(D)
 
     @property
+    def l2_sensitivity(self) -> float:
+        """What the accounting uses: ``Delta_2 (1 + norm_error(D))``, the most a vector that
+        passed the float32 norm check can have."""
+        return self.l2_bound * (1 + norm_error(self.padded_dim))
+
+    @property
     def l1_bound(self) -> float:
-        """``Delta_1`` of an integer vector of L2 norm ``<= Delta_2``: ``min(sqrt(D) Delta_2,
-        Delta_2^2)``."""
-        return min(math.sqrt(self.padded_dim) * self.l2_bound, self.l2_bound ** 2)
+        """``Delta_1`` of an integer vector of L2 norm ``<= l2_sensitivity``:
+        ``min(sqrt(D) Delta_2, Delta_2^2)``."""
+        return min(math.sqrt(self.padded_dim) * self.l2_sensitivity, self.l2_sensitivity ** 2)
 
 
 # ----------------------------------------------------------------------------- accounting
-def ddg_rdp(cfg: DDGConfig, survivors: int, rounds: int = 1, orders=RDP_ORDERS) -> np.ndarray:
-    """RDP ``[len(orders)]`` of ``rounds`` DDG rounds summed over ``survivors`` clients (the
-    noise of the survivors only; add/remove one survivor), Kairouz et al. 2021 Prop. 14."""
-    n = int(survivors)
-    if not 1 <= n <= cfg.num_clients:
-        raise ValueError(f"survivors must be in [1, {cfg.num_clients}], got {survivors}")
-    sigma = cfg.local_sigma
+def prop14_rdp(orders, sigma: float, l2: float, l1: float, dim: int, shares: int) -> np.ndarray:
+    """Kairouz et al. 2021, Prop. 14: RDP ``[len(orders)]`` of the sum of ``shares`` discrete
+    Gaussians ``N_Z(0, sigma^2)`` (``dim`` coordinates) shifted by an integer vector of L2 norm
+    ``<= l2`` and L1 norm ``<= l1`` (the change of the integer sum between neighbours)."""
+    n = int(shares)
+    if n < 1:
+        raise ValueError(f"shares must be >= 1, got {shares}")
     if sigma == 0:
         return np.full(len(orders), np.inf)
     tau = 10 * sum(math.exp(-2 * math.pi ** 2 * sigma ** 2 * k / (k + 1)) for k in range(1, n))
-    s2 = cfg.l2_bound / (math.sqrt(n) * sigma)
-    s1 = cfg.l1_bound / (math.sqrt(n) * sigma)
-    D = cfg.padded_dim
+    s2, s1 = l2 / (math.sqrt(n) * sigma), l1 / (math.sqrt(n) * sigma)
     a = np.asarray(orders, np.float64)
-    eps = np.minimum.reduce([a / 2 * s2 ** 2 + tau * D,
-                             a / 2 * (s2 ** 2 + 2 * s1 * tau + tau ** 2 * D),
-                             a / 2 * (s2 + math.sqrt(D) * tau) ** 2])
-    return eps * int(rounds)
+    return np.minimum.reduce([a / 2 * s2 ** 2 + tau * dim,
+                              a / 2 * (s2 ** 2 + 2 * s1 * tau + tau ** 2 * dim),
+                              a / 2 * (s2 + math.sqrt(dim) * tau) ** 2])
+
+
+def ddg_rdp(cfg: DDGConfig, survivors: int, rounds: int = 1, orders=RDP_ORDERS) -> np.ndarray:
+    """RDP ``[len(orders)]`` of ``rounds`` DDG rounds summed over ``survivors`` clients, one
+    client's data zeroed out (its share stays: sensitivity ``Delta_2``, ``survivors`` shares in
+    both neighbours), Kairouz et al. 2021 Prop. 14."""
+    n = int(survivors)
+    if not 1 <= n <= cfg.num_clients:
+        raise ValueError(f"survivors must be in [1, {cfg.num_clients}], got {survivors}")
+    return prop14_rdp(orders, cfg.local_sigma, cfg.l2_sensitivity, cfg.l1_bound, cfg.padded_dim,
+                      n) * int(rounds)
 
 
 def ddg_epsilon(cfg: DDGConfig, survivors: int, delta: float, rounds: int = 1) -> float:
     """(eps, delta)-DP of ``rounds`` rounds with ``survivors`` surviving clients per round."""
     eps, _ = rdp_acc.compute_epsilon(RDP_ORDERS, ddg_rdp(cfg, survivors, rounds), delta)
     return float(eps)
+
+
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class DistributedDiscreteGaussianDpEvent(dpa.DpEvent):
+    """One release of a secure sum of discrete Gaussian shares (Kairouz et al. 2021): ``shares``
+    clients (any number in ``[min_shares, max_shares]``) each add ``N_Z(0, local_sigma^2)`` to
+    ``dimension`` integer coordinates; between neighbours under ``neighboring`` the integer sum
+    moves by at most ``l2_sensitivity`` / ``l1_sensitivity`` with the same number of shares.
+    Accounted by ``fedpriv.dp.accounting`` (RDP only: the max of Prop. 14 over the share counts);
+    ``dp_accounting``'s own accountants do not know it and refuse it."""
+    local_sigma: float
+    l2_sensitivity: float
+    l1_sensitivity: float
+    dimension: int
+    min_shares: int
+    max_shares: int
+    neighboring: str
+
+
+def event_rdp(event: DistributedDiscreteGaussianDpEvent, orders=RDP_ORDERS) -> np.ndarray:
+    """RDP of one ``DistributedDiscreteGaussianDpEvent``: Prop. 14, worst share count (tau grows
+    with the count, the shift's weight falls)."""
+    return np.max([prop14_rdp(orders, event.local_sigma, event.l2_sensitivity,
+                              event.l1_sensitivity, event.dimension, n)
+                   for n in range(int(event.min_shares), int(event.max_shares) + 1)], axis=0)
+
+
+def ddg_event(cfg: DDGConfig, min_survivors: int, neighboring: str = "replace_one"):
+    """The event of one round of ``cfg`` whose sum is released only with ``>= min_survivors``
+    shares (the server aborts a round with fewer). ``replace_one``: a fixed-size cohort, one
+    client's update replaced by another's (every round has the same number of shares in both
+    neighbours; the integer sum moves by ``<= 2 Delta_2``, ``2 Delta_1``). Add/remove is refused:
+    removing a client also removes its share, which is not a shift of the noise."""
+    if neighboring != "replace_one":
+        raise ValueError("DDG accounting needs fixed-size cohorts (replace-one neighbouring): "
+                         "removing a client also removes its noise share")
+    if not 1 <= int(min_survivors) <= cfg.num_clients:
+        raise ValueError(f"min_survivors must be in [1, {cfg.num_clients}], got {min_survivors}")
+    return DistributedDiscreteGaussianDpEvent(
+        float(cfg.local_sigma), 2 * float(cfg.l2_sensitivity), 2 * float(cfg.l1_bound),
+        int(cfg.padded_dim), int(min_survivors), int(cfg.num_clients), neighboring)
+
+
+# ----------------------------------------------------------------------------- one client, the server
+def rotate_scale(cfg: DDGConfig, vec: jax.Array, signs: jax.Array) -> jax.Array:
+    """``[d] -> [D]``: zero-pad, ``H diag(signs) x / sqrt(D)``, divide by ``gamma``."""
+    x = jnp.zeros((cfg.padded_dim,), jnp.float32).at[:cfg.dim].set(vec.astype(jnp.float32))
+    return fwht(x * signs) / cfg.gamma
+
+
+_U = 2.0 ** -24  # float32 unit roundoff
+_BLOCK = 128
+
+
+def sum_of_squares(x: jax.Array) -> jax.Array:
+    """``sum x^2`` over ``x`` ``[D]`` in float32, in nested blocks of <= 128 terms, so that its
+    relative error is at most ``norm_error(D)`` whatever order XLA adds a block in."""
+    s = jnp.square(x.astype(jnp.float32))
+    while s.shape[0] > 1:
+        b = min(_BLOCK, s.shape[0])
+        s = jnp.pad(s, (0, -s.shape[0] % b)).reshape(-1, b).sum(axis=1)
+    return s[0]
+
+
+def norm_error(dim: int) -> float:
+    """Rigorous bound on the relative error of ``sqrt(sum_of_squares)`` of a ``[dim]`` vector of
+    integers (< 2^24): one rounding per square, ``m - 1`` per block sum of ``m`` non-negative
+    terms (Higham 2002, §4.2), one for the square root."""
+    n, err = int(dim), 1
+    while n > 1:
+        b = min(_BLOCK, n)
+        err += b - 1
+        n = -(-n // b)
+    return (err + 1) * _U
+
+
+def conditional_round(key, y: jax.Array, bound: float, max_tries: int = 100):
+    """Stochastic rounding of ``y`` ``[D]`` redrawn until its L2 norm, computed in float32, is
+    ``<= bound`` (the true norm is then ``<= bound (1 + norm_error(D))``: what the accounting
+    uses, ``DDGConfig.l2_sensitivity``). Returns ``(int32[D], ok)``; after ``max_tries``
+    failures, zeros and ``ok = False``."""
+    base = jnp.floor(y)
+    frac = y - base
+
+    def draw(i):
+        out = base + (jax.random.uniform(jax.random.fold_in(key, i), y.shape) < frac)
+        return out, jnp.sqrt(sum_of_squares(out)) <= bound
+
+    def body(c):
+        i, out, ok = c
+        new, new_ok = draw(i)
+        return i + 1, new, new_ok
+
+    out, ok = draw(0)
+    _, out, ok = jax.lax.while_loop(lambda c: (~c[2]) & (c[0] < max_tries), body,
+                                   (jnp.int32(1), out, ok))
+    return jnp.where(ok, out, 0.0).astype(jnp.int32), ok
+
+
+def encode(cfg: DDGConfig, vec: jax.Array, key, signs: jax.Array):
+    """One client: ``vec`` ``[d]`` (already clipped to ``cfg.clip``) -> ``(raw int32[D], ok)``,
+    ``raw`` = conditionally rounded scaled rotation + its discrete Gaussian share; the client
+    sends ``message(cfg, raw)``."""
+    k_round, k_share = jax.random.split(key)
+    ints, ok = conditional_round(k_round, rotate_scale(cfg, vec, signs), cfg.l2_bound)
+    return ints + discrete_gaussian(k_share, cfg.local_sigma, (cfg.padded_dim,)), ok
+
+
+def message(cfg: DDGConfig, raw: jax.Array) -> jax.Array:
+    """``raw mod 2^bits`` as uint32 (a sum of messages in uint32 wraps mod 2^32, a multiple of
+    ``2^bits``: reduce it with ``message`` again)."""
+    return raw.astype(jnp.uint32) & jnp.uint32(cfg.modulus - 1)
+
+
+def centred(cfg: DDGConfig, modular_sum: jax.Array) -> jax.Array:
+    """``[D]`` sum mod ``2^bits`` mapped to ``[-M/2, M/2)`` (int32)."""
+    s = message(cfg, modular_sum).astype(jnp.int32)
+    return jnp.where(s >= cfg.modulus // 2, s - cfg.modulus, s)
+
+
+def decode(cfg: DDGConfig, modular_sum: jax.Array, signs: jax.Array) -> jax.Array:
+    """Server: ``[D]`` sum of messages (uint32) -> ``[d]`` noisy sum of the clipped updates."""
+    y = centred(cfg, modular_sum).astype(jnp.float32) * cfg.gamma
+    return (signs * fwht(y))[:cfg.dim]
+
+
+def round_signs(cfg: DDGConfig, key) -> jax.Array:
+    """The round's shared public randomness: ``[D]`` Rademacher signs."""
+    return jax.random.rademacher(key, (cfg.padded_dim,), jnp.float32)
 
 
 # ----------------------------------------------------------------------------- one round
@@ -232,48 +399,41 @@ class DDGRound:
         return not np.array_equal(self.modular_sum, self.integer_sum)
 
 
-def _conditional_round(rng, y, bound, max_tries=1000):
-    """Stochastic rounding of each row of ``y`` ``[n, D]``, redrawn until its L2 norm <= bound."""
-    base = np.floor(y)
-    frac = y - base
-    out = base + (rng.random(y.shape) < frac)
-    for _ in range(max_tries):
-        bad = np.linalg.norm(out, axis=1) > bound
-        if not bad.any():
-            return out.astype(np.int64), float((frac * (1 - frac)).sum())
-        out[bad] = base[bad] + (rng.random(y[bad].shape) < frac[bad])
-    raise RuntimeError(f"conditional rounding failed {max_tries} times (bound {bound:.4g})")
+@functools.partial(jax.jit, static_argnums=0)
+def _simulate(cfg, xs, alive, k_signs, k_clients):
+    signs = round_signs(cfg, k_signs)
+    keys = jax.random.split(k_clients, xs.shape[0])
+    raw, ok = jax.vmap(lambda v, k: encode(cfg, v, k, signs))(xs, keys)
+    msgs = jnp.where(alive[:, None], message(cfg, raw), jnp.uint32(0))
+    modular_sum = jnp.sum(msgs, axis=0, dtype=jnp.uint32)  # what secure aggregation returns
+    y = jax.vmap(lambda v: rotate_scale(cfg, v, signs))(xs)
+    return raw, ok, modular_sum, decode(cfg, modular_sum, signs), y - jnp.floor(y)
 
 
 def ddg_round(cfg: DDGConfig, updates: np.ndarray, seed: int, round_idx: int = 0,
               survivors: np.ndarray | None = None) -> DDGRound:
-    """Simulate one DDG round on ``updates`` ``[n, d]``; ``survivors`` (bool ``[n]``) defaults to
-    dropping each client independently with ``cfg.dropout_rate``."""
+    """Simulate one DDG round on ``updates`` ``[n, d]`` with the engine's own ``encode`` /
+    ``decode``; ``survivors`` (bool ``[n]``) defaults to dropping each client independently
+    with ``cfg.dropout_rate``."""
     x = np.asarray(updates, np.float64)
-    n, D = cfg.num_clients, cfg.padded_dim
+    n = cfg.num_clients
     if x.shape != (n, cfg.dim):
         raise ValueError(f"updates must be [{n}, {cfg.dim}], got {list(x.shape)}")
-    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 7, int(round_idx)]))
+    key = jax.random.fold_in(jax.random.key(int(seed)), int(round_idx))
+    k_drop, k_signs, k_clients = jax.random.split(key, 3)
     if survivors is None:
-        survivors = rng.random(n) >= cfg.dropout_rate
+        survivors = np.asarray(jax.random.uniform(k_drop, (n,))) >= cfg.dropout_rate
     survivors = np.asarray(survivors, bool)
     norms = np.linalg.norm(x, axis=1, keepdims=True)
     x = x * np.minimum(1.0, cfg.clip / np.maximum(norms, 1e-30))
-    signs = rng.choice([-1.0, 1.0], D)             # the round's shared public randomness
-    padded = np.zeros((n, D))
-    padded[:, :cfg.dim] = x
-    y = _fwht(padded * signs) / cfg.gamma
-    ints, _ = _conditional_round(rng, y, cfg.l2_bound)
-    frac = y - np.floor(y)
-    shares = discrete_gaussian(rng, cfg.local_sigma, (n, D))
-    M = cfg.modulus
-    messages = np.mod(ints + shares, M)           # what each client sends to SecAgg
-    alive = messages[survivors]
-    modular = np.mod(alive.sum(0), M)
-    modular = np.where(modular >= M // 2, modular - M, modular)
-    integer = (ints + shares)[survivors].sum(0)
-    decoded = signs * _fwht(modular * cfg.gamma)
-    return DDGRound(decoded[:cfg.dim], x[survivors].sum(0), survivors, modular, integer,
+    raw, ok, modular_sum, decoded, frac = _simulate(cfg, jnp.asarray(x, jnp.float32),
+                                                    jnp.asarray(survivors), k_signs, k_clients)
+    if not bool(jnp.all(ok)):
+        raise RuntimeError(f"conditional rounding failed (bound {cfg.l2_bound:.4g})")
+    frac = np.asarray(frac, np.float64)
+    return DDGRound(np.asarray(decoded, np.float64), x[survivors].sum(0), survivors,
+                    np.asarray(centred(cfg, modular_sum), np.int64),
+                    np.asarray(raw, np.int64)[survivors].sum(0),
                     float((frac * (1 - frac))[survivors].sum()))
 
 

@@ -36,7 +36,7 @@ from typing import Iterable
 import attr
 import dp_accounting as dpa
 
-from fedpriv.dp import accounting
+from fedpriv.dp import accounting, ddg
 
 
 class PrivacyBudgetExceeded(FedprivError, RuntimeError):
@@ -55,9 +55,14 @@ def event_to_json(event: dpa.DpEvent):
     return {"__event__": type(event).__name__, **fields}
 
 
+# events of fedpriv's own (dp_accounting does not define them), by class name
+OWN_EVENTS = {cls.__name__: cls for cls in (ddg.DistributedDiscreteGaussianDpEvent,)}
+
+
 def event_from_json(data) -> dpa.DpEvent:
     data = dict(data)
-    cls = getattr(dpa.dp_event, data.pop("__event__"))
+    name = data.pop("__event__")
+    cls = OWN_EVENTS.get(name) or getattr(dpa.dp_event, name)
     kwargs = {}
     for k, v in data.items():
         if isinstance(v, dict) and "__event__" in v:

@@ -48,6 +48,7 @@ class PlannedRun:
     non-private choices the run records (``record_nonprivate``, e.g. a vocabulary of the users'
     own words; epsilon = inf, the budget bounds the DP charges only). ``copies``: identical
     runs (seeds, counterfactual rows) that each open their own ledger with this budget.
+    ``neighboring``: the ledger's relation (the run's sampler's).
     """
     name: str
     epsilon: float | None
@@ -57,6 +58,7 @@ class PlannedRun:
     accountant: str = "best"
     copies: int = 1
     note: str = ""
+    neighboring: str = "add_remove"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +100,8 @@ def _account_run(run: PlannedRun, executed: bool) -> RunAccount:
                           run.copies, run.note or "non-private: no DP claim")
     if run.copies < 1:
         raise ValueError(f"run {run.name!r}: copies must be >= 1")
-    ledger = PrivacyLedger(run.epsilon, run.delta, accountant=run.accountant)
+    ledger = PrivacyLedger(run.epsilon, run.delta, neighboring=run.neighboring,
+                           accountant=run.accountant)
     for name, pops in run.nonprivate:
         ledger.record_nonprivate(name, pops)
     for c in run.charges:

@@ -95,11 +95,15 @@ def cohort_sum(client_update, params, batches, client_mask, rng, clip_norm,
     return contrib_sum, stats
 
 
-STAT_NAMES = ("weight_sum", "norm_sum", "num_clipped", "num_nonfinite", "num_clients")
 
 
-def _finish_client(params, p, nex, clip_norm, weighting, weight_cap, real=1.0):
-    """Clip one client's delta ``p - params`` and weight it: ``(w * clipped, stats, norm)``."""
+def _finish_client(params, p, nex, clip_norm, weighting, weight_cap, real=1.0, slot=None,
+                   encode=None):
+    """Clip one client's delta ``p - params`` and weight it: ``(w * clipped, stats, norm)``.
+
+    ``encode``: ``(contrib, slot, real) -> (message, stats)`` turns the weighted clipped delta
+    into what the client sends (e.g. ``fedpriv.fl.algorithms``' DDG secure-aggregation
+    message); the lane then sums messages, and ``stats`` join the client's."""
     tmap = jax.tree_util.tree_map
     clipped, norm, finite = clip_update(tmap(jnp.subtract, p, params), clip_norm)
     w = client_weight(nex, weighting, weight_cap) * finite.astype(jnp.float32) * real
@@ -108,11 +112,19 @@ def _finish_client(params, p, nex, clip_norm, weighting, weight_cap, real=1.0):
              "num_clipped": (finite & (norm > clip_norm)).astype(jnp.float32) * real,
              "num_nonfinite": (~finite).astype(jnp.float32) * real,
              "num_clients": jnp.asarray(real, jnp.float32)}
+    if encode is not None:
+        contrib, extra = encode(contrib, slot, jnp.asarray(real, jnp.float32))
+        stats.update(extra)
     return contrib, stats, norm
 
 
+def _sum0(tree):
+    """Sum over the leading axis, keeping each leaf's dtype (uint32 messages wrap mod 2^32)."""
+    return jax.tree_util.tree_map(lambda a: jnp.sum(a, axis=0, dtype=a.dtype), tree)
+
+
 def _lane_sum(local_step, starting_point, params, lane: Lanes, rng, clip_norm, weighting,
-              weight_cap, capacity, aux_template, opt0):
+              weight_cap, capacity, aux_template, opt0, encode=None):
     """One lane (arrays without the lane axis): ``(sum, aux, stats, norms[capacity])``.
 
     ``starting_point``: None (every client starts from ``params``: the lane resets at each
@@ -120,9 +132,11 @@ def _lane_sum(local_step, starting_point, params, lane: Lanes, rng, clip_norm, w
     opt_state)`` (batched first steps: selected at each client's first lane step).
     """
     tmap = jax.tree_util.tree_map
-    acc0 = tmap(lambda x: jnp.zeros(x.shape, jnp.float32), params)
+    acc0, stats0, _ = jax.eval_shape(lambda: _finish_client(
+        params, params, jnp.zeros((), jnp.int32), clip_norm, weighting, weight_cap, 1.0,
+        jnp.zeros((), jnp.int32), encode))
+    acc0, stats0 = tmap(lambda s: jnp.zeros(s.shape, s.dtype), (acc0, stats0))
     aux0 = tmap(lambda a: jnp.zeros(a.shape, a.dtype), aux_template)
-    stats0 = {k: jnp.zeros((), jnp.float32) for k in STAT_NAMES}
     norms0 = jnp.zeros((capacity,), jnp.float32)
 
     def body(t, carry):
@@ -138,7 +152,8 @@ def _lane_sum(local_step, starting_point, params, lane: Lanes, rng, clip_norm, w
 
         def finish(c):
             p, s, acc, stats, norms = c
-            contrib, st, norm = _finish_client(params, p, lane.num_examples[t], clip_norm, weighting, weight_cap)
+            contrib, st, norm = _finish_client(params, p, lane.num_examples[t], clip_norm, weighting,
+                                               weight_cap, 1.0, slot, encode)
             if starting_point is None:
                 p, s = params, opt0
             return (p, s, tmap(jnp.add, acc, contrib), tmap(jnp.add, stats, st), norms.at[slot].set(norm))
@@ -157,7 +172,7 @@ def _divisor_at_most(n: int, cap: int) -> int:
 
 def packed_sum(local_step, opt_init, params, lanes: Lanes, capacity: int, rng, clip_norm,
                weighting: str = "uniform", weight_cap: float = 256.0, lane_chunk: int | None = None,
-               first: FirstSteps | None = None, first_chunk: int = 16):
+               first: FirstSteps | None = None, first_chunk: int = 16, encode=None):
     """Sum of clipped, weighted client updates over a packed cohort (see module docstring).
 
     Args:
@@ -174,6 +189,8 @@ def packed_sum(local_step, opt_init, params, lanes: Lanes, capacity: int, rng, c
       first: every client's first step, batched over the K slots with the shared server
         weights (``cohort.FirstSteps``), in chunks of ``first_chunk`` clients; the lanes then
         start each client from its first step's result. ``None``: lanes run every step.
+      encode: ``(contrib, slot, real) -> (message, stats)`` (``_finish_client``): sum what the
+        clients send instead of their clipped deltas (DDG under secure aggregation).
 
     Returns:
       ``(sum_tree, stats)``: ``sum_tree = sum_k w_k clip(delta_k)`` over real clients (float32);
@@ -204,28 +221,28 @@ def packed_sum(local_step, opt_init, params, lanes: Lanes, capacity: int, rng, c
             return tmap(lambda a: a[slot], p1), tmap(lambda a: a[slot], s1)
 
         # clients whose only step was the first one are finished here, vmapped over the slots
-        contrib, st, norm = jax.vmap(lambda p, n, r: _finish_client(
-            params, p, n, clip_norm, weighting, weight_cap, r))(p1, first.num_examples, first.single)
+        contrib, st, norm = jax.vmap(lambda p, n, r, k: _finish_client(
+            params, p, n, clip_norm, weighting, weight_cap, r, k, encode))(
+                p1, first.num_examples, first.single, jnp.arange(K))
         real = (jnp.sum(first.data["mask"], axis=1) > 0).astype(jnp.float32)  # [K] real slots
         aux1 = tmap(lambda a: a * real.reshape((K,) + (1,) * (a.ndim - 1)).astype(a.dtype), aux1)
-        extra = (tmap(lambda a: jnp.sum(a, axis=0), contrib), tmap(lambda a: jnp.sum(a, axis=0), aux1),
-                 tmap(lambda a: jnp.sum(a, axis=0), st), jnp.where(first.single > 0, norm, 0.0))
+        extra = (_sum0(contrib), _sum0(aux1), _sum0(st), jnp.where(first.single > 0, norm, 0.0))
 
     def run(lane):
         return _lane_sum(local_step, starting_point, params, lane, rng, clip_norm, weighting, weight_cap,
-                         capacity, aux_template, opt0)
+                         capacity, aux_template, opt0, encode)
 
     if W == 1:
         total = run(lane0)
     elif lane_chunk is None or lane_chunk >= W:
-        total = tmap(lambda a: jnp.sum(a, axis=0), jax.vmap(run)(lanes))
+        total = _sum0(jax.vmap(run)(lanes))
     else:
         if W % lane_chunk:
             raise ValueError(f"{W} lanes are not a multiple of lane_chunk {lane_chunk}")
         chunked = tmap(lambda a: a.reshape((W // lane_chunk, lane_chunk) + a.shape[1:]), lanes)
 
         def body(carry, chunk):
-            part = tmap(lambda a: jnp.sum(a, axis=0), jax.vmap(run)(chunk))
+            part = _sum0(jax.vmap(run)(chunk))
             return tmap(jnp.add, carry, part), None
 
         zero = tmap(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(run, lane0))

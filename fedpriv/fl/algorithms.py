@@ -31,7 +31,9 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
-from fedpriv.dp import accounting, matrix
+from jax.flatten_util import ravel_pytree
+
+from fedpriv.dp import accounting, ddg, matrix
 from fedpriv.dp.adaptive import AdaptiveClipping, ClipState
 from fedpriv.dp.noise import NoiseState, tree_privatizer
 from fedpriv.fl.aggregate import WEIGHTINGS, packed_sum
@@ -39,7 +41,7 @@ from fedpriv.fl.client import make_local_step
 from fedpriv.fl.cohort import Lanes, pack_padded
 from fedpriv.fl.participation import matrix_privacy_event
 
-MECHANISMS = ("gaussian", "tree", "banded", "blt")
+MECHANISMS = ("gaussian", "tree", "banded", "blt", "ddg")
 MATRIX_MECHANISMS = ("banded", "blt")  # matrix-factorization DP-FTRL (fedpriv.dp.matrix)
 
 
@@ -58,7 +60,8 @@ class DPConfig:
       weighting: "uniform" or "num_examples" (w_i = min(n_i, weight_cap) / weight_cap).
       adaptive: quantile-based adaptive clipping, or None for a fixed C.
 
-    "banded" and "blt" (matrix-factorization DP-FTRL) take a ``MatrixDPConfig``.
+    "banded" and "blt" (matrix-factorization DP-FTRL) take a ``MatrixDPConfig``; "ddg" (the
+    distributed discrete Gaussian under secure aggregation) a ``DDGDPConfig``.
     """
     clip_norm: float = math.inf
     noise_multiplier: float = 0.0
@@ -83,9 +86,10 @@ class DPConfig:
             raise ValueError(f"noise_cohort_size must be >= 1, got {self.noise_cohort_size}")
         if self.weight_cap <= 0:
             raise ValueError("weight_cap must be > 0")
-        if (self.mechanism in MATRIX_MECHANISMS) != isinstance(self, MatrixDPConfig):
-            raise ValueError(f"mechanism {self.mechanism!r} needs a "
-                             f"{'MatrixDPConfig' if self.mechanism in MATRIX_MECHANISMS else 'DPConfig'}")
+        need = ("MatrixDPConfig" if self.mechanism in MATRIX_MECHANISMS else
+                "DDGDPConfig" if self.mechanism == "ddg" else "DPConfig")
+        if type(self).__name__ != need:
+            raise ValueError(f"mechanism {self.mechanism!r} needs a {need}")
 
     @property
     def is_private(self) -> bool:
@@ -122,6 +126,65 @@ class MatrixDPConfig(DPConfig):
                              f"{self.min_separation}")
         matrix.strategy_for(self.mechanism, self.bands, self.blt_buffers, self.mf_rounds,
                             self.blt_params)
+
+
+@dataclasses.dataclass(frozen=True)
+class DDGDPConfig(DPConfig):
+    """``DPConfig`` of the distributed discrete Gaussian under simulated secure aggregation
+    (Kairouz et al. 2021; ``fedpriv.dp.ddg``): every sampled client clips its update to C,
+    rotates, scales, rounds and adds its own discrete Gaussian share; the server only sees the
+    sum of the messages modulo ``2^bits`` and decodes it. z = std of the (planned) sum's noise
+    over C, as elsewhere.
+
+    Attributes (besides ``DPConfig``'s):
+      dim: the model's number of parameters (the accounting depends on it; checked against the
+        parameters when the round is traced).
+      bits: secure aggregation's modulus ``2^bits`` (<= 31).
+      dropout_rate: each sampled client's message is lost with this probability (its share
+        too); the shares are sized for ``floor(m (1 - dropout_rate))`` survivors.
+      min_survivors: the server releases a round's sum only if at least this many messages
+        arrived, else aborts it (no update); 0 = the whole cohort. The event accounts for the
+        worst count in ``[min_survivors, m]``.
+
+    Needs a fixed-size cohort sampler (replace-one neighbours: ``privacy_event`` refuses
+    others), a fixed clip norm, and no noise-cohort simulation with dropout.
+    """
+    mechanism: str = "ddg"
+    dim: int = 0
+    bits: int = 16
+    dropout_rate: float = 0.0
+    min_survivors: int = 0
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.dim < 1:
+            raise ValueError(f"ddg needs dim (the model's parameter count) >= 1, got {self.dim}")
+        if self.adaptive is not None or not math.isfinite(self.clip_norm):
+            raise ValueError("ddg needs a fixed, finite clip norm (no adaptive clipping)")
+        if not 0 <= self.dropout_rate < 1 or self.min_survivors < 0:
+            raise ValueError(f"ddg needs 0 <= dropout_rate < 1 and min_survivors >= 0, got "
+                             f"{self.dropout_rate}, {self.min_survivors}")
+        if self.noise_cohort_size is not None and (self.dropout_rate or self.min_survivors):
+            raise ValueError("ddg: a simulated noise cohort cannot be combined with dropout")
+        ddg.DDGConfig(self.dim, 2, 1.0, 1.0, self.bits)  # bits in range
+
+    def secure_sum(self, cohort_size: int, simulated: bool = False) -> ddg.DDGConfig:
+        """The ``ddg.DDGConfig`` of one round with ``cohort_size`` clients: executed (z s) or,
+        with ``noise_cohort_size`` and ``simulated``, the simulated cohort's (z)."""
+        m = int(cohort_size)
+        z = float(self.noise_multiplier)
+        if self.noise_cohort_size is not None:
+            if simulated:
+                m = int(self.noise_cohort_size)
+            else:
+                z = z * m / self.noise_cohort_size
+        return ddg.DDGConfig(self.dim, m, float(self.clip_norm), z, self.bits, self.dropout_rate)
+
+    def event(self, cohort_size: int, simulated: bool = False) -> dpa.DpEvent:
+        """One round's ``DistributedDiscreteGaussianDpEvent`` (replace-one)."""
+        cfg = self.secure_sum(cohort_size, simulated)
+        low = cfg.num_clients if simulated and self.noise_cohort_size else (self.min_survivors or cfg.num_clients)
+        return ddg.ddg_event(cfg, low, "replace_one")
 
 
 @struct.dataclass
@@ -177,6 +240,15 @@ def build_algorithm(loss_fn: Callable, client_optimizer: optax.GradientTransform
         strategy = matrix.strategy_for(dp.mechanism, dp.bands, dp.blt_buffers, dp.mf_rounds,
                                        dp.blt_params)
         privatizer = lambda key=None: matrix.privatizer(strategy, dp.noise_multiplier * scale, key)  # noqa: E731
+    secure = None
+    if dp.mechanism == "ddg":
+        m = int(round(expected_cohort_size))
+        if m != expected_cohort_size:
+            raise ValueError(f"ddg needs a fixed cohort size, got expected {expected_cohort_size}")
+        if dp.min_survivors > m:
+            raise ValueError(f"min_survivors {dp.min_survivors} > cohort size {m}")
+        secure = dp.secure_sum(m)  # the executed round (noise of z s)
+        privatizer = lambda key=None: tree_privatizer(0.0, key, 1)  # noqa: E731 (holds the key)
     noise = privatizer()  # update-only: the key lives in ServerState.noise_state
     adaptive = dp.adaptive
     normalise = math.isfinite(dp.clip_norm) or adaptive is not None
@@ -188,8 +260,37 @@ def build_algorithm(loss_fn: Callable, client_optimizer: optax.GradientTransform
         return ServerState(params, server_optimizer.init(params), privatizer(k_noise).init(params),
                            clip_state, jnp.zeros((), jnp.int32))
 
+    def secure_round(state: ServerState, lanes: Lanes, client_mask, key, first):
+        """DDG: sum the clients' messages mod 2^bits and decode (``fedpriv.dp.ddg``)."""
+        flat, unravel = ravel_pytree(state.params)
+        if flat.size != dp.dim:
+            raise ValueError(f"ddg was accounted for dim={dp.dim} but the model has {flat.size} "
+                             "parameters")
+        k = jax.random.split(jax.random.fold_in(state.noise_state.key, state.round), 3)
+        signs = ddg.round_signs(secure, k[0])
+
+        def encode(contrib, slot, real):
+            alive = (jax.random.uniform(jax.random.fold_in(k[1], slot)) >= dp.dropout_rate) & (real > 0)
+            raw, ok = ddg.encode(secure, ravel_pytree(contrib)[0], jax.random.fold_in(k[2], slot), signs)
+            raw = jnp.where(alive, raw, 0)
+            return (ddg.message(secure, raw), raw), {
+                "ddg_survivors": alive.astype(jnp.float32),
+                "ddg_rounding_failures": (alive & ~ok).astype(jnp.float32)}
+
+        (msgs, raw), stats = packed_sum(local_step, client_optimizer.init, state.params, lanes,
+                                        client_mask.shape[0], key, dp.clip_norm, dp.weighting,
+                                        dp.weight_cap, chunk_size, first, encode=encode)
+        noisy = unravel(ddg.decode(secure, msgs, signs).astype(flat.dtype))
+        released = stats["ddg_survivors"] >= (dp.min_survivors or secure.num_clients)
+        stats["ddg_overflow_coords"] = jnp.sum(ddg.centred(secure, msgs) != raw).astype(jnp.float32)
+        stats["ddg_released"] = released.astype(jnp.float32)
+        return noisy, stats, released
+
     def apply_packed(state: ServerState, lanes: Lanes, client_mask, key, first=None):
         clip = state.clip_state.clip_norm
+        if secure is not None:
+            noised, stats, released = secure_round(state, lanes, client_mask, key, first)
+            return finish_round(state, noised, stats, client_mask, state.noise_state, released)
         total, stats = packed_sum(local_step, client_optimizer.init, state.params, lanes,
                                   client_mask.shape[0], key, clip, dp.weighting, dp.weight_cap,
                                   chunk_size, first)
@@ -200,10 +301,18 @@ def build_algorithm(loss_fn: Callable, client_optimizer: optax.GradientTransform
             noised = jax.tree_util.tree_map(lambda x: x * clip, noised)
         else:
             noised, noise_state = total, state.noise_state
+        return finish_round(state, noised, stats, client_mask, noise_state)
+
+    def finish_round(state, noised, stats, client_mask, noise_state, released=None):
+        clip = state.clip_state.clip_norm
         avg = jax.tree_util.tree_map(lambda x: x / expected_cohort_size, noised)
         grad = jax.tree_util.tree_map(jnp.negative, avg)
         updates, opt_state = server_optimizer.update(grad, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
+        if released is not None:  # an aborted round changes nothing
+            keep = lambda new, old: jax.tree_util.tree_map(  # noqa: E731
+                lambda a, b: jnp.where(released, a, b), new, old)
+            params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
         clip_state, frac = state.clip_state, jnp.nan
         if adaptive is not None:
             clip_state, frac = adaptive.update(state.clip_state, stats["norms"], client_mask,
@@ -214,6 +323,7 @@ def build_algorithm(loss_fn: Callable, client_optimizer: optax.GradientTransform
                        mean_update_norm=stats["norm_sum"] / n,
                        frac_clipped=stats["num_clipped"] / n, num_nonfinite=stats["num_nonfinite"],
                        unclipped_estimate=frac)
+        metrics.update({k: v for k, v in stats.items() if k.startswith("ddg_")})
         return ServerState(params, opt_state, noise_state, clip_state, state.round + 1), metrics
 
     def apply(state: ServerState, batches, client_mask, key):
@@ -281,6 +391,8 @@ def privacy_event(dp: DPConfig, sampler, rounds: int, simulated: bool = True) ->
     clipping with a noise-free count (the ledger refuses it).
     """
     rounds = accounting.check_rounds(rounds)
+    if dp.mechanism == "ddg":
+        return _ddg_privacy_event(dp, sampler, rounds, simulated)
     amplify = getattr(sampler, "amplified_event", None)
     if not callable(amplify):
         raise ValueError(f"no privacy accounting for sampler {type(sampler).__name__}: it has no "
@@ -303,6 +415,21 @@ def privacy_event(dp: DPConfig, sampler, rounds: int, simulated: bool = True) ->
         tree_noise_multiplier=z if dp.mechanism == "tree" else None,
         restart_every=dp.restart_every if dp.mechanism == "tree" else None)
     return amplify(release, rounds)
+
+
+def _ddg_privacy_event(dp, sampler, rounds: int, simulated: bool) -> dpa.DpEvent:
+    """DDG: one ``DistributedDiscreteGaussianDpEvent`` per participation (no amplification by
+    sampling, Kairouz et al. 2021), for a fixed-size cohort sampler only (replace-one: both
+    neighbours' rounds have the same number of shares); ``max_participations`` where the
+    sampler bounds them, else every round."""
+    if getattr(sampler, "neighboring", None) != "replace_one" or \
+            not isinstance(getattr(sampler, "cohort_size", None), int):
+        raise ValueError(f"ddg accounting needs a fixed-size cohort sampler (replace-one), got "
+                         f"{type(sampler).__name__}: removing a client would also remove its "
+                         "noise share")
+    maxp = getattr(sampler, "max_participations", None)
+    k = int(maxp(rounds)) if callable(maxp) else rounds
+    return dpa.SelfComposedDpEvent(dp.event(sampler.cohort_size, simulated), k)
 
 
 def neighboring_for(sampler) -> str:

@@ -277,9 +277,11 @@ def _reconcile_metrics(workdir: str, last_round: int) -> None:
 # and listed as such in each run record (``OUTPUTS``); ``epsilon_spent`` is the ledger's.
 NONPRIVATE = "nonprivate/"
 DP_COVERED_METRICS = ("clip_norm", "unclipped_estimate")
+# what the server observes whatever the data (DDG: which clients' messages arrived)
+PUBLIC_METRICS = ("ddg_survivors", "ddg_released")
 OUTPUTS = {
     "covered_by_ledger": ["model parameters / checkpoints", *DP_COVERED_METRICS],
-    "public": ["round", "epsilon_spent"],
+    "public": ["round", "epsilon_spent", *PUBLIC_METRICS],
     "not_covered": [NONPRIVATE + "* (exact statistics of the sampled private clients)",
                     "eval_* (exact evaluation on held-out users)"],
 }
@@ -287,7 +289,8 @@ OUTPUTS = {
 
 def nonprivate_key(name: str) -> str:
     """The published name of a training metric: unchanged if DP-covered, else ``nonprivate/``."""
-    return name if name in DP_COVERED_METRICS or name.startswith(NONPRIVATE) else NONPRIVATE + name
+    keep = name in DP_COVERED_METRICS or name in PUBLIC_METRICS or name.startswith(NONPRIVATE)
+    return name if keep else NONPRIVATE + name
 
 
 # Ratios the loop derives from a round's summed metrics: name -> (numerator, denominators in

@@ -37,7 +37,7 @@ from fedpriv.dp.ledger import PrivacyLedger
 from fedpriv.fl import algorithms as algs
 from fedpriv.fl.loop import train
 from fedpriv.fl.participation import CyclicSampler
-from fedpriv.fl.samplers import PoissonSampler, ShuffledPassSampler
+from fedpriv.fl.samplers import PoissonSampler, ShuffledPassSampler, UniformSampler
 from fedpriv.models.lm import LMConfig, count_params, make_lm, make_lm_task
 from fedpriv.models.metrics import (accuracy_with_oov, evaluate, most_frequent_token_accuracy,
                                     predict_next)
@@ -113,11 +113,13 @@ def build_task(cfg, vocab_size: int):
     return make_lm_task(make_lm(lm_cfg))
 
 
-def build_algorithm(cfg, num_clients: int, loss_fn, prior_events=()):
+def build_algorithm(cfg, num_clients: int, loss_fn, prior_events=(), num_params: int | None = None):
     """Algorithm, sampler, the run's privacy event(s) and its noise multiplier.
 
     With ``target_epsilon``, z is calibrated so that ``prior_events`` (what a pipeline's ledger
-    already spent on these users, e.g. FreD releases) composed with this run stay within it.
+    already spent on these users, e.g. FreD releases) composed with this run stay within it,
+    under the sampler's neighbouring relation. ``num_params``: the model's size (``dp_ddg``'s
+    accounting depends on it).
     """
     if cfg.cohort_size > num_clients:
         raise ValueError(f"cohort_size {cfg.cohort_size} > {num_clients} training clients")
@@ -135,6 +137,16 @@ def build_algorithm(cfg, num_clients: int, loss_fn, prior_events=()):
     elif cfg.algorithm == "dp_fedavg":
         sampler = PoissonSampler(num_clients, cfg.cohort_size / num_clients, seed=cfg.seed)
         dp_of = lambda z: algs.DPConfig(cfg.clip_norm, z, "gaussian", 1, cfg.noise_cohort_size)  # noqa: E731
+    elif cfg.algorithm == "dp_fedavg_fixed":  # central Gaussian on fixed-size cohorts (replace-one)
+        sampler = UniformSampler(num_clients, cfg.cohort_size, seed=cfg.seed)
+        dp_of = lambda z: algs.DPConfig(cfg.clip_norm, z, "gaussian", 1, cfg.noise_cohort_size)  # noqa: E731
+    elif cfg.algorithm == "dp_ddg":  # the same cohorts, noise added by the clients (no amplification)
+        if not num_params:
+            raise ValueError("dp_ddg needs the model's number of parameters (num_params)")
+        sampler = UniformSampler(num_clients, cfg.cohort_size, seed=cfg.seed)
+        dp_of = lambda z: algs.DDGDPConfig(clip_norm=cfg.clip_norm, noise_multiplier=z,  # noqa: E731
+                                           noise_cohort_size=cfg.noise_cohort_size,
+                                           dim=int(num_params), bits=cfg.ddg_bits)
     elif cfg.algorithm in MATRIX_ALGORITHMS:  # matrix-factorization DP-FTRL over cyclic cohorts
         sampler = CyclicSampler(num_clients, cfg.cohort_size, seed=cfg.seed)
         mech, sep = MATRIX_ALGORITHMS[cfg.algorithm], sampler.min_separation
@@ -143,8 +155,8 @@ def build_algorithm(cfg, num_clients: int, loss_fn, prior_events=()):
             noise_cohort_size=cfg.noise_cohort_size, min_separation=sep,
             bands=min(sep, cfg.mf_bands) if mech == "banded" else 0, mf_rounds=cfg.rounds)
     else:
-        raise ValueError(f"algorithm must be fedavg, dp_fedavg, dp_ftrl, {', '.join(MATRIX_ALGORITHMS)}; "
-                         f"got {cfg.algorithm!r}")
+        raise ValueError(f"algorithm must be fedavg, dp_fedavg, dp_ftrl, dp_fedavg_fixed, dp_ddg, "
+                         f"{', '.join(MATRIX_ALGORITHMS)}; got {cfg.algorithm!r}")
     make = lambda z: algs.privacy_event(dp_of(z), sampler, cfg.rounds)  # noqa: E731
     if cfg.noise_multiplier is not None:
         z = cfg.noise_multiplier
@@ -153,7 +165,8 @@ def build_algorithm(cfg, num_clients: int, loss_fn, prior_events=()):
         total = (lambda z: dpa.ComposedDpEvent(prior + [make(z)])) if prior else make
         # with the accountant the run reports ("best": PLD where it applies and is tighter), so
         # every algorithm reaches the same reported epsilon
-        z = accounting.calibrate_noise_multiplier(total, cfg.target_epsilon, cfg.delta, accountant="best")
+        z = accounting.calibrate_noise_multiplier(total, cfg.target_epsilon, cfg.delta,
+                                                  algs.neighboring_for(sampler), accountant="best")
     else:
         raise ValueError("a DP algorithm needs noise_multiplier or target_epsilon")
     dp = dp_of(z)
@@ -172,6 +185,8 @@ def run_fingerprint(cfg) -> dict:
     d = dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else dict(vars(cfg))
     if d.get("arch") != "transformer":
         d.pop("num_heads", None)  # no effect on an LSTM (and runs from before the field resume)
+    if d.get("algorithm") != "dp_ddg":
+        d.pop("ddg_bits", None)  # likewise
     return {k: v for k, v in d.items() if k not in _NOT_FINGERPRINTED}
 
 
@@ -224,15 +239,17 @@ def run_lm_fl(cfg, workdir: str, *, prepared: Prepared | None = None, init_param
     params = init_params if init_params is not None else task.init(jax.random.key(cfg.seed))
     ids = list(prepared.train.client_ids)
     prior = ledger.dp_events() if ledger is not None else ()
-    alg, sampler, event, z = build_algorithm(cfg, len(ids), task.loss_fn, prior)
+    alg, sampler, event, z = build_algorithm(cfg, len(ids), task.loss_fn, prior,
+                                             num_params=count_params(params))
     eps = eps_real = None
     if event is not None:
-        eps, acc_name = accounting.compute_epsilon(event, cfg.delta)  # this run alone
+        rel = algs.neighboring_for(sampler)
+        eps, acc_name = accounting.compute_epsilon(event, cfg.delta, rel)  # this run alone
         if cfg.noise_cohort_size is not None:
             real = algs.privacy_event(alg.dp, sampler, cfg.rounds, simulated=False)
-            eps_real = accounting.compute_epsilon(real, cfg.delta)[0]
+            eps_real = accounting.compute_epsilon(real, cfg.delta, rel)[0]
         if ledger is None:
-            ledger = PrivacyLedger(eps * (1 + 1e-6), cfg.delta)
+            ledger = PrivacyLedger(eps * (1 + 1e-6), cfg.delta, neighboring=rel)
         if not prepared.stats.get("vocabulary_public", True) and ledger.entry(PRIVATE_VOCABULARY) is None:
             ledger.record_nonprivate(PRIVATE_VOCABULARY, note=(
                 f"NON-PRIVATE: the top-{cfg.vocab_size - 4} words of the training users' text (Wang "

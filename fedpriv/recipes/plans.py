@@ -25,15 +25,18 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+
 from fedpriv.data.errors import ConfigError
 from fedpriv.data.sampling import split_client_ids
 from fedpriv.dp import accounting, geometric, moments
 from fedpriv.dp.plan import Charge, PlannedRun, PrivacyPlan
 from fedpriv.fl import algorithms as algs
+from fedpriv.models.lm import count_params
 
 __all__ = ["CORPUS_CLIENTS", "EXPANSION_ACTIVE_USERS", "corpus_clients", "split_sizes",
            "lm_train_clients", "lm_run", "lm_fl_plan", "privacy_utility_plan",
-           "mf_comparison_plan", "public_training_plan", "fred_pipeline_plan",
+           "mf_comparison_plan", "ddg_comparison_plan", "public_training_plan", "fred_pipeline_plan",
            "fred_table_plan", "fred_mixtures_plan", "population_expansion_plan", "wang_ablations_plan", "lm_sweep_plan",
            "oracle_plan", "iw_regime_plan", "nothing"]
 
@@ -86,8 +89,10 @@ def lm_run(cfg, num_clients: int, name: str, *, prior: tuple[Charge, ...] = (),
     ledger's epsilon (default ``target_epsilon``; with neither, the run's own epsilon)."""
     from fedpriv.recipes import lm
     task = lm.build_task(cfg, cfg.vocab_size if hasattr(cfg, "vocab_size") else 8)
+    size = count_params(jax.eval_shape(task.init, jax.random.key(0)))
     alg, sampler, event, z = lm.build_algorithm(cfg, num_clients, task.loss_fn,
-                                                [c.event for c in prior])
+                                                [c.event for c in prior], num_params=size)
+    rel = algs.neighboring_for(sampler)
     if event is None:  # FedAvg: a non-private baseline
         return PlannedRun(name, None, cfg.delta, copies=copies,
                           note=note or f"{cfg.algorithm}: non-private baseline (no DP claim)")
@@ -100,10 +105,10 @@ def lm_run(cfg, num_clients: int, name: str, *, prior: tuple[Charge, ...] = (),
             + (f" (noise of {cfg.noise_cohort_size})" if cfg.noise_cohort_size else "")
             + f" of {num_clients} clients")
     if budget is None:  # fixed z, no target: the ledger's budget is the run's own epsilon
-        budget = accounting.compute_epsilon([c.event for c in charges], cfg.delta)[0] * (1 + 1e-6)
+        budget = accounting.compute_epsilon([c.event for c in charges], cfg.delta, rel)[0] * (1 + 1e-6)
         what += "; z fixed, no target epsilon: budget = its own epsilon"
     return PlannedRun(name, budget, cfg.delta, charges, _nonprivate_vocabulary(cfg), copies=copies,
-                      note=note or what)
+                      note=note or what, neighboring=rel)
 
 
 def lm_fl_plan(cfg) -> PrivacyPlan:
@@ -137,6 +142,16 @@ def mf_comparison_plan(cfg) -> PrivacyPlan:
     return PrivacyPlan(tuple(
         lm_run(dataclasses.replace(cfg.lm, algorithm=a, seed=cfg.seeds[0]), n, a,
                stage=f"fl-training ({a})", copies=len(cfg.seeds)) for a in cfg.algorithms))
+
+
+def ddg_comparison_plan(cfg) -> PrivacyPlan:
+    """``experiments.ddg_comparison``: one ledger per (seed, row): the central Gaussian on
+    fixed-size cohorts and DDG at each bit width, all at the config's z (budget = own epsilon)."""
+    n = lm_train_clients(cfg.lm)
+    rows = [("dp_fedavg_fixed", cfg.lm.ddg_bits)] + [("dp_ddg", b) for b in cfg.bits]
+    return PrivacyPlan(tuple(
+        lm_run(dataclasses.replace(cfg.lm, algorithm=a, ddg_bits=b, seed=cfg.seeds[0]), n,
+               f"{a} ({b} bits)" if a == "dp_ddg" else a, copies=len(cfg.seeds)) for a, b in rows))
 
 
 def public_training_plan(cfg) -> PrivacyPlan:

@@ -98,7 +98,11 @@ def run_sweep(fn: Callable[[Any, str], Mapping | Sequence[Mapping]], cfg,
             with open(done) as f:
                 saved = json.load(f)
             old = saved.get("config", {})
-            diff = sorted(k for k in set(config) | set(old) if config.get(k) != old.get(k))
+            # a field added to the config since, at its default, keeps the old behaviour
+            new_at_default = {f.name for f in dataclasses.fields(pcfg) if f.name not in old
+                              and config.get(f.name) == _jsonable({"v": f.default}).get("v")}
+            diff = sorted(k for k in set(config) | set(old)
+                          if config.get(k) != old.get(k) and k not in new_at_default)
             if set(diff) - set(extendable):
                 raise ValueError(f"{pdir} holds a finished point of another config (fields "
                                  f"{diff} differ): use another --workdir")

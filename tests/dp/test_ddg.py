@@ -2,6 +2,7 @@
 import dataclasses
 
 import dp_accounting as dpa
+import jax
 import numpy as np
 import pytest
 
@@ -13,10 +14,9 @@ def _updates(n, d, seed=0, scale=0.1):
 
 
 def test_discrete_gaussian_sampler_has_the_discrete_gaussians_variance():
-    rng = np.random.default_rng(0)
-    for sigma in (0.8, 4.0, 60.0):
-        v = ddg.discrete_gaussian(rng, sigma, 400_000)
-        assert v.dtype == np.int64 and abs(v.mean()) < 5 * sigma / 600
+    for i, sigma in enumerate((0.8, 4.0, 60.0, 3000.0)):
+        v = np.asarray(ddg.discrete_gaussian(jax.random.key(i), sigma, (400_000,)), np.int64)
+        assert abs(v.mean()) < 5 * sigma / 600
         assert v.var() == pytest.approx(ddg.discrete_gaussian_variance(sigma), rel=0.015)
     assert ddg.discrete_gaussian_variance(4.0) == pytest.approx(16.0, rel=1e-9)
 
@@ -126,3 +126,23 @@ def test_bad_configs_are_refused():
         ddg.DDGConfig(dim=10, num_clients=5, clip=1.0, noise_multiplier=1.0, bits=16, dropout_rate=1.0)
     with pytest.raises(ValueError, match="updates"):
         ddg.ddg_round(ddg.DDGConfig(10, 5, 1.0, 1.0, 16), np.zeros((4, 10)), seed=0)
+
+
+def test_a_vector_that_passes_the_float32_norm_check_is_within_the_accounted_sensitivity():
+    # 2^16 coordinates at 20 bits: the slack of Delta_2 over c / gamma is ~1e-5 relative, below
+    # what a float32 norm resolves; the accounting uses Delta_2 (1 + norm_error(D))
+    d = 1 << 16
+    cfg = ddg.DDGConfig(dim=d, num_clients=16, clip=1.0, noise_multiplier=0.2, bits=20)
+    x = _updates(8, d, seed=7, scale=1.0)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)  # every client exactly at the clip norm
+    signs = ddg.round_signs(cfg, jax.random.key(0))
+    for i, v in enumerate(x):
+        y = ddg.rotate_scale(cfg, jax.numpy.asarray(v, jax.numpy.float32), signs)
+        ints, ok = ddg.conditional_round(jax.random.key(i), y, cfg.l2_bound)
+        assert bool(ok)
+        assert np.linalg.norm(np.asarray(ints, np.float64)) <= cfg.l2_sensitivity
+    ints = np.random.default_rng(0).integers(-3000, 3000, d)
+    exact = float(np.square(ints.astype(np.float64)).sum())
+    got = float(ddg.sum_of_squares(jax.numpy.asarray(ints, jax.numpy.float32)))
+    assert abs(got - exact) <= exact * 2 * ddg.norm_error(d)
+    assert ddg.norm_error(d) < 1e-4 and cfg.l2_sensitivity > cfg.l2_bound
