@@ -20,7 +20,8 @@ from fedpriv.fl.execution import CohortExecutor, balanced_lanes, default_lanes, 
 from fedpriv.fl.loop import (DP_COVERED_METRICS, METRICS, NONPRIVATE, OUTPUTS, TRAINING_FIELDS,
                              PrivacyAccountingError, RunCheckpoint, TrainResult, checkpoint_round,
                              fork_run, load_run, read_metrics, replace_params, train)
-from fedpriv.fl.participation import CyclicSampler, matrix_privacy_event
+from fedpriv.fl.participation import (AmplificationError, AmplifiedCyclicSampler, CyclicSampler,
+                                     amplified_banded_event, matrix_privacy_event)
 from fedpriv.fl.samplers import PoissonSampler, ShuffledPassSampler, UniformSampler
 from fedpriv.fl.stages import PipelineResult, Stage, StageContext, run_stages
 
@@ -35,4 +36,5 @@ __all__ = [
     "load_run", "read_metrics", "replace_params", "train", "PoissonSampler",
     "ShuffledPassSampler", "UniformSampler", "PipelineResult", "Stage", "StageContext",
     "run_stages", "CyclicSampler", "matrix_privacy_event", "MatrixDPConfig",
+    "AmplifiedCyclicSampler", "AmplificationError", "amplified_banded_event",
 ]

@@ -470,7 +470,9 @@ def train(algorithm: FederatedAlgorithm, init_params, dataset: Mapping, client_i
         _reconcile_metrics(workdir, start)
     executor = CohortExecutor(algorithm, dataset, batch_size=batch_size, max_steps=max_steps,
                               capacity=int(getattr(sampler, "max_cohort_size")),
-                              variable_cohort=isinstance(sampler, PoissonSampler), lanes=lanes, mesh=mesh)
+                              variable_cohort=isinstance(sampler, PoissonSampler)
+                              or bool(getattr(sampler, "variable_cohort", False)),
+                              lanes=lanes, mesh=mesh)
     executor.set_params_size(init_params)
     state = replicate(state, mesh)
     log_path = os.path.join(workdir, METRICS) if workdir else None
