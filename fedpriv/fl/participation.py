@@ -181,9 +181,13 @@ def amplified_banded_event(strategy, noise_multiplier: float, rounds: int, num_g
     sampling): ``rounds`` rounds of a ``BandedStrategy`` with ``bands <= num_groups`` are as
     private as ``ceil(rounds / num_groups)`` steps of DP-SGD at sampling probability
     ``sampling_rate`` and multiplier ``noise_multiplier / max_j ||C[:, j]||`` (the first
-    column of the Toeplitz ``C``; add/remove). ``fresh`` (per-round releases on the same sampled
-    cohort, e.g. the adaptive clip count) joins the Gaussian inside each sampled step — Thms. 4-5
-    are modular: the k group-steps may run any mechanism on the group's Poisson sample."""
+    column of the Toeplitz ``C``; add/remove). ``fresh`` (a per-round release beside the MF
+    noise, e.g. the adaptive clip count) is refused: the theorem as stated covers the MF
+    release alone (fail closed; use a fixed clip norm or ``CyclicSampler``)."""
+    if fresh is not None:
+        raise AmplificationError("amplified banded MF accounts for the MF release only "
+                                 "(Choquette-Choo et al. 2023, Thm. 4): no adaptive clipping count "
+                                 "beside it; use a fixed clip norm or CyclicSampler")
     if not isinstance(strategy, BandedStrategy):
         raise AmplificationError(f"amplified cyclic Poisson accounting holds for banded C only "
                                  f"(Choquette-Choo et al. 2023, Thm. 4), not {type(strategy).__name__}")
@@ -193,8 +197,6 @@ def amplified_banded_event(strategy, noise_multiplier: float, rounds: int, num_g
                                  f"groups for amplification, got {num_groups}")
     col_norm = strategy.sensitivity(rounds, int(num_groups), 1)  # max column norm (column 0)
     inner = dpa.GaussianDpEvent(float(noise_multiplier) / col_norm)
-    if fresh is not None:
-        inner = dpa.ComposedDpEvent([inner, fresh])
     k = -(-rounds // int(num_groups))
     return accounting.poisson_sampled_event(inner, sampling_rate, k)
 
