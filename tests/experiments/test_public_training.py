@@ -23,7 +23,7 @@ def test_smoke_config_writes_tables_and_resumes(tmp_path, capsys):
     assert [r["method"] for r in out["table"]] == [TITLES[r] for r in cfg.rows]
     from fedpriv.report import read_verdicts
     claims = [v.claim for v in read_verdicts(wd)]  # one per (epsilon, claimed ordering of Tables 2/3)
-    assert len(claims) == 4 * len(cfg.epsilons) and any("distribution matching" in c for c in claims)
+    assert len(claims) == 7 * len(cfg.epsilons) and any("distribution matching" in c for c in claims)
     runs = out["runs"]
     assert len(runs) == len(cfg.rows) * len(cfg.epsilons)
     for r in runs:
