@@ -26,7 +26,8 @@ from fedpriv.dp.geometric import (geometric_dp_event, geometric_epsilon, geometr
 from fedpriv.dp.keys import numpy_generator, tagged_key
 from fedpriv.dp.ledger import (LedgerEntry, PrivacyBudgetExceeded, PrivacyLedger, event_from_json,
                                event_to_json)
-from fedpriv.dp.ddg import DDGConfig, DDGRound, ddg_epsilon, ddg_rdp, ddg_round
+from fedpriv.dp.ddg import (DDGConfig, DDGRound, DistributedDiscreteGaussianDpEvent, ddg_epsilon,
+                            ddg_event, ddg_rdp, ddg_round)
 from fedpriv.dp.matrix import (BandedStrategy, BLTStrategy, MatrixNoiseState,
                                MinSeparationError, banded_privatizer, banded_strategy,
                                blt_privatizer, blt_strategy, gram_sensitivity, matrix_event,
@@ -48,5 +49,5 @@ __all__ = [
     "tree_privatizer", "BandedStrategy", "BLTStrategy", "MatrixNoiseState", "MinSeparationError",
     "banded_privatizer", "banded_strategy", "blt_privatizer", "blt_strategy", "gram_sensitivity",
     "matrix_event", "optimize_blt", "variance_ratio_to_tree", "DDGConfig", "DDGRound",
-    "ddg_epsilon", "ddg_rdp", "ddg_round",
+    "ddg_epsilon", "ddg_rdp", "ddg_round", "DistributedDiscreteGaussianDpEvent", "ddg_event",
 ]

@@ -67,7 +67,7 @@ class PrivacyAccountingError(CheckpointError):
 
 
 __all__ = ["train", "TrainResult", "RunCheckpoint", "load_run", "replace_params", "fork_run",
-           "read_metrics", "run_fingerprint", "METRICS", "DERIVED_METRICS", "NONPRIVATE", "DP_COVERED_METRICS", "OUTPUTS",
+           "read_metrics", "run_fingerprint", "METRICS", "DERIVED_METRICS", "NONPRIVATE", "DP_COVERED_METRICS", "PUBLIC_METRICS", "OUTPUTS",
            "nonprivate_key", "TRAINING_FIELDS", "CheckpointError",
            "ResumeMismatch", "PrivacyAccountingError"]
 
