@@ -86,10 +86,11 @@ class DPConfig:
             raise ValueError(f"noise_cohort_size must be >= 1, got {self.noise_cohort_size}")
         if self.weight_cap <= 0:
             raise ValueError("weight_cap must be > 0")
-        need = ("MatrixDPConfig" if self.mechanism in MATRIX_MECHANISMS else
-                "DDGDPConfig" if self.mechanism == "ddg" else "DPConfig")
-        if type(self).__name__ != need:
-            raise ValueError(f"mechanism {self.mechanism!r} needs a {need}")
+        need = {**{m: MatrixDPConfig for m in MATRIX_MECHANISMS}, "ddg": DDGDPConfig}.get(self.mechanism)
+        if (not isinstance(self, need) if need is not None
+                else isinstance(self, (MatrixDPConfig, DDGDPConfig))):
+            name = need.__name__ if need is not None else "DPConfig"
+            raise ValueError(f"mechanism {self.mechanism!r} needs a {name}")
 
     @property
     def is_private(self) -> bool:
