@@ -95,8 +95,6 @@ def cohort_sum(client_update, params, batches, client_mask, rng, clip_norm,
     return contrib_sum, stats
 
 
-
-
 def _finish_client(params, p, nex, clip_norm, weighting, weight_cap, real=1.0, slot=None,
                    encode=None):
     """Clip one client's delta ``p - params`` and weight it: ``(w * clipped, stats, norm)``.
