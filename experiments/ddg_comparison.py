@@ -14,11 +14,10 @@ amplify), so they differ by far at equal z.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 
 from experiments import common
+from fedpriv.fl.loop import read_metrics
 from fedpriv.recipes import lm
 
 
@@ -30,25 +29,17 @@ def rows_of(cfg) -> list[tuple[str, str, int]]:
 
 def run(cfg, workdir: str, progress: bool = True) -> list[dict]:
     """One row per (seed, row); a finished run is read back, not retrained."""
+    variants = [(label, alg + (f"-{bits}" if alg == "dp_ddg" else ""), dict(algorithm=alg, ddg_bits=bits))
+                for label, alg, bits in rows_of(cfg)]
     rows = []
-    for seed in cfg.seeds:
-        base = dataclasses.replace(cfg.lm, seed=seed)
-        prepared = lm.prepare_data(base, progress)
-        for label, alg, bits in rows_of(cfg):
-            sub = os.path.join(workdir, f"seed{seed}-{alg}" + (f"-{bits}" if alg == "dp_ddg" else ""))
-            done = os.path.join(sub, "summary.json")
-            s = (json.load(open(done)) if os.path.exists(done) else
-                 lm.run_lm_fl(dataclasses.replace(base, algorithm=alg, ddg_bits=bits), sub,
-                              prepared=prepared, progress=progress, stage=f"fl-training ({label})"))
-            hist = [json.loads(line) for line in open(os.path.join(sub, "metrics.jsonl"))]
-            rows.append({"row": label, "seed": seed, "epsilon": s["epsilon"],
-                         "epsilon_executed_run": s["epsilon_executed_run"],
-                         "noise_multiplier": s["noise_multiplier"], "val_accuracy": s["val_accuracy"],
-                         "test_accuracy": s["test_accuracy"], "val_loss": s["val_loss"],
-                         "s_per_round": s["wall_clock_s"] / base.rounds,
-                         "overflow_coords": sum(h.get("nonprivate/ddg_overflow_coords", 0) for h in hist),
-                         "rounding_failures": sum(h.get("nonprivate/ddg_rounding_failures", 0) for h in hist),
-                         "baseline": s["most_frequent_token_val_accuracy"]})
+    for r in lm.run_variants(cfg.lm, cfg.seeds, variants, workdir, progress=progress):
+        hist = read_metrics(r["workdir"])
+        rows.append({"row": r["label"], **{k: r[k] for k in ("seed", "epsilon", "epsilon_executed_run",
+                                                           "noise_multiplier", "val_accuracy", "test_accuracy")},
+                     "val_loss": r["summary"]["val_loss"], "s_per_round": r["s_per_round"],
+                     "overflow_coords": sum(h.get("nonprivate/ddg_overflow_coords", 0) for h in hist),
+                     "rounding_failures": sum(h.get("nonprivate/ddg_rounding_failures", 0) for h in hist),
+                     "baseline": r["baseline"]})
     return rows
 
 

@@ -10,36 +10,22 @@ matrix mechanisms beat the tree at equal epsilon.
 """
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 
 from experiments import common
 from fedpriv.recipes import lm
 
+ROW_FIELDS = ("seed", "epsilon", "epsilon_executed_run", "noise_multiplier", "val_accuracy",
+              "test_accuracy", "s_per_round", "baseline")
 LABELS = {"dp_ftrl": "DP-FTRL tree", "dp_mf_banded": "DP-FTRL banded MF",
           "dp_mf_blt": "DP-FTRL BLT", "dp_fedavg": "DP-FedAvg"}
 
 
 def run(cfg, workdir: str, progress: bool = True) -> list[dict]:
     """One row per (seed, algorithm); a finished run is read back, not retrained."""
-    rows = []
-    for seed in cfg.seeds:
-        base = dataclasses.replace(cfg.lm, seed=seed)
-        prepared = lm.prepare_data(base, progress)
-        for alg in cfg.algorithms:
-            sub = os.path.join(workdir, f"seed{seed}-{alg}")
-            done = os.path.join(sub, "summary.json")
-            s = (json.load(open(done)) if os.path.exists(done) else
-                 lm.run_lm_fl(dataclasses.replace(base, algorithm=alg), sub, prepared=prepared,
-                              progress=progress, stage=f"fl-training ({alg})"))
-            rows.append({"algorithm": LABELS[alg], "seed": seed, "epsilon": s["epsilon"],
-                         "epsilon_executed_run": s["epsilon_executed_run"],
-                         "noise_multiplier": s["noise_multiplier"], "val_accuracy": s["val_accuracy"],
-                         "test_accuracy": s["test_accuracy"],
-                         "s_per_round": s["wall_clock_s"] / base.rounds,
-                         "baseline": s["most_frequent_token_val_accuracy"]})
-    return rows
+    runs = lm.run_variants(cfg.lm, cfg.seeds, [(alg, alg, dict(algorithm=alg)) for alg in cfg.algorithms],
+                           workdir, progress=progress)
+    return [{"algorithm": LABELS[r["label"]], **{k: r[k] for k in ROW_FIELDS}} for r in runs]
 
 
 def aggregate(rows: list[dict]) -> list[dict]:

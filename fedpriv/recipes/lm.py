@@ -328,6 +328,34 @@ def run_lm_fl(cfg, workdir: str, *, prepared: Prepared | None = None, init_param
     return summary
 
 
+def run_variants(lm_cfg, seeds, variants, workdir: str, *, progress: bool = True) -> list[dict]:
+    """Run (or read back, once finished) every ``(label, name, overrides)`` of ``variants`` on
+    ``lm_cfg`` for each seed, in ``workdir/seed<S>-<name>``; the data are prepared once per seed.
+
+    Returns one dict per (seed, variant): ``label``, ``seed``, ``workdir``, the run's ``summary``
+    and its comparison fields (``epsilon``, ``epsilon_executed_run``, ``noise_multiplier``,
+    ``val_accuracy``, ``test_accuracy``, ``s_per_round``, ``baseline`` = most-frequent token)."""
+    out = []
+    for seed in seeds:
+        base = dataclasses.replace(lm_cfg, seed=seed)
+        prepared = prepare_data(base, progress)
+        for label, name, overrides in variants:
+            sub = os.path.join(workdir, f"seed{seed}-{name}")
+            done = os.path.join(sub, "summary.json")
+            if os.path.exists(done):
+                with open(done) as f:
+                    s = json.load(f)
+            else:
+                s = run_lm_fl(dataclasses.replace(base, **overrides), sub, prepared=prepared,
+                              progress=progress, stage=f"fl-training ({label})")
+            out.append({"label": label, "seed": seed, "workdir": sub, "summary": s,
+                        **{k: s[k] for k in ("epsilon", "epsilon_executed_run", "noise_multiplier",
+                                             "val_accuracy", "test_accuracy")},
+                        "s_per_round": s["wall_clock_s"] / base.rounds,
+                        "baseline": s["most_frequent_token_val_accuracy"]})
+    return out
+
+
 def _previous_wall_clock(workdir: str):
     """``wall_clock_s`` of the summary a previous session wrote in ``workdir`` (None if none)."""
     try:

@@ -89,7 +89,8 @@ def lm_run(cfg, num_clients: int, name: str, *, prior: tuple[Charge, ...] = (),
     ledger's epsilon (default ``target_epsilon``; with neither, the run's own epsilon)."""
     from fedpriv.recipes import lm
     task = lm.build_task(cfg, cfg.vocab_size if hasattr(cfg, "vocab_size") else 8)
-    size = count_params(jax.eval_shape(task.init, jax.random.key(0)))
+    size = (count_params(jax.eval_shape(task.init, jax.random.key(0)))  # DDG's accounting needs it
+            if cfg.algorithm == "dp_ddg" else None)
     alg, sampler, event, z = lm.build_algorithm(cfg, num_clients, task.loss_fn,
                                                 [c.event for c in prior], num_params=size)
     rel = algs.neighboring_for(sampler)
