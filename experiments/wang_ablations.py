@@ -10,7 +10,11 @@ packaged SmolLM2 teacher, the public pool).
     topk           pretrain_distill over `topk_grid` teacher logits (Figure 2c / 4)
 
 Every point is a `fedpriv.recipes.sweep` point in ``<workdir>/<ablation>/<field=value>`` (read
-back once finished; rows resume inside a point); the teacher cache is shared. Accuracy is on
+back once finished; rows resume inside a point); the teacher cache is shared. A run that is the
+same computation as one already finished (`fedpriv.recipes.public.run_key`: the T'=0 point, 150
+distillation steps and top-10 are one pretrain_distill run; T'=T/2 is Table 2's mid_dm/mid_random)
+is read back, from this workdir or from ``reuse_workdir`` (an override of ``lm``, e.g.
+``reuse_workdir=runs/public_training``). Accuracy is on
 validation users (the paper's dev set). Public training after T' is post-processing of the DP
 checkpoint: every row's ledger holds the same T-round DP-FTRL event.
 
@@ -34,7 +38,8 @@ EXTENDABLE = ("seeds", "epsilons")  # more seeds / epsilons: a finished point re
 def _points(cfg, teacher, workdir, log, progress):
     def fn(pcfg, pdir):
         rr = public.run_rows(pcfg, pdir, teacher=teacher, progress=progress, log=log,
-                             cache_dir=os.path.join(workdir, "teacher_cache"))
+                             cache_dir=os.path.join(workdir, "teacher_cache"),
+                             reuse_dirs=(workdir,))
         return [{k: v for k, v in r.items() if k != "curve"} for r in rr.runs]
     return fn
 

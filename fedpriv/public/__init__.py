@@ -19,10 +19,11 @@ from fedpriv.public.algorithm import (SELECTIONS, Algorithm1Result, PrivateTrain
 from fedpriv.public.pool import PublicPool, build_public_pool, teacher_sequence_logprob
 from fedpriv.public.vocab import (RestrictedTeacherTokenizer, encode_teacher, private_datasets,
                                   restriction_from_texts, suggestion_eval_task, unk_class_size,
-                                  unk_rate)
+                                  unk_free_loss_task, unk_rate)
 
 __all__ = ["SELECTIONS", "Algorithm1Result", "PrivateTraining", "PublicTrainingSpec", "algorithm1",
            "algorithm1_stages", "private_logprob", "private_only", "public_training", "run_until",
            "select_public", "PublicPool", "build_public_pool", "teacher_sequence_logprob",
            "RestrictedTeacherTokenizer", "encode_teacher", "private_datasets",
-           "restriction_from_texts", "suggestion_eval_task", "unk_class_size", "unk_rate"]
+           "restriction_from_texts", "suggestion_eval_task", "unk_class_size", "unk_free_loss_task",
+           "unk_rate"]

@@ -79,6 +79,28 @@ def suggestion_eval_task(task):
     return dataclasses.replace(task, eval_fn=eval_fn)
 
 
+def unk_free_loss_task(task):
+    """The same LM trained as the paper's full-vocabulary student: UNK targets carry no loss.
+
+    With a restricted vocabulary (`VocabRestriction`, the V most frequent public teacher ids)
+    every dropped token becomes UNK, ~20% of chitchat targets at V=3000. Trained on them, a small
+    LM's argmax is UNK wherever it is unsure, which counts as wrong under in-vocabulary accuracy
+    (`fedpriv.models.metrics`); the paper's student has the teacher's whole vocabulary and never
+    meets UNK (Wang et al. 2023, §3.1/§4.1). Here UNK targets are excluded from ``loss_fn``'s
+    numerator and denominator exactly as PAD is (the UNK *inputs* are unchanged), so the model
+    only learns to rank real tokens and EOS. ``eval_fn`` is unchanged: the evaluation loss still
+    counts UNK targets and the accuracy is the same in-vocabulary accuracy. Returns an `LMTask`.
+    """
+    def loss_fn(params, batch, rng):
+        inputs, targets = metrics.split_tokens(batch["tokens"])
+        logits = task.apply(params, inputs, batch.get("domain"), rng)
+        targets = jnp.where(targets == metrics.UNK, metrics.PAD, targets)
+        sums = metrics.lm_sums(logits, targets, batch.get("mask"), batch.get("weight"))
+        return sums["loss_sum"] / jnp.maximum(sums["num_tokens"], 1.0), sums
+
+    return dataclasses.replace(task, loss_fn=loss_fn)
+
+
 def restriction_from_texts(teacher: llama.Teacher, texts: Sequence[str], num_kept: int
                            ) -> distill.VocabRestriction:
     """Keep the `num_kept` most frequent teacher tokens of `texts` (use public text: free)."""

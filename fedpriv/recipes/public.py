@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import glob
+import hashlib
 import json
 import os
 import time
@@ -42,7 +44,7 @@ from fedpriv.public.algorithm import PrivateTraining, PublicTrainingSpec, algori
 from fedpriv.public.pool import PublicPool, build_public_pool
 from fedpriv.public.vocab import (RestrictedTeacherTokenizer, private_datasets,
                                   restriction_from_texts, suggestion_eval_task, unk_class_size,
-                                  unk_rate)
+                                  unk_free_loss_task, unk_rate)
 from fedpriv.recipes import lm
 
 # Wang et al. 2023, Table 2, LSTM column (test accuracy %, StackOverflow): eps 1.77, eps 18.71
@@ -172,26 +174,63 @@ def row_spec(row: str, cfg, seed: int) -> PublicTrainingSpec:
 
 
 @functools.lru_cache(maxsize=4)
-def _task(arch: str, embed_dim: int, hidden_dim: int, seq_len: int, vocab_size: int, num_heads: int = 10):
+def _task(arch: str, embed_dim: int, hidden_dim: int, seq_len: int, vocab_size: int,
+          num_heads: int = 10, train_on_unk: bool = True):
     """The student task of a model shape: the same object for every `run_rows` call with that
-    shape (the points of a sweep), so its compiled steps are reused."""
-    return lm.build_task(types.SimpleNamespace(arch=arch, embed_dim=embed_dim, hidden_dim=hidden_dim,
+    shape (the points of a sweep), so its compiled steps are reused. ``train_on_unk=False``: UNK
+    targets carry no training loss (`fedpriv.public.unk_free_loss_task`)."""
+    task = lm.build_task(types.SimpleNamespace(arch=arch, embed_dim=embed_dim, hidden_dim=hidden_dim,
                                                num_heads=num_heads, seq_len=seq_len), vocab_size)
+    return task if train_on_unk else unk_free_loss_task(task)
+
+
+_NOT_IN_RUN_KEY = ("rows", "seeds", "seed", "epsilons", "target_epsilon", "noise_multiplier",
+                   "t_prime", "reuse_workdir")
+
+
+def run_key(cfg, row: str, seed: int, eps: float) -> str:
+    """What determines one (row, seed, epsilon) run of `cfg`: every config field except those that
+    only choose which runs exist, and T' as the row uses it (0 for pre-training rows). Two runs
+    with the same key are the same computation (the engine is deterministic given its seeds)."""
+    fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _NOT_IN_RUN_KEY}
+    fields.update(row=row, seed=seed, epsilon=float(eps),
+                  t_prime=cfg.t_prime_rounds if row.startswith("mid") else 0)
+    return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _find_run(key: str, dirs) -> str | None:
+    """The ``summary.json`` of a finished run with `key` under any of `dirs` (searched
+    recursively), or None. Summaries without a key (older runs) never match."""
+    for d in dirs:
+        for path in sorted(glob.glob(os.path.join(d, "**", "summary.json"), recursive=True)):
+            try:
+                with open(path) as f:
+                    if json.load(f).get("run_key") == key:
+                        return path
+            except (OSError, ValueError):
+                continue
+    return None
 
 
 def run_rows(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print,
-             cache_dir: str | None = None) -> RowRuns:
+             cache_dir: str | None = None, reuse_dirs=()) -> RowRuns:
     """Every (seed, epsilon, row) run of `cfg` in ``workdir/seed*/eps*/<row>``.
 
     ``cache_dir``: where the teacher's passes are cached (default ``workdir/teacher_cache``; the
-    cache is keyed by content, so the points of a sweep can share one)."""
+    cache is keyed by content, so the points of a sweep can share one). ``reuse_dirs``: workdirs
+    of other `run_rows` calls; a finished run there with the same `run_key` (the same
+    computation, e.g. Table 2's mid_dm at T'=T/2 and Table 4's T'=T/2 point) is read back
+    instead of trained again, and its summary copied with ``reused_from``; ``cfg.reuse_workdir``
+    is searched too."""
+    if getattr(cfg, "reuse_workdir", None):
+        reuse_dirs = (*reuse_dirs, cfg.reuse_workdir)
     os.makedirs(workdir, exist_ok=True)
     teacher = teacher or gguf.cached_teacher(cfg.teacher_path)
     prepared = prepare(cfg, teacher, cache_dir or os.path.join(workdir, "teacher_cache"),
                        progress, log)
     T, tp = cfg.rounds, cfg.t_prime_rounds
     task = _task(cfg.arch, cfg.embed_dim, cfg.hidden_dim, cfg.seq_len,
-                 prepared.tokenizer.vocab_size, getattr(cfg, "num_heads", 10))  # one task: compilations reused (across calls too)
+                 prepared.tokenizer.vocab_size, getattr(cfg, "num_heads", 10), cfg.train_on_unk)  # one task: compilations reused (across calls too)
     ids = list(prepared.train.client_ids)
     val = prepared.val.concat_examples()["tokens"][: cfg.max_eval_examples]
     test = prepared.test.concat_examples()["tokens"][: cfg.max_eval_examples]
@@ -225,7 +264,15 @@ def run_rows(cfg, workdir: str, *, teacher=None, progress: bool = True, log=prin
             for row in cfg.rows:
                 sub = os.path.join(base, row)
                 done = os.path.join(sub, "summary.json")
-                if os.path.exists(done):
+                key = run_key(cfg, row, seed, eps)
+                found = None if os.path.exists(done) else _find_run(key, reuse_dirs)
+                if found:
+                    with open(found) as f:
+                        summary = {**json.load(f), "reused_from": os.path.dirname(found)}
+                    os.makedirs(sub, exist_ok=True)
+                    report.save_json(summary, done)
+                    log(f"[seed {seed}, eps {eps:g}] {row}: the same run is in {found}, read back")
+                elif os.path.exists(done):
                     with open(done) as f:
                         summary = json.load(f)
                     log(f"[seed {seed}, eps {eps:g}] {row}: done before, skipped")
@@ -252,7 +299,7 @@ def run_rows(cfg, workdir: str, *, teacher=None, progress: bool = True, log=prin
                     params = result.state.params
                     v = evaluate(task, params, val, cfg.eval_batch_size)
                     te = evaluate(task, params, test, cfg.eval_batch_size)
-                    summary = {"row": row, "title": TITLES[row], "seed": seed,
+                    summary = {"row": row, "title": TITLES[row], "seed": seed, "run_key": key,
                                "target_epsilon": eps, "epsilon": eps_val,
                                "epsilon_executed_run": eps_real, "noise_multiplier": z,
                                "delta": cfg.delta, "unit_of_privacy": "user",
@@ -407,7 +454,11 @@ def table_notes(cfg, rr: "RowRuns", seconds: float) -> list[str]:
              "never meets UNK; `fedpriv.public.suggestion_eval_task`); most-frequent-token test "
              f"accuracy {100 * mft:.2f}%; 'val after public training': val accuracy of the "
              "model handed to DP-FTRL right after public training",
-             f"UNK share of private training targets: {100 * prepared.stats['private_train_unk_rate']:.1f}%",
+             f"UNK share of private training targets: {100 * prepared.stats['private_train_unk_rate']:.1f}%"
+             + ("; UNK targets carry no training loss (train_on_unk=False, as the paper's "
+                "full-vocabulary student never meets UNK: `fedpriv.public.unk_free_loss_task`); "
+                "val/test loss still counts them" if not cfg.train_on_unk else
+                "; the student is trained on UNK targets too"),
              "; ".join(f"eps target {k}: z={v['noise_multiplier']:.3f}, eps={v['epsilon']:.3f}"
                        + (f" (simulated population), executed run eps={v['epsilon_executed_run']:.3g}"
                           if v.get("epsilon_executed_run") is not None else "")

@@ -12,7 +12,7 @@ from fedpriv.models import gguf
 from fedpriv.recipes.public import TITLES
 
 
-def test_smoke_config_writes_tables_and_resumes(tmp_path, capsys):
+def test_smoke_config_writes_tables_and_resumes(tmp_path, capsys, monkeypatch):
     cfg = common.load_config("configs/public_training.py:smoke")
     wd = str(tmp_path / "pt")
     out = public_training.run(cfg, wd, teacher=gguf.cached_teacher(), progress=False)
@@ -56,3 +56,25 @@ def test_smoke_config_writes_tables_and_resumes(tmp_path, capsys):
     assert [r["test_accuracy"] for r in again["runs"]] == [r["test_accuracy"] for r in runs]
     with open(os.path.join(wd, "summary.json")) as f:
         assert json.load(f)["config"]["rounds"] == cfg.rounds
+    # the same computation under another workdir/config shape is read back, not retrained
+    # (wang_ablations' T'=T/2 and T'=0 points are Table 2's mid_dm and pretrain_distill)
+    import dataclasses
+
+    from fedpriv.recipes import public
+
+    def no_training(*a, **kw):
+        raise AssertionError("trained again")
+    monkeypatch.setattr(public, "algorithm1", no_training)
+    same = dataclasses.replace(cfg, rows=("mid_dm", "pretrain_distill"),
+                               t_prime=cfg.t_prime_rounds)
+    back = public.run_rows(same, str(tmp_path / "other"), teacher=gguf.cached_teacher(),
+                           progress=False, log=lambda s: None, reuse_dirs=(wd,))
+    by_row = {r["row"]: r for r in runs}
+    for r in back.runs:
+        assert r["test_accuracy"] == by_row[r["row"]]["test_accuracy"]
+        assert r["reused_from"].startswith(wd) and r["run_key"] == by_row[r["row"]]["run_key"]
+    for changed in (dict(q=0.5), dict(t_prime=cfg.rounds), dict(train_on_unk=not cfg.train_on_unk)):
+        other = dataclasses.replace(same, rows=("mid_dm",), **changed)
+        with pytest.raises(AssertionError, match="trained again"):
+            public.run_rows(other, str(tmp_path / "x"), teacher=gguf.cached_teacher(),
+                            progress=False, log=lambda s: None, reuse_dirs=(wd,))

@@ -241,3 +241,30 @@ def test_suggestion_eval_ignores_special_predictions():
         evaluate(task, quiet, tokens, 8)["accuracy"])
     assert evaluate(task, quiet, tokens, 8)["accuracy"] > 0.0
     assert evaluate(suggest, loud, tokens, 8)["loss"] == evaluate(task, loud, tokens, 8)["loss"]
+
+
+def test_unk_free_loss_ignores_unk_targets_only():
+    import optax
+    task = make_lm_task(make_lm(LMConfig(vocab_size=40, arch="lstm", embed_dim=8, hidden_dim=8,
+                                         max_len=64)))
+    params = task.init(jax.random.key(0))
+    tokens = np.random.default_rng(1).integers(4, 40, (6, 9)).astype(np.int32)
+    tokens[:, 0], tokens[:, -2:] = 2, 0          # BOS ... PAD PAD
+    tokens[::2, 3], tokens[1::2, 5] = 1, 1       # UNK targets (and inputs)
+    batch = {"tokens": tokens, "mask": np.ones((6,), np.float32)}
+    free = vocab.unk_free_loss_task(task)
+    loss, sums = free.loss_fn(params, batch, None)
+    full_loss, full_sums = task.loss_fn(params, batch, None)
+    # by hand: the NLL of the same forward pass (UNK inputs kept) over targets not PAD and not UNK
+    logits = task.apply(params, tokens[:, :-1])
+    tgt = tokens[:, 1:]
+    nll = np.asarray(optax.softmax_cross_entropy_with_integer_labels(logits, tgt))
+    keep = (tgt != 0) & (tgt != 1)
+    assert int(sums["num_tokens"]) == keep.sum() == int(full_sums["num_tokens"]) - 6
+    assert float(loss) == pytest.approx(nll[keep].mean(), rel=1e-5)
+    assert float(full_loss) != pytest.approx(float(loss), rel=1e-4)  # the plain loss counts UNK
+    # its gradient never asks for UNK: pushing the UNK logit up only raises the loss
+    bias = params["head"]["logits"]["bias"]
+    g = jax.grad(lambda p: free.loss_fn(p, batch, None)[0])(params)
+    assert float(g["head"]["logits"]["bias"][1]) > 0
+    assert free.eval_fn is task.eval_fn and bias.shape == (40,)
