@@ -40,7 +40,8 @@ class WangFigure3Config:
     num_samples: int = 10000
     sample_seed: int = 0
     score_batch_size: int = 256
-    seed: int = 0
+    seeds: tuple = (0,)                   # each seed: its own oracle (seed) and samples (sample_seed)
+    seed: int = 0                         # set per seed from `seeds`
 
     def __post_init__(self):
         check(self, positive=("max_clients", "seq_len", "max_examples_per_client", "batch_size",
@@ -51,6 +52,10 @@ class WangFigure3Config:
               choices={"corpus": ("chitchat", "shakespeare", "simpsons"),
                        "arch": ("lstm", "transformer")},
               fractions=("split",))
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds) or any(
+                not isinstance(x, int) or isinstance(x, bool) or x < 0 for x in self.seeds):
+            from configs.common import ConfigError
+            raise ConfigError(f"seeds must be distinct integers >= 0, got {self.seeds!r}")
         if self.arch == "transformer" and self.hidden_dim % self.num_heads:
             from configs.common import ConfigError
             raise ConfigError(f"num_heads={self.num_heads} must divide hidden_dim={self.hidden_dim} "
@@ -66,9 +71,10 @@ SCALES = {
                   oracle_steps=5, oracle_batch_size=16, num_samples=8, score_batch_size=16),
     # on a shared 2-core CPU: 1000 + 1000 samples, a small oracle
     "small": dict(seq_len=20, max_examples_per_client=64, vocab_kept=3000, embed_dim=96,
-                  hidden_dim=128, num_heads=4, oracle_steps=2000, oracle_batch_size=64, num_samples=1000),
+                  hidden_dim=128, num_heads=4, oracle_steps=2000, oracle_batch_size=64, num_samples=1000,
+                  seeds=(0, 1, 2)),
     # the paper's sample sizes and on-device LSTM
-    "paper": dict(vocab_kept=None, num_samples=10000, oracle_steps=20000),
+    "paper": dict(vocab_kept=None, num_samples=10000, oracle_steps=20000, seeds=(0, 1, 2)),
 }
 
 

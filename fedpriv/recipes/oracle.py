@@ -42,14 +42,15 @@ class Figure3Samples:
 
 
 def figure3_samples(cfg, workdir: str, *, teacher=None, progress: bool = True,
-                    log=print) -> Figure3Samples:
+                    log=print, cache_dir: str | None = None) -> Figure3Samples:
     """N private messages of held-out (test-split) users and N public-pool sentences, scored by
     (a) a NON-PRIVATE oracle LM trained centrally on the training users (``cfg.oracle_steps``
     Adam steps, resumable in ``workdir/oracle``) and (b) the teacher (`build_public_pool`'s
     cached ``log p_pub``). Both score the same corpus-form sequences (teacher BOS + first L
     tokens + EOS if it fits) at the same positions; NLL = −mean token log-prob, PPL = exp(NLL).
     The oracle's NLL spreads p(UNK) over the teacher ids folded into UNK (`private_logprob`), so
-    both are per-teacher-token perplexities."""
+    both are per-teacher-token perplexities. ``cache_dir``: the teacher's cache (default
+    ``workdir/teacher_cache``; keyed by content, so seeds can share one)."""
     teacher = teacher or gguf.cached_teacher(cfg.teacher_path)
     pub = load_public_pool(progress=progress)
     rng = np.random.default_rng(cfg.sample_seed)
@@ -72,7 +73,7 @@ def figure3_samples(cfg, workdir: str, *, teacher=None, progress: bool = True,
     log(f"figure 3: {n_priv} private messages of {len(test)} held-out users, {n_pub} public "
         "sentences; teacher pass (cached)")
     scored = build_public_pool(teacher, texts, sources, restriction, seq_len=cfg.seq_len,
-                               cache_dir=os.path.join(workdir, "teacher_cache"),
+                               cache_dir=cache_dir or os.path.join(workdir, "teacher_cache"),
                                with_topk=False, batch_size=cfg.teacher_batch_size,
                                progress=progress)
     task = _task(cfg.arch, cfg.embed_dim, cfg.hidden_dim, cfg.seq_len, tok.vocab_size,
@@ -104,35 +105,58 @@ def figure3_samples(cfg, workdir: str, *, teacher=None, progress: bool = True,
     return Figure3Samples(rows, stats, hist, scored.tokens, task, params)
 
 
+MODELS = (("oracle on-device LM (non-private)", "nll_oracle"), ("public LLM (teacher)", "nll_llm"))
+
+
+def _by_seed(rows: list[dict]) -> dict:
+    """``{seed: rows}`` (rows without a ``seed`` key are one seed, 0)."""
+    out: dict = {}
+    for r in rows:
+        out.setdefault(int(r.get("seed", 0)), []).append(r)
+    return out
+
+
+def _stats(rows: list[dict], s: str, key: str) -> tuple[float, float]:
+    """(median, IQR) of ``key`` (a NLL = log PPL) over the samples of set ``s``."""
+    v = np.array([r[key] for r in rows if r["set"] == s], np.float64)
+    q1, med, q3 = np.percentile(v, [25, 50, 75]) if len(v) else (np.nan,) * 3
+    return float(med), float(q3 - q1)
+
+
 def figure3_summary(rows: list[dict]) -> list[dict]:
-    """Median PPL, median and IQR of log PPL (= NLL) of each set under each model."""
-    out = []
+    """Median PPL, median and IQR of log PPL (= NLL) of each set under each model: per seed
+    (an oracle and a sample draw), then mean ± std over seeds (one seed: std empty)."""
+    seeds, out = _by_seed(rows), []
     for s in ("private", "public"):
-        for model, key in (("oracle on-device LM (non-private)", "nll_oracle"),
-                           ("public LLM (teacher)", "nll_llm")):
-            v = np.array([r[key] for r in rows if r["set"] == s], np.float64)
-            q1, med, q3 = np.percentile(v, [25, 50, 75]) if len(v) else (np.nan,) * 3
-            out.append({"set": s, "model": model, "samples": int(len(v)),
-                        "median PPL": float(np.exp(med)), "median log PPL": float(med),
-                        "IQR of log PPL": float(q3 - q1)})
+        for model, key in MODELS:
+            per = [_stats(rs, s, key) for rs in seeds.values()]
+            med_m, med_s, _ = report.mean_std([m for m, _ in per])
+            iqr_m, iqr_s, _ = report.mean_std([q for _, q in per])
+            n = [sum(r["set"] == s for r in rs) for rs in seeds.values()]
+            out.append({"set": s, "model": model, "samples": int(np.mean(n)) if n else 0,
+                        "seeds": len(seeds),
+                        "median PPL": float(np.exp(med_m)) if med_m is not None else None,
+                        "median log PPL": med_m, "median log PPL std": med_s,
+                        "IQR of log PPL": iqr_m, "IQR of log PPL std": iqr_s})
     return out
 
 
 def figure3_verdicts(rows: list[dict]) -> list:
-    """Figure 3's orderings: private samples have lower median PPL under the oracle than public
-    ones; public samples are more dispersed (larger IQR of log PPL, under each model)."""
-    def stat(s, key, fn):
-        return fn(np.array([r[key] for r in rows if r["set"] == s], np.float64))
-    iqr = lambda v: float(np.subtract(*np.percentile(v, [75, 25])))  # noqa: E731
-    med = lambda v: float(np.median(v))  # noqa: E731
+    """Figure 3's orderings, from per-seed statistics: private samples have lower median PPL
+    under the oracle than public ones; public samples are more dispersed (larger IQR of log
+    PPL, under each model)."""
+    seeds = list(_by_seed(rows).values())
+
+    def per_seed(s, key, i):
+        return [_stats(rs, s, key)[i] for rs in seeds]
     out = [report.ordering_verdict(
         "private samples have lower median PPL under the oracle than public samples (Figure 3)",
-        [stat("private", "nll_oracle", med)], [stat("public", "nll_oracle", med)],
+        per_seed("private", "nll_oracle", 0), per_seed("public", "nll_oracle", 0),
         higher_is_better=False, names=("private median log PPL", "public median log PPL"))]
     for key, model in (("nll_oracle", "oracle"), ("nll_llm", "LLM")):
         out.append(report.ordering_verdict(
             f"public samples are more dispersed than private ones (IQR of log PPL under the "
-            f"{model}; Figure 3)", [stat("public", key, iqr)], [stat("private", key, iqr)],
+            f"{model}; Figure 3)", per_seed("public", key, 1), per_seed("private", key, 1),
             higher_is_better=True, names=("public IQR", "private IQR")))
     return out
 

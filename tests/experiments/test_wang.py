@@ -155,12 +155,22 @@ def test_figure3_smoke(tmp_path, monkeypatch):
     monkeypatch.setattr(oracle, "figure3_samples", keep)
     # oracle_steps=0: an untrained oracle (its training is pretrain.train_central, tested on its
     # own; the full smoke scale trains it): this test is about the per-sample values
-    cfg = common.load_config("configs/wang_figure3.py:smoke,num_samples=4,oracle_steps=0")
+    cfg = common.load_config("configs/wang_figure3.py:smoke,num_samples=4,oracle_steps=0,"
+                             "seeds=0/1")
     wd = str(tmp_path / "fig3")
     out = wang_figure3.run(cfg, wd, teacher=gguf.cached_teacher(), progress=False,
                            log=lambda s: None)
     rows = list(csv.DictReader(open(os.path.join(wd, "figure3_samples.csv"))))
-    assert [r["set"] for r in rows] == ["private"] * 4 + ["public"] * 4
+    assert [(r["seed"], r["set"]) for r in rows] == [
+        (s, t) for s in ("0", "1") for t in ["private"] * 4 + ["public"] * 4]
+    # each seed draws its own samples; the summary is the mean over seeds of per-seed medians
+    assert {r["text"] for r in rows if r["seed"] == "0"} != {r["text"] for r in rows if r["seed"] == "1"}
+    per_seed = [np.median([float(r["nll_llm"]) for r in rows if (r["seed"], r["set"]) == (s, "public")])
+                for s in ("0", "1")]
+    llm_public = [r for r in out["summary"] if r["set"] == "public" and "LLM" in r["model"]][0]
+    assert llm_public["seeds"] == 2 and llm_public["median log PPL"] == pytest.approx(np.mean(per_seed))
+    assert llm_public["median log PPL std"] == pytest.approx(np.std(per_seed, ddof=1))
+    rows = rows[8:]  # the last seed's rows are those of `got["fig"]`
     for r in rows:
         for m in ("oracle", "llm"):
             nll, ppl = float(r[f"nll_{m}"]), float(r[f"ppl_{m}"])
