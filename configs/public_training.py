@@ -72,8 +72,10 @@ class PublicTrainingConfig:
     central_lr: float = 1e-3
     match_betas: tuple = (0.5, 1.0)       # ĥ and "w/o p_pub"
     unk_correction: bool = True
-    # UNK targets in the training losses (private and public LM). False: the student is trained
-    # like the paper's full-vocabulary one, which never meets UNK (`unk_free_loss_task`)
+    # UNK targets in the LM loss of the task (`task.loss_fn`: the private FL loss and the plain
+    # public LM loss of pretrain_lm / mid_random_lm). False: as the paper's full-vocabulary
+    # student, which never meets UNK (`unk_free_loss_task`). The distillation objective L_pub
+    # (`distill.make_distill_loss`) is unchanged: its L_LM term and the teacher's UNK mass keep UNK
     train_on_unk: bool = True
     rows: tuple = ROWS
     # loop and evaluation

@@ -89,7 +89,9 @@ def unk_free_loss_task(task):
     meets UNK (Wang et al. 2023, §3.1/§4.1). Here UNK targets are excluded from ``loss_fn``'s
     numerator and denominator exactly as PAD is (the UNK *inputs* are unchanged), so the model
     only learns to rank real tokens and EOS. ``eval_fn`` is unchanged: the evaluation loss still
-    counts UNK targets and the accuracy is the same in-vocabulary accuracy. Returns an `LMTask`.
+    counts UNK targets and the accuracy is the same in-vocabulary accuracy. Only ``loss_fn``
+    changes: a loss built from ``apply`` (`distill.make_distill_loss`) keeps UNK targets.
+    Returns an `LMTask`.
     """
     def loss_fn(params, batch, rng):
         inputs, targets = metrics.split_tokens(batch["tokens"])

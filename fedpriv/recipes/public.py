@@ -432,6 +432,11 @@ def teacher_rows(cfg, stats: dict) -> list[dict]:
     ]
 
 
+def _trained_minutes(runs: list[dict]) -> float:
+    """Sum of the wall clocks of the runs trained here (not read back from elsewhere)."""
+    return sum(r.get("wall_clock_s") or 0.0 for r in runs if "reused_from" not in r) / 60
+
+
 def table_notes(cfg, rr: "RowRuns", seconds: float) -> list[str]:
     """The notes under the Table 2 table: data, models, schedule, metrics, privacy."""
     st, privacy, mft, task, prepared = rr.prepared.stats, rr.privacy, rr.mft, rr.task, rr.prepared
@@ -455,15 +460,19 @@ def table_notes(cfg, rr: "RowRuns", seconds: float) -> list[str]:
              f"accuracy {100 * mft:.2f}%; 'val after public training': val accuracy of the "
              "model handed to DP-FTRL right after public training",
              f"UNK share of private training targets: {100 * prepared.stats['private_train_unk_rate']:.1f}%"
-             + ("; UNK targets carry no training loss (train_on_unk=False, as the paper's "
-                "full-vocabulary student never meets UNK: `fedpriv.public.unk_free_loss_task`); "
-                "val/test loss still counts them" if not cfg.train_on_unk else
+             + ("; UNK targets carry no loss in private training and in plain public LM "
+                "training (train_on_unk=False, as the paper's full-vocabulary student never meets "
+                "UNK: `fedpriv.public.unk_free_loss_task`); the distillation objective L_pub keeps "
+                "them; val/test loss still counts them" if not cfg.train_on_unk else
                 "; the student is trained on UNK targets too"),
              "; ".join(f"eps target {k}: z={v['noise_multiplier']:.3f}, eps={v['epsilon']:.3f}"
                        + (f" (simulated population), executed run eps={v['epsilon_executed_run']:.3g}"
                           if v.get("epsilon_executed_run") is not None else "")
                        for k, v in privacy.items()),
-             f"seeds {list(cfg.seeds)}; wall clock {seconds / 60:.1f} min"]
+             f"seeds {list(cfg.seeds)}; wall clock {seconds / 60:.1f} min (this invocation; the "
+             f"runs trained in this workdir took {_trained_minutes(rr.runs):.1f} min, "
+             f"{sum('reused_from' in r for r in rr.runs)} runs were read back from another "
+             "workdir)"]
     if cfg.noise_cohort_size:
         notes.append(
             f"noise calibrated for a cohort of {cfg.noise_cohort_size} while training with "
