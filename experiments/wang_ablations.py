@@ -32,7 +32,9 @@ from fedpriv.models import gguf
 from fedpriv.recipes import ablations, public, sweep
 
 METRIC = "val_accuracy"
-EXTENDABLE = ("seeds", "epsilons")  # more seeds / epsilons: a finished point resumes its rows
+# more seeds / epsilons: a finished point resumes its rows; reuse_workdir only says where
+# identical runs may be read from (not part of any run: `fedpriv.recipes.public.run_key`)
+EXTENDABLE = ("seeds", "epsilons", "reuse_workdir")
 
 
 def _points(cfg, teacher, workdir, log, progress):

@@ -119,6 +119,9 @@ def test_wang_ablations_tables_figures_verdicts_and_resume(tmp_path, monkeypatch
         "more distillation steps help", "larger top-k helps"}
     again = wang_ablations.run(cfg, wd, teacher=object(), progress=False, log=lambda s: None)
     assert len(calls) == n_points and again["table4"] == out["table4"]  # nothing retrained
+    # where identical runs may be read from is not part of a point's identity
+    wang_ablations.run(dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, reuse_workdir=wd)),
+                       wd, teacher=object(), progress=False, log=lambda s: None)
 
 
 def test_lm_sweep_selects_on_validation(tmp_path, monkeypatch):
