@@ -12,6 +12,15 @@ from fedpriv import fred as F
 from fedpriv.dp import moments as M
 from fedpriv.dp.ledger import PrivacyLedger
 
+# Tolerances from the numerics, not one machine's last digits: sigma and the RDP epsilon are
+# closed forms / a 1-d optimisation over fixed orders (reproducible to ~1e-14 across CPUs), so
+# RDP_REL = 1e-10. The PLD epsilon comes from a discretised privacy-loss distribution (interval
+# 1e-4) composed by FFT, whose float summation order depends on the CPU's SIMD path: seen 5.7e-11
+# relative between two machines of this kind. PLD_REL = 1e-7 is 1,000x that and still 1,000x
+# below the discretisation's own resolution, so a changed release (sigma, events, composition)
+# still fails.
+RDP_REL, PLD_REL = 1e-10, 1e-7
+
 # (eps, delta, calibration) -> (sigma, rdp eps, pld eps of both releases at 2 delta), from fred.py
 GOLDEN = [
     ((0.6, 1e-6, "analytic"), (6.796323378123049, 0.9074399899010417, 0.8378407068047125)),
@@ -28,14 +37,15 @@ def test_sigma_and_epsilons_unchanged_by_the_move(args, want):
     assert sigma == want[0]  # exactly: the same noise scale is released
     events = M.moment_events(sigma)
     got = M.composed_epsilons(events, 2 * delta)
-    assert (got["rdp"], got["pld"]) == pytest.approx(want[1:], rel=1e-12)
+    assert got["rdp"] == pytest.approx(want[1], rel=RDP_REL)
+    assert got["pld"] == pytest.approx(want[2], rel=PLD_REL)
     # what fred.py did by hand: RDP (add/remove) and PLD accountants on the two Gaussians
     acc, pacc = rdp.RdpAccountant(), pld.PLDAccountant(dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
     for e in events:
         acc.compose(e)
         pacc.compose(e)
-    assert got["rdp"] == pytest.approx(acc.get_epsilon(2 * delta), rel=1e-12)
-    assert got["pld"] == pytest.approx(pacc.get_epsilon(2 * delta), rel=1e-12)
+    assert got["rdp"] == pytest.approx(acc.get_epsilon(2 * delta), rel=RDP_REL)
+    assert got["pld"] == pytest.approx(pacc.get_epsilon(2 * delta), rel=PLD_REL)
 
 
 @pytest.mark.parametrize("unit, relation, stds, sums", [
@@ -54,8 +64,8 @@ def test_release_noise_and_epsilon_unchanged_by_the_move(unit, relation, stds, s
     r = F.private_stats(clients, 1.0, 0.6, 1e-6, unit, jax.random.key(3), ledger=led)
     assert r.noise_multiplier == 6.796323378123049
     assert (r.mean_noise_std, r.cov_noise_std) == pytest.approx(stds, rel=1e-15)
-    assert (r.epsilon_rdp, r.epsilon_pld) == pytest.approx((0.9074399899010417, 0.8378407068047125),
-                                                          rel=1e-12)
+    assert r.epsilon_rdp == pytest.approx(0.9074399899010417, rel=RDP_REL)
+    assert r.epsilon_pld == pytest.approx(0.8378407068047125, rel=PLD_REL)
     assert r.events == M.moment_events(r.noise_multiplier)
     assert (float(r.mean.sum()), float(r.cov.sum())) == pytest.approx(sums, rel=1e-6)
     # the ledger's best valid bound (PLD is add/remove only)
