@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 
 from experiments import common
+from fedpriv import verdicts as V
 from fedpriv.fl.loop import read_metrics
 from fedpriv.recipes import lm
 
@@ -56,21 +57,30 @@ def aggregate(rows: list[dict]) -> list[dict]:
     return table
 
 
+#: the equivalence margin of "loses nothing" (val accuracy, percentage points)
+EQUIVALENCE_MARGIN_PP = 0.5
+
+
 def verdicts(rows: list[dict], bits) -> list:
-    """At enough bits DDG matches the central Gaussian (within noise); the fewest bits lose."""
-    acc = {}
+    """At enough bits DDG matches the central Gaussian (equivalence within
+    :data:`EQUIVALENCE_MARGIN_PP` points); more bits beat the fewest (quantisation costs utility).
+    Validation accuracy %, paired by seed; trivial baseline: the most-frequent-token accuracy."""
+    acc, trivial = {}, {}
     for r in rows:
-        acc.setdefault(r["row"], []).append(100 * r["val_accuracy"])
-    central = acc.get("central Gaussian")
+        acc.setdefault(r["row"], {})[r["seed"]] = 100 * r["val_accuracy"]
+        trivial.setdefault(r["row"], []).append(100 * r["baseline"])
+    central = "central Gaussian"
     hi, lo = f"DDG {max(bits)} bits", f"DDG {min(bits)} bits"
     out = []
-    if central and hi in acc:  # "not reproduced (within noise)" also supports "no loss"
-        out.append(common.ordering_verdict(f"{hi} loses nothing to the central Gaussian at equal z "
-                                           "(val accuracy %)", acc[hi], central,
-                                           higher_is_better=True, names=(hi, "central Gaussian")))
+    if central in acc and hi in acc:
+        out.append(V.equivalence(f"{hi} loses nothing to the central Gaussian at equal z (val accuracy %; "
+                                 f"equivalence within ±{EQUIVALENCE_MARGIN_PP:g} points)", acc[hi], acc[central],
+                                 margin=EQUIVALENCE_MARGIN_PP, higher_is_better=True,
+                                 trivial=(trivial[hi], trivial[central]), names=(hi, central)))
     if hi in acc and lo in acc and hi != lo:
-        out.append(common.ordering_verdict(f"{hi} beats {lo} (quantisation costs utility; val accuracy %)",
-                                           acc[hi], acc[lo], higher_is_better=True, names=(hi, lo)))
+        out.append(V.compare(f"{hi} beats {lo} (quantisation costs utility; val accuracy %)",
+                             acc[hi], acc[lo], higher_is_better=True, trivial=(trivial[hi], trivial[lo]),
+                             names=(hi, lo)))
     return out
 
 

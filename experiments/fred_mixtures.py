@@ -20,7 +20,8 @@ import numpy as np
 from experiments import common
 from fedpriv.fred.mixtures import (monotone_verdict, plot_fred_vs_y, run_mixtures, separation_verdict,
                                    trials_epsilon)
-from fedpriv.report import Verdict, write_verdicts
+from fedpriv import verdicts as V
+from fedpriv.report import write_verdicts
 
 # Hou et al. Table 2: Y% -> (test perplexity before, after DP FL-finetuning)
 PAPER_TABLE2 = {10: (56.18, 52.77), 40: (44.01, 42.47), 70: (39.35, 38.52), 95: (37.18, 36.59),
@@ -48,17 +49,21 @@ def run(cfg, workdir: str, progress: bool = True) -> dict:
                      "nonprivate/FreD PCA user-weighted": fr["nonprivate_user"][i]})
     fl_ys = list(cfg.fl_y_percents)
     gain = lambda y: [a - b for a, b in zip(col(y, "test_ppl_before_fl"), col(y, "test_ppl_after_fl"))]  # noqa: E731
+    # per-seed values keyed by seed (paired across Ys); private FreD keyed by trial (one release
+    # serves every Y, so trials pair across Ys)
+    seeded = lambda y, vals: dict(zip(col(y, "seed"), vals))  # noqa: E731
+    trial = lambda i: {t: float(v) for t, v in enumerate(priv[:, i])}  # noqa: E731
     verdicts = [
         monotone_verdict("non-private FreD (full 384-d embedding, sentences pooled) decreases monotonically "
-                         "with Y (Fig. 2 left)", fr["y"], [[v] for v in fr["nonprivate_full"]]),
+                         "with Y (Fig. 2 left)", fr["y"], [[v] for v in fr["nonprivate_full"]], exact=True),
         monotone_verdict("(ours) non-private FreD in the release's PCA basis, sentences pooled, decreases "
-                         "monotonically with Y", fr["y"], [[v] for v in fr["nonprivate"]]),
+                         "monotonically with Y", fr["y"], [[v] for v in fr["nonprivate"]], exact=True),
         monotone_verdict("(ours) non-private FreD of exactly what the release estimates (PCA basis, "
                          "user-weighted) decreases monotonically with Y", fr["y"],
-                         [[v] for v in fr["nonprivate_user"]]),
+                         [[v] for v in fr["nonprivate_user"]], exact=True),
         monotone_verdict(f"private FreD (eps={cfg.fred_epsilon}, delta={cfg.fred_delta:g} per release) "
                          "decreases monotonically with Y, means over trials (Fig. 2 left)", fr["y"],
-                         [list(priv[:, i]) for i in range(len(fr["y"]))]),
+                         [trial(i) for i in range(len(fr["y"]))]),
     ]
     if 99 in fr["y"] and 100 in fr["y"]:
         i99, i100 = fr["y"].index(99), fr["y"].index(100)
@@ -66,17 +71,20 @@ def run(cfg, workdir: str, progress: bool = True) -> dict:
                                            "min FreD(99%) over the trials (Fig. 2 right)",
                                            priv[:, i100], priv[:, i99], ("FreD(100%)", "FreD(99%)")))
         d = priv[:, i99] - priv[:, i100]  # same release: the noise is shared by both Ys
-        verdicts.append(Verdict("(ours, paired) within every trial FreD(100%) < FreD(99%)",
-                                "reproduced" if (d > 0).all() else "not reproduced",
-                                f"FreD(99%) - FreD(100%) per trial: {', '.join(f'{x:+.3g}' for x in d)}"))
+        verdicts.append(V.check("(ours, paired) within every trial FreD(100%) < FreD(99%)", bool((d > 0).all()),
+                                f"FreD(99%) - FreD(100%) per trial: {', '.join(f'{x:+.3g}' for x in d)}",
+                                basis=f"every one of the {len(d)} observed trials"))
+        verdicts.append(V.compare("(ours, paired by trial) FreD(100%) < FreD(99%) on average", trial(i100),
+                                  trial(i99), higher_is_better=False, trivial=None,
+                                  names=("FreD(100%)", "FreD(99%)")))
     if len(fl_ys) > 1:
         verdicts += [
             monotone_verdict("test perplexity before FL-finetuning decreases with Y (Table 2)", fl_ys,
-                             [col(y, "test_ppl_before_fl") for y in fl_ys]),
+                             [seeded(y, col(y, "test_ppl_before_fl")) for y in fl_ys]),
             monotone_verdict("test perplexity after DP FL-finetuning decreases with Y (Table 2)", fl_ys,
-                             [col(y, "test_ppl_after_fl") for y in fl_ys]),
+                             [seeded(y, col(y, "test_ppl_after_fl")) for y in fl_ys]),
             monotone_verdict("the FL-finetuning gain (before - after) shrinks as Y grows (Table 2)", fl_ys,
-                             [gain(y) for y in fl_ys]),
+                             [seeded(y, gain(y)) for y in fl_ys], decreasing=True),
         ]
     write_verdicts(verdicts, workdir)
     plot_fred_vs_y(fr, os.path.join(workdir, "fred_vs_y.png"),
@@ -110,7 +118,7 @@ def run(cfg, workdir: str, progress: bool = True) -> dict:
                                                           "releases", "embedder_sentences_per_s",
                                                           "embedded_sentences", "private_users")},
                "runs": [{k: v for k, v in r.items() if k != "ledger"} for r in runs],
-               "verdicts": [dataclasses.asdict(v) for v in verdicts], "ledger": ledger,
+               "verdicts": [v.to_json() for v in verdicts], "ledger": ledger,
                "resumed": res["resumed"], "wall_clock_s_this_session": time.time() - t0,
                "stage_wall_s": {"FreD": fr["wall_s"], **{f"Y={r['y']:g}% seed={r['seed']}": r["wall_s"] for r in runs}},
                **common.run_record(dataclasses.asdict(cfg), cfg.seed)}

@@ -19,6 +19,7 @@ import os
 
 from experiments import common
 from fedpriv import report
+from fedpriv import verdicts as V
 from fedpriv.fl.loop import NONPRIVATE
 from fedpriv.fred.pipeline import NONE, NOT_COVERED_NOTE, outputs, run_pipeline
 
@@ -40,23 +41,29 @@ CLAIM_RANKING = ("Hou et al. Table 1: private FreD ranks the candidates as non-p
 def verdicts(res: dict) -> list:
     """The paper's two claims on this run (``run_pipeline``'s result). The perplexity claim
     compares the candidates closest and farthest by non-private FreD among the rows that ran
-    (needs two: ``compare_all``); the ranking claim reads FreD's stage alone."""
+    (needs two: ``compare_all``; else "not run yet"), per seed (one run each: "too few seeds"
+    until the pipeline runs several; no trivial perplexity baseline is computed); the ranking
+    claim reads FreD's stage alone (an exact statement about this release)."""
     out = []
     nonpriv = res["nonprivate_fred"]
     ran = {r["prefinetune data"]: r for r in res["rows"] if r["prefinetune data"] != NONE}
     by_np = sorted(ran, key=nonpriv.get)
     if len(by_np) >= 2:
         near, far = ran[by_np[0]], ran[by_np[-1]]
-        out.append(report.ordering_verdict(CLAIM_PERPLEXITY, [near["test_ppl_after_fl"]],
-                                           [far["test_ppl_after_fl"]], higher_is_better=False,
-                                           names=(f"closest ({by_np[0]})", f"farthest ({by_np[-1]})")))
+        out.append(V.compare(CLAIM_PERPLEXITY, [near["test_ppl_after_fl"]], [far["test_ppl_after_fl"]],
+                             higher_is_better=False, trivial=None,
+                             names=(f"closest ({by_np[0]})", f"farthest ({by_np[-1]})")))
+    else:
+        out.append(V.not_run(CLAIM_PERPLEXITY, "only one candidate was carried through FL "
+                             "(compare_all=false): run with compare_all=true"))
     private = [n for n, _ in res["ranking"]]
     nonprivate = sorted(nonpriv, key=nonpriv.get)
     same_closest = private[0] == nonprivate[0]
-    out.append(report.Verdict(
-        CLAIM_RANKING, report.REPRODUCED if same_closest else report.NOT_REPRODUCED,
+    out.append(V.check(
+        CLAIM_RANKING, same_closest,
         f"private ranking {private} vs non-private {nonprivate}; closest identical: {same_closest}, "
-        f"whole ranking identical: {private == nonprivate}"))
+        f"whole ranking identical: {private == nonprivate}",
+        basis="this run's one private release (hou-table1-fred repeats it over releases)"))
     return out
 
 
@@ -88,7 +95,7 @@ def run(cfg, workdir: str, progress: bool = True) -> dict:
     vs = verdicts(res)
     summary = {"rows": res["rows"], "chosen": res["chosen"], "fred_unit": cfg.fred_unit,
                "ranking": res["ranking"], NONPRIVATE + "fred": res["nonprivate_fred"],
-               "verdicts": [dataclasses.asdict(v) for v in vs],
+               "verdicts": [v.to_json() for v in vs],
                "fred_epsilon_per_release": cfg.fred_epsilon, "fred_release": res["fred_release"],
                "embedder_sentences_per_s": res["embedder_sentences_per_s"], "pca_dims": cfg.pca_dims,
                "ledger": ledger.report(), "outputs": outputs(),
@@ -109,7 +116,7 @@ def run(cfg, workdir: str, progress: bool = True) -> dict:
     if any("backfilled" in r for r in res["rows"]):
         notes.append("backfilled: rows of stages finished by an earlier version; their test columns were "
                      "recomputed on resume (after FL from the run's summary.json, before FL re-evaluated)")
-    if not any(v.claim == CLAIM_PERPLEXITY for v in vs):
+    if any(v.claim == CLAIM_PERPLEXITY and v.status == V.NOT_RUN for v in vs):
         notes.append("perplexity claim not evaluated: only one candidate was carried through FL "
                      "(compare_all=false)")
     notes += [f"verdict: {v.claim}: {v.status} ({v.measured})" for v in vs]

@@ -27,6 +27,7 @@ from configs.population_expansion import TOTAL_BUDGET, UNIGRAM_BUDGET
 from experiments import common
 from experiments import population_expansion as pe_exp
 from fedpriv import expansion, report
+from fedpriv import verdicts as V
 from fedpriv.expansion import regime
 
 TITLE = "IW regime: private target unigrams vs the signal IW needs (Koga et al. 2023, Sec. 3.2)"
@@ -100,14 +101,21 @@ def run(cfg, workdir: str, log=print) -> dict:
                                notes=[n for n in trained["notes"] if not n.startswith("Regen")]
                                + [f"Regenerate: .venv/bin/python -m experiments.iw_regime "
                                   f"--config configs/iw_regime.py:<scale> --workdir {workdir}"])
-            verdicts += [report.ordering_verdict(
+            # paired by seed; trivial baseline: T's unigram test perplexity (NON-PRIVATE reference)
+            by_seed = {s: {r["seed"]: r["test_ppl"] for r in trained["runs"] if r["scheme"] == s}
+                       for s in ppl}
+            triv = trained["nonprivate/trivial_test_ppl_T"].get("chat_target")
+            verdicts += [V.compare(
                 f"{a} beats {b} (test PPL on T, chat_target, N_T = {rel[0]['n_users']}, "
-                f"V = {acfg.vocab_words})", ppl[a], ppl[b], higher_is_better=False, names=(a, b))
-                for a, b in CLAIMS if ppl.get(a) and ppl.get(b)]
+                f"V = {acfg.vocab_words})", by_seed[a], by_seed[b], higher_is_better=False,
+                trivial=triv, names=(a, b)) if ppl.get(a) and ppl.get(b) else
+                V.not_run(f"{a} beats {b} (chat_target, V = {acfg.vocab_words})",
+                          f"scheme(s) not in this run's {name} arm")
+                for a, b in CLAIMS]
             out[name] = {"table": table, "release": rel, "wall_clock_s": trained["wall_clock_s"],
                          "schemes_wall_clock_s": trained["schemes_wall_clock_s"]}
         report.write_verdicts(verdicts, workdir)
-        out["verdicts"] = [dataclasses.asdict(v) for v in verdicts]
+        out["verdicts"] = [v.to_json() for v in verdicts]
     out.update(wall_clock_s=time.time() - t0,
                **common.run_record(cfg, list(cfg.regime_seeds) + list(cfg.seeds)))
     common.save_json(out, os.path.join(workdir, "summary.json"))

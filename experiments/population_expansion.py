@@ -41,6 +41,16 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", name.replace("*", "x")).strip("_")
 
 
+def trivial_perplexity(prep) -> float:
+    """The verdicts' trivial baseline on ``prep``: test perplexity on T of the add-one unigram
+    model of T's training targets (:func:`fedpriv.verdicts.unigram_perplexity`; NON-PRIVATE
+    reference, used only to mark a scheme that learned nothing)."""
+    from fedpriv.expansion.datasets import TARGET
+    from fedpriv.verdicts import unigram_perplexity
+    train = prep.ds.clients("train", (TARGET,), (TARGET,)).concat_examples()["tokens"]
+    return unigram_perplexity(train, prep.test_tokens, prep.vocab_size)
+
+
 def run(cfg, workdir: str, log: Callable[[str], None] = print) -> dict:
     """All datasets x seeds x schemes of ``cfg``; writes the tables, charts and summary."""
     from absl import logging as absl_logging
@@ -60,7 +70,8 @@ def run(cfg, workdir: str, log: Callable[[str], None] = print) -> dict:
         "Regenerate: .venv/bin/python -m experiments.population_expansion --config "
         f"<configs/population_expansion.py:scale> --workdir {workdir}"]
     common.write_table(rows, workdir, "table", tables.table_columns(cfg), title=TITLE, notes=notes)
-    common.write_verdicts(tables.verdicts(summaries, cfg), workdir)
+    trivial = {name: trivial_perplexity(p) for name, p in preps.items()}
+    common.write_verdicts(tables.verdicts(summaries, cfg, trivial), workdir)
     common.write_table(tables.run_rows(summaries), workdir, "runs",
                        title="Table 1 runs (one row per seed)")
     common.write_table([p.stats for p in preps.values()], workdir, "data",
@@ -71,6 +82,7 @@ def run(cfg, workdir: str, log: Callable[[str], None] = print) -> dict:
                        os.path.join(workdir, "curves.png"), "server round", "val perplexity on T",
                        f"seed {cfg.seeds[0]}", log=True)
     out = {"table": rows, "runs": summaries, "data": {k: p.stats for k, p in preps.items()},
+           "nonprivate/trivial_test_ppl_T": trivial,
            "notes": notes, "wall_clock_s": time.time() - t0,
            # training + evaluation time of every scheme, including those a rerun skipped
            "schemes_wall_clock_s": sum(s["wall_clock_s"] for s in summaries),

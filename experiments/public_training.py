@@ -41,7 +41,7 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
     common.write_table(table, workdir, "public_training",
                        title="Public training for private FL (Wang et al. 2023, Table 2/3 rows)",
                        notes=public.table_notes(cfg, rr, seconds))
-    common.write_verdicts(public.verdicts(cfg, runs), workdir)
+    common.write_verdicts(public.verdicts(cfg, runs, rr.mft), workdir)
     common.write_table([{k: v for k, v in r.items() if k not in ("ledger", "curve", "shares",
                                                                  "spec", "public")}
                         for r in runs], workdir, "public_training_runs")

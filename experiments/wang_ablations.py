@@ -42,8 +42,21 @@ def _points(cfg, teacher, workdir, log, progress):
         rr = public.run_rows(pcfg, pdir, teacher=teacher, progress=progress, log=log,
                              cache_dir=os.path.join(workdir, "teacher_cache"),
                              reuse_dirs=(workdir,))
-        return [{k: v for k, v in r.items() if k != "curve"} for r in rr.runs]
+        # the verdicts' trivial baseline: most-frequent-token accuracy on the same validation set
+        base = _mft_val(rr, pcfg)
+        return [{**{k: v for k, v in r.items() if k != "curve"}, ablations.TRIVIAL_KEY: base}
+                for r in rr.runs]
     return fn
+
+
+def _mft_val(rr, pcfg) -> float | None:
+    """Most-frequent-token validation accuracy of ``run_rows``' prepared data (None without it)."""
+    prepared = getattr(rr, "prepared", None)
+    if prepared is None:
+        return None
+    from fedpriv.models.metrics import most_frequent_token_accuracy
+    val = prepared.val.concat_examples()["tokens"][: pcfg.max_eval_examples]
+    return most_frequent_token_accuracy(prepared.train.concat_examples()["tokens"], val)
 
 
 def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) -> dict:
@@ -74,11 +87,14 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
                                              metric=METRIC)
             common.write_table(out[name], workdir, name, title=title, notes=notes)
         verdicts += ablations.t_prime_verdicts(runs, lm.rounds, tps, eps, row="mid_dm",
-                                            metric=METRIC)
-    for ab, field, grid, xlabel, claim, largest in (
+                                               metric=METRIC, table="Table 4")
+        verdicts += ablations.t_prime_verdicts(runs, lm.rounds, tps, eps, row="mid_random",
+                                               metric=METRIC, table="Table 5")
+        verdicts += ablations.dm_vs_random_verdicts(runs, lm.rounds, tps, eps, metric=METRIC)
+    for ab, field, grid, xlabel, claim in (
             ("distill_steps", "distill_steps", cfg.distill_steps_grid, "distillation steps",
-             "more distillation steps help (up to a point)", False),
-            ("topk", "topk", cfg.topk_grid, "top-k teacher logits", "larger top-k helps", True)):
+             "more distillation steps help (up to a point)"),
+            ("topk", "topk", cfg.topk_grid, "top-k teacher logits", "larger top-k helps")):
         if ab not in cfg.ablations:
             continue
         runs = sweep.run_sweep(fn, dataclasses.replace(lm, rows=("pretrain_distill",)),
@@ -94,16 +110,15 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
         common.plot_curves(curves, os.path.join(workdir, f"accuracy_vs_{ab}.png"), xlabel,
                            "validation accuracy (%)", f"{lm.corpus}, DP-FTRL T={lm.rounds}: "
                            f"pre-training w/ distillation (mean ± std, seeds {list(lm.seeds)})")
-        verdicts += [v for e in eps if (v := ablations.sweep_verdict(
-            runs, field, e, f"{claim} (eps~{e:g}; Figure 2/4)", largest=largest,
-            metric=METRIC)) is not None]
+        verdicts += [v for e in eps for v in ablations.sweep_verdicts(
+            runs, field, e, f"{claim} (eps~{e:g}; Figure 2/4)", metric=METRIC)]
     every = [r for k, v in out.items() if k.endswith("_runs") for r in v]
     common.write_table([{k: r.get(k) for k in ("row", "seed", "target_epsilon", "epsilon",
                                                "t_prime", "distill_steps", "topk",
                                                "val_accuracy", "test_accuracy", "wall_clock_s")}
                         for r in every], workdir, "runs")
     common.write_verdicts(verdicts, workdir)
-    result = {**out, "verdicts": [dataclasses.asdict(v) for v in verdicts],
+    result = {**out, "verdicts": [v.to_json() for v in verdicts],
               "wall_clock_s": time.time() - t0, **common.run_record(cfg, list(lm.seeds))}
     common.save_json(result, os.path.join(workdir, "summary.json"))
     return result

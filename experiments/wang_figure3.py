@@ -62,7 +62,7 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
     result = {"summary": summary, "stats": st, "nonprivate": oracle.NONPRIVATE_ORACLE,
               "ledger": None, "oracle_final_loss": [f.oracle_history[-1]["loss"]
                                                     if f.oracle_history else None for f in figs],
-              "verdicts": [dataclasses.asdict(v) for v in verdicts],
+              "verdicts": [v.to_json() for v in verdicts],
               "wall_clock_s": time.time() - t0, **common.run_record(cfg, list(cfg.seeds))}
     common.save_json(result, os.path.join(workdir, "summary.json"))
     return result

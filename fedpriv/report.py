@@ -20,21 +20,42 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["run_record", "write_table", "plot_curves", "bar_chart", "save_json", "mean_std", "pm",
-           "metric_curve", "Verdict", "ordering_verdict", "write_verdicts", "read_verdicts",
+from fedpriv.verdicts import Verdict
+
+__all__ = ["run_record", "git_state", "write_table", "plot_curves", "bar_chart", "save_json", "mean_std", "pm",
+           "metric_curve", "Verdict", "write_verdicts", "read_verdicts", "verdicts_from_json",
            "VERDICTS_FILE"]
 
 
-def run_record(config, seed: int) -> dict:
-    """What every result carries: config, seed, versions, git commit, time."""
+def _git(*args: str, cwd: str | None = None) -> str | None:
+    """stdout of ``git args`` (trailing newlines stripped), None if git fails or is absent."""
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, timeout=10).stdout.strip()
-    except Exception:  # noqa: BLE001 - best effort
-        commit = ""
+        p = subprocess.run(["git", *args], capture_output=True, text=True, timeout=30, cwd=cwd)
+    except Exception:  # noqa: BLE001 - best effort: no git, no repository
+        return None
+    return p.stdout.rstrip("\n") if p.returncode == 0 else None
+
+
+def git_state(cwd: str | None = None, max_paths: int = 50) -> dict:
+    """The code a result ran at: ``git_commit`` (short), ``git_commit_full``, ``git_dirty``
+    (tracked files modified vs HEAD; None if unknown) and ``git_dirty_paths`` (up to
+    ``max_paths`` of them, relative to the repository root). ``cwd`` default: the checkout this
+    ``fedpriv`` package is imported from (the library code that ran). Empty strings / None
+    outside a git checkout."""
+    cwd = cwd or os.path.dirname(os.path.abspath(__file__))
+    full = _git("rev-parse", "HEAD", cwd=cwd) or ""
+    status = _git("status", "--porcelain", "--untracked-files=no", cwd=cwd) if full else None
+    paths = [line[3:].split(" -> ")[-1] for line in (status or "").splitlines() if line.strip()]
+    return {"git_commit": full[:7], "git_commit_full": full,
+            "git_dirty": None if status is None else bool(paths), "git_dirty_paths": paths[:max_paths]}
+
+
+def run_record(config, seed: int) -> dict:
+    """What every result carries: config, seed, versions, git commit (and whether the tree had
+    uncommitted changes: :func:`git_state`), time."""
     import jax
     return {"config": dataclasses.asdict(config) if dataclasses.is_dataclass(config) else config,
-            "seed": seed, "git_commit": commit, "jax": jax.__version__,
+            "seed": seed, **git_state(), "jax": jax.__version__,
             "devices": [str(d) for d in jax.devices()], "python": platform.python_version(),
             "time": time.strftime("%Y-%m-%d %H:%M:%S")}
 
@@ -159,64 +180,32 @@ def bar_chart(groups: dict[str, dict[str, tuple[float, float]]], path: str, ylab
 
 
 # --------------------------------------------------------------------------------------------
-# Verdicts: one line per claimed ordering of a paper, read by the results page
+# Verdicts (computed by fedpriv.verdicts), one per claim of a paper, read by the results page
 # (``python -m experiments.results`` -> experiments/RESULTS.md)
 # --------------------------------------------------------------------------------------------
 
 VERDICTS_FILE = "verdicts.json"
-REPRODUCED, NOT_REPRODUCED = "reproduced", "not reproduced"
-
-
-@dataclasses.dataclass(frozen=True)
-class Verdict:
-    """A paper's claim and what we measured. ``status``: ``"reproduced"`` / ``"not reproduced"``,
-    with ``" (within noise)"`` appended when the measured gap is smaller than its seed spread
-    (so the direction is not established either way); ``measured``: the numbers behind it."""
-
-    claim: str
-    status: str
-    measured: str
-
-    def __post_init__(self):
-        if self.status.split(" (")[0] not in (REPRODUCED, NOT_REPRODUCED):
-            raise ValueError(f"verdict status must start with {REPRODUCED!r} or {NOT_REPRODUCED!r}, "
-                             f"got {self.status!r}")
-
-
-def ordering_verdict(claim: str, better: Sequence[float], worse: Sequence[float], *,
-                     higher_is_better: bool, names: tuple[str, str] = ("A", "B"),
-                     digits: int = 3) -> Verdict:
-    """Verdict on the claim "``better`` beats ``worse``" from per-seed values of each.
-
-    Reproduced iff the means are ordered as claimed; "(within noise)" when the gap of the means
-    is at most ``sqrt(s_a^2 + s_b^2)`` (sample stds over seeds; with one seed each, never).
-    """
-    ma, sa, na = mean_std(better)
-    mb, sb, nb = mean_std(worse)
-    if ma is None or mb is None:
-        raise ValueError(f"ordering_verdict({claim!r}): no finite values for one side")
-    gap = (ma - mb) if higher_is_better else (mb - ma)
-    status = REPRODUCED if gap > 0 else NOT_REPRODUCED
-    spread = math.hypot(sa, sb)
-    if (na > 1 or nb > 1) and abs(gap) <= spread:
-        status += " (within noise)"
-    f = lambda m, s, n: f"{m:.{digits}g} ± {s:.{digits}g} (n={n})" if n > 1 else f"{m:.{digits}g}"
-    measured = f"{names[0]} {f(ma, sa, na)} vs {names[1]} {f(mb, sb, nb)}; gap {gap:+.{digits}g}"
-    return Verdict(claim, status, measured)
 
 
 def write_verdicts(verdicts: Sequence[Verdict], workdir: str) -> str:
     """``workdir/verdicts.json`` (atomic), the file the results page reads."""
     os.makedirs(workdir, exist_ok=True)
     path = os.path.join(workdir, VERDICTS_FILE)
-    save_json([dataclasses.asdict(v) for v in verdicts], path)
+    save_json([v.to_json() for v in verdicts], path)
     return path
 
 
 def read_verdicts(workdir: str) -> list[Verdict]:
-    """The verdicts an experiment wrote to ``workdir`` ([] if none)."""
+    """The verdicts an experiment wrote to ``workdir`` ([] if none); one written under the old
+    "within noise" rule reads back as :data:`fedpriv.verdicts.LEGACY` (never as reproduced)."""
     path = os.path.join(workdir, VERDICTS_FILE)
     if not os.path.exists(path):
         return []
     with open(path) as f:
-        return [Verdict(**v) for v in json.load(f)]
+        return [verdicts_from_json(v) for v in json.load(f)]
+
+
+def verdicts_from_json(d: dict) -> Verdict:
+    """A :class:`Verdict` from its JSON dict (an old-rule status: :func:`fedpriv.verdicts.legacy`)."""
+    from fedpriv.verdicts import STATUSES, legacy
+    return Verdict(**d) if d.get("status") in STATUSES and "kind" in d else legacy(d)

@@ -413,14 +413,18 @@ def test_error_paths():
 
 
 def test_mixture_monotone_verdict():
-    """fedpriv.fred.mixtures.monotone_verdict: strict monotonicity of the means; "(within
-    noise)" when an adjacent gap is inside the spread; one value per Y is never noise."""
+    """fedpriv.fred.mixtures.monotone_verdict: one deterministic value per Y (exact=True) is
+    judged exactly; per-trial values by the 90 % interval of every adjacent pair (paired when
+    keyed by trial), so a gap inside the noise is inconclusive, never reproduced."""
     from fedpriv.fred.mixtures import monotone_verdict
-    assert monotone_verdict("c", [0, 50, 100], [[3.0], [2.0], [1.0]]).status == "reproduced"
-    assert monotone_verdict("c", [0, 50, 100], [[3.0], [3.5], [1.0]]).status == "not reproduced"
+    assert monotone_verdict("c", [0, 50, 100], [[3.0], [2.0], [1.0]], exact=True).status == "reproduced"
+    assert monotone_verdict("c", [0, 50, 100], [[3.0], [3.5], [1.0]], exact=True).status == "not reproduced"
+    assert monotone_verdict("c", [0, 100], [[1.0], [2.0]], decreasing=False, exact=True).status == "reproduced"
     v = monotone_verdict("c", [0, 100], [[3.0, 3.2], [3.0, 3.1]])
-    assert v.status == "reproduced (within noise)" and "Y=100" in v.measured
-    assert monotone_verdict("c", [0, 100], [[1.0], [2.0]], decreasing=False).status == "reproduced"
+    assert v.status == "inconclusive (interval contains 0)" and "Y=100" in v.measured
+    v = monotone_verdict("c", [0, 100], [{0: 3.0, 1: 3.2, 2: 3.1}, {0: 2.0, 1: 2.3, 2: 2.05}])
+    assert v.status == "reproduced" and "paired t" in v.measured
+    assert monotone_verdict("c", [0, 100], [[3.0], [1.0]]).status == "inconclusive (too few seeds)"
 
 
 def test_fred_table_verdicts_follow_the_releases():

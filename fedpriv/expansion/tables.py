@@ -153,17 +153,21 @@ def table_notes(cfg, preps: dict) -> list[str]:
     return notes
 
 
-def verdicts(summaries: list[dict], cfg) -> list:
-    """One :class:`fedpriv.report.Verdict` per ordering Koga et al. claim in Sec. 4.3, per dataset,
-    on test perplexity on T over seeds (lower is better). A claim naming a scheme that was not
-    run is skipped."""
-    from fedpriv.report import ordering_verdict
+def verdicts(summaries: list[dict], cfg, trivial: dict | None = None) -> list:
+    """One :class:`fedpriv.verdicts.Verdict` per ordering Koga et al. claim in Sec. 4.3, per
+    dataset, on test perplexity on T (lower is better), paired by seed (:func:`fedpriv.verdicts.
+    compare`, 90 % interval). ``trivial``: ``{dataset: unigram test perplexity on T}`` (the
+    trivial baseline: a scheme not below it is "inconclusive (below the trivial baseline)");
+    None: no baseline (the verdicts say so). "X is the worst / best scheme" holds iff X loses to
+    / beats every other scheme (:func:`fedpriv.verdicts.combine`). A claim naming a scheme that
+    was not run is listed as "not run yet"."""
+    from fedpriv import verdicts as V
     out = []
     for name in cfg.datasets:
-        ppl = {s: [r["test_ppl"] for r in summaries if r["dataset"] == name and r["scheme"] == s]
+        ppl = {s: {r["seed"]: r["test_ppl"] for r in summaries if r["dataset"] == name and r["scheme"] == s}
                for s in cfg.schemes}
         ppl = {s: v for s, v in ppl.items() if v}
-        mean = {s: float(np.mean(v)) for s, v in ppl.items()}
+        triv = (trivial or {}).get(name)
         claims = [("T w. C", "T w. alpha*C", "a cohort of C beats alpha*C in T alone"),
                   ("DSDSR", "S u T", "DSDSR improves on S u T"), ("DEMix", "S u T", "DEMix improves on S u T"),
                   ("IW", "S u T", "IW outperforms the S u T baseline"),
@@ -172,19 +176,21 @@ def verdicts(summaries: list[dict], cfg) -> list:
                   ("IWPT", "PT", "IWPT improves on PT"), ("IWPT", "IW", "IWPT improves on IW")]
         if name == "topics":  # "better than the DA specific architectures on SubReddits"
             claims += [(a, b, f"{a} beats {b} (SubReddits)") for a in ("IW", "PT") for b in ("DSDSR", "DEMix")]
+        cmp = lambda a, b, claim: V.compare(claim, ppl[a], ppl[b], higher_is_better=False,  # noqa: E731
+                                            trivial=triv, names=(a, b))
         for better, worse, claim in claims:
             if better in ppl and worse in ppl:
-                out.append(ordering_verdict(f"[{name}] {claim}", ppl[better], ppl[worse],
-                                            higher_is_better=False, names=(better, worse), digits=4))
-        others = sorted(mean, key=mean.get)
-        if "T w. alpha*C" in ppl and len(others) > 1:
-            rival = [s for s in others if s != "T w. alpha*C"][-1]   # the worst of the others
-            out.append(ordering_verdict(f"[{name}] T w. alpha*C is the worst scheme", ppl[rival],
-                                        ppl["T w. alpha*C"], higher_is_better=False,
-                                        names=(f"worst other ({rival})", "T w. alpha*C"), digits=4))
-        if "IWPT" in ppl and len(others) > 1:
-            rival = [s for s in others if s != "IWPT"][0]             # the best of the others
-            out.append(ordering_verdict(f"[{name}] IWPT is the best scheme", ppl["IWPT"], ppl[rival],
-                                        higher_is_better=False, names=("IWPT", f"best other ({rival})"),
-                                        digits=4))
+                out.append(cmp(better, worse, f"[{name}] {claim}"))
+            else:
+                out.append(V.not_run(f"[{name}] {claim}", "scheme(s) not in this run: "
+                                     + ", ".join(s for s in (better, worse) if s not in ppl)))
+        for x, claim, beats in (("T w. alpha*C", "T w. alpha*C is the worst scheme", False),
+                                ("IWPT", "IWPT is the best scheme", True)):
+            others = [s for s in ppl if s != x]
+            if x in ppl and others:
+                parts = [cmp(x, o, f"{x} beats {o}") if beats else cmp(o, x, f"{o} beats {x}")
+                         for o in others]
+                out.append(V.combine(f"[{name}] {claim}", parts))
+            else:
+                out.append(V.not_run(f"[{name}] {claim}", f"{x} or every other scheme not in this run"))
     return out

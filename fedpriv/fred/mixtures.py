@@ -176,37 +176,44 @@ def trials_epsilon(epsilon: float, delta: float, trials: int, at_delta: float) -
 # Verdicts
 # ============================================================================================
 
-def monotone_verdict(claim: str, ys: Sequence[float], values: Sequence[Sequence[float]], *,
-                     decreasing: bool = True, digits: int = 4):
-    """Verdict on "``values`` (per Y: per-seed/trial list) is monotone in Y" (means).
+def monotone_verdict(claim: str, ys: Sequence[float], values: Sequence, *, decreasing: bool = True,
+                     exact: bool = False, digits: int = 4):
+    """Verdict on "the values are monotone in Y" (:mod:`fedpriv.verdicts`).
 
-    Reproduced iff the means are strictly monotone; "(within noise)" when some adjacent gap is
-    at most ``sqrt(s_a^2 + s_b^2)`` of the two Ys' spreads (sample stds; one value: never).
+    ``exact``: ``values[i]`` is one deterministic number per Y (e.g. non-private FreD of fixed
+    data): reproduced iff strictly monotone (:func:`fedpriv.verdicts.check`). Otherwise
+    ``values[i]`` holds per-trial/seed values (``{trial or seed: value}`` pairs them across Ys)
+    and every consecutive pair is compared by its 90 % interval (:func:`fedpriv.verdicts.monotone`;
+    no trivial baseline: FreD has none and the perplexity claims' unigram baseline is not
+    computed here).
     """
-    from fedpriv.report import Verdict, mean_std
-    ms = [mean_std(v) for v in values]
-    if any(m is None for m, _, _ in ms):
-        raise ValueError(f"monotone_verdict({claim!r}): a Y has no finite values")
-    gaps = [(a[0] - b[0]) if decreasing else (b[0] - a[0]) for a, b in zip(ms, ms[1:])]
-    status = "reproduced" if all(g > 0 for g in gaps) else "not reproduced"
-    if any(abs(g) <= math.hypot(a[1], b[1]) for g, a, b in zip(gaps, ms, ms[1:])
-           if a[2] > 1 or b[2] > 1):
-        status += " (within noise)"
-    f = lambda m, s, n: f"{m:.{digits}g} ± {s:.{digits}g}" if n > 1 else f"{m:.{digits}g}"
-    seq = ", ".join(f"Y={y:g}: {f(*m)}" for y, m in zip(ys, ms))
-    n = max(m[2] for m in ms)
-    return Verdict(claim, status, f"{seq} (n={n})")
+    from fedpriv import verdicts as V
+    if exact:
+        flat = []
+        for v in values:
+            f = [float(x) for x in (v.values() if isinstance(v, dict) else v)]
+            if len(f) != 1 or not math.isfinite(f[0]):
+                raise ValueError(f"monotone_verdict({claim!r}): exact needs one finite value per Y")
+            flat.append(f[0])
+        gaps = [(a - b) if decreasing else (b - a) for a, b in zip(flat, flat[1:])]
+        return V.check(claim, all(g > 0 for g in gaps),
+                       ", ".join(f"Y={y:g}: {v:.{digits}g}" for y, v in zip(ys, flat)),
+                       basis="one deterministic value per Y (no sampling noise)")
+    return V.monotone(claim, list(ys), list(values), increasing=not decreasing, higher_is_better=False,
+                      trivial=None, label="Y", digits=digits)
 
 
 def separation_verdict(claim: str, closer: Sequence[float], farther: Sequence[float],
                        names: tuple[str, str], digits: int = 5):
-    """Verdict on "every ``closer`` value is below every ``farther`` value" (max < min)."""
-    from fedpriv.report import Verdict
+    """Verdict on "every ``closer`` value is below every ``farther`` value" (max < min), a
+    statement about every observed trial (:func:`fedpriv.verdicts.check`)."""
+    from fedpriv import verdicts as V
     ok = max(closer) < min(farther)
-    return Verdict(claim, "reproduced" if ok else "not reproduced",
+    return V.check(claim, ok,
                    f"{names[0]} in [{min(closer):.{digits}g}, {max(closer):.{digits}g}], "
                    f"{names[1]} in [{min(farther):.{digits}g}, {max(farther):.{digits}g}] "
-                   f"over {len(closer)} trials; margin {min(farther) - max(closer):+.{digits}g}")
+                   f"over {len(closer)} trials; margin {min(farther) - max(closer):+.{digits}g}",
+                   basis=f"every one of the {len(closer)} observed trials")
 
 
 # ============================================================================================

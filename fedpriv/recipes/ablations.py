@@ -8,6 +8,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from fedpriv import report
+from fedpriv import verdicts as V
 
 # --------------------------------------------------------------------------------------------
 
@@ -76,46 +77,85 @@ def ablation_curves(runs: list[dict], x_key: str, epsilons, *, row: str = "pretr
     return curves
 
 
-def _best(groups: dict, higher: bool = True):
-    """The key of `groups` (key -> per-seed values) with the best mean."""
-    means = {k: report.mean_std(v)[0] for k, v in groups.items() if report.mean_std(v)[0] is not None}
-    return (max if higher else min)(means, key=means.get)
+TRIVIAL_KEY = "most_frequent_token_val_accuracy"
+
+
+def _per_seed(runs, row, eps, metric, **where) -> dict:
+    """``{seed: 100 * metric}`` of the runs of (row, eps, where)."""
+    return {r["seed"]: 100 * r[metric] for r in _runs_at(runs, row, eps, **where)
+            if r.get(metric) is not None}
+
+
+def _trivial(runs) -> float | None:
+    """The trivial baseline (%) of these runs: the mean of their most-frequent-token validation
+    accuracy (:data:`TRIVIAL_KEY`, recorded per run by the experiment); None if none has it."""
+    vals = [100 * r[TRIVIAL_KEY] for r in runs if r.get(TRIVIAL_KEY) is not None]
+    return sum(vals) / len(vals) if vals else None
 
 
 def t_prime_verdicts(runs: list[dict], rounds: int, t_primes, epsilons, *, row: str = "mid_dm",
-                     metric: str = "val_accuracy") -> list:
-    """Verdicts on Table 4's orderings per epsilon: T' = T/2 beats the best other T'; T' = T is
-    below the worst other T' (per-seed `metric`, validation)."""
-    out = []
+                     metric: str = "val_accuracy", table: str = "Table 4") -> list:
+    """Verdicts on the T' orderings of Table 4 (``row="mid_dm"``) or Table 5 (``"mid_random"``)
+    per epsilon (:mod:`fedpriv.verdicts`, paired by seed, 90 % interval, trivial baseline the
+    most-frequent-token accuracy): "T'=T/2 is the best T'" holds iff T/2 beats every other T'
+    that ran; "T'=T is the worst" iff every other T' beats T (Table 4 only: Table 5 has no T)."""
+    out, trivial = [], _trivial(runs)
+    half, T = rounds // 2, rounds
     for eps in epsilons:
-        vals = {tp: [r.get(metric) for r in _runs_at(runs, t_prime_row_name(row, tp), eps,
-                                                     t_prime=tp)] for tp in t_primes}
-        vals = {tp: v for tp, v in vals.items() if report.mean_std(v)[0] is not None}
-        half, T = rounds // 2, rounds
+        vals = {tp: _per_seed(runs, t_prime_row_name(row, tp), eps, metric, t_prime=tp) for tp in t_primes}
+        vals = {tp: v for tp, v in vals.items() if v}
+        lab = lambda tp: t_prime_label(tp, T)  # noqa: E731
+        cmp = lambda a, b: V.compare(f"{lab(a)} beats {lab(b)}", vals[a], vals[b],  # noqa: E731
+                                     higher_is_better=True, trivial=trivial, names=(lab(a), lab(b)))
+        claim = f"T'=T/2 is the best T' ({row}, eps~{eps:g}; {table})"
         if half in vals and len(vals) > 1:
-            other = _best({k: v for k, v in vals.items() if k != half})
-            out.append(report.ordering_verdict(
-                f"T'=T/2 is the best T' ({row}, eps~{eps:g}; Table 4)", vals[half], vals[other],
-                higher_is_better=True, names=(t_prime_label(half, T), t_prime_label(other, T))))
-        if T in vals and len(vals) > 1:
-            other = _best({k: v for k, v in vals.items() if k != T}, higher=False)
-            out.append(report.ordering_verdict(
-                f"T'=T is the worst T' ({row}, eps~{eps:g}; Table 4)", vals[other], vals[T],
-                higher_is_better=True, names=(t_prime_label(other, T), t_prime_label(T, T))))
+            out.append(V.combine(claim, [cmp(half, tp) for tp in vals if tp != half]))
+        else:
+            out.append(V.not_run(claim, f"T'={half} or any other T' not in this run"))
+        if table == "Table 4":
+            claim = f"T'=T is the worst T' ({row}, eps~{eps:g}; {table})"
+            if T in vals and len(vals) > 1:
+                out.append(V.combine(claim, [cmp(tp, T) for tp in vals if tp != T]))
+            else:
+                out.append(V.not_run(claim, f"T'={T} or any other T' not in this run"))
     return out
 
 
-def sweep_verdict(runs: list[dict], x_key: str, eps: float, claim: str, *, largest: bool,
-                  row: str = "pretrain_distill", metric: str = "val_accuracy"):
-    """Verdict that more of `x_key` helps at `eps`: the largest value (``largest``) or the best
-    value above the smallest ("up to a point") beats the smallest value."""
-    vals = {r[x_key]: [] for r in runs if r["row"] == row and r["target_epsilon"] == eps}
-    for x in vals:
-        vals[x] = [r.get(metric) for r in _runs_at(runs, row, eps, **{x_key: x})]
-    vals = {x: v for x, v in vals.items() if report.mean_std(v)[0] is not None}
+def dm_vs_random_verdicts(runs: list[dict], rounds: int, t_primes, epsilons, *,
+                          metric: str = "val_accuracy") -> list:
+    """"Distribution matching beats a random public subset at the same T'" (Table 4 vs Table 5),
+    per epsilon and per 0 < T' that both rows ran (T' = 0 is the same random pre-training in
+    both tables), paired by seed."""
+    out, trivial = [], _trivial(runs)
+    for eps in epsilons:
+        for tp in t_primes:
+            if tp == 0:
+                continue
+            claim = (f"distribution matching beats a random public subset at the same T' = "
+                     f"{t_prime_label(tp, rounds)} (eps~{eps:g}; Table 4 vs Table 5)")
+            dm, rnd = (_per_seed(runs, r, eps, metric, t_prime=tp) for r in ("mid_dm", "mid_random"))
+            out.append(V.compare(claim, dm, rnd, higher_is_better=True, trivial=trivial,
+                                 names=("mid_dm", "mid_random")) if dm and rnd else
+                       V.not_run(claim, "mid_dm or mid_random not run at this T'"))
+    return out
+
+
+def sweep_verdicts(runs: list[dict], x_key: str, eps: float, claim: str, *,
+                   row: str = "pretrain_distill", metric: str = "val_accuracy") -> list:
+    """Two verdicts that more of `x_key` helps at `eps` (paired by seed): the largest value beats
+    the smallest (the end-to-end contrast), and the metric increases over every consecutive
+    pair of the grid (:func:`fedpriv.verdicts.monotone`). Never the best of several against
+    the smallest (that picks the winner after seeing the data). [] if fewer than 2 values ran."""
+    xs = sorted({r[x_key] for r in runs if r["row"] == row and r["target_epsilon"] == eps})
+    vals = {x: _per_seed(runs, row, eps, metric, **{x_key: x}) for x in xs}
+    vals = {x: v for x, v in vals.items() if v}
     if len(vals) < 2:
-        return None
-    lo = min(vals)
-    hi = max(vals) if largest else _best({k: v for k, v in vals.items() if k != lo})
-    return report.ordering_verdict(claim, vals[hi], vals[lo], higher_is_better=True,
-                                   names=(f"{x_key}={hi}", f"{x_key}={lo}"))
+        return []
+    xs, trivial = sorted(vals), _trivial(runs)
+    lo, hi = xs[0], xs[-1]
+    out = [V.compare(f"{claim}: largest vs smallest {x_key}", vals[hi], vals[lo], higher_is_better=True,
+                     trivial=trivial, names=(f"{x_key}={hi}", f"{x_key}={lo}"))]
+    if len(xs) > 2:
+        out.append(V.monotone(f"{claim}: every consecutive {x_key} pair", xs, [vals[x] for x in xs],
+                              increasing=True, higher_is_better=True, trivial=trivial, label=x_key))
+    return out

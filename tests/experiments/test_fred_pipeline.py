@@ -52,7 +52,9 @@ def test_fred_pipeline_smoke(tmp_path):
     assert "test_ppl_after_fl" in md and "678.12" in md and "65.9" in md  # the paper's Table 1
     assert (tmp_path / "fred_pipeline.png").stat().st_size > 1000
     verdicts = report.read_verdicts(str(tmp_path))
-    assert [v.claim for v in verdicts] == [fred_pipeline.CLAIM_RANKING]  # one candidate ran
+    # one candidate ran: the perplexity claim is listed as not run, with the reason
+    assert [(v.claim, v.status) for v in verdicts][0] == (fred_pipeline.CLAIM_PERPLEXITY, "not run yet")
+    assert [v.claim for v in verdicts][1:] == [fred_pipeline.CLAIM_RANKING]
     assert "perplexity claim not evaluated" in md
     # resumed per stage (fedpriv.fl.stages): results and the one ledger come from stages.json;
     # a stages.json written before the test columns existed is back-filled, not reused blank
@@ -84,13 +86,14 @@ def test_verdicts_of_table1():
                     {"prefinetune data": "c", "test_ppl_after_fl": 70.0},
                     {"prefinetune data": "b", "test_ppl_after_fl": 65.0}]}
     ppl, rank = fred_pipeline.verdicts(res)
-    assert ppl.claim == fred_pipeline.CLAIM_PERPLEXITY and ppl.status == "reproduced"
-    assert "closest (a) 60" in ppl.measured and "farthest (b) 65" in ppl.measured
+    # one run per candidate: no interval, so no direction is claimed either way
+    assert ppl.claim == fred_pipeline.CLAIM_PERPLEXITY and ppl.status == "inconclusive (too few seeds)"
+    assert "closest (a) 60 (n=1)" in ppl.measured and "farthest (b) 65 (n=1)" in ppl.measured
     assert rank.status == "reproduced" and "whole ranking identical: False" in rank.measured
     res["ranking"] = [["b", 1.0], ["a", 2.0], ["c", 3.0]]
     res["rows"][1]["test_ppl_after_fl"] = 66.0
     ppl, rank = fred_pipeline.verdicts(res)
-    assert ppl.status == "not reproduced" and rank.status == "not reproduced"
+    assert ppl.status == "inconclusive (too few seeds)" and rank.status == "not reproduced"
 
 
 def test_paper_config_accounts_within_budget():

@@ -22,8 +22,13 @@ def test_smoke_config_writes_tables_and_resumes(tmp_path, capsys, monkeypatch):
         assert os.path.getsize(os.path.join(wd, name)) > 0, name
     assert [r["method"] for r in out["table"]] == [TITLES[r] for r in cfg.rows]
     from fedpriv.report import read_verdicts
-    claims = [v.claim for v in read_verdicts(wd)]  # one per (epsilon, claimed ordering of Tables 2/3)
-    assert len(claims) == 7 * len(cfg.epsilons) and any("distribution matching" in c for c in claims)
+    vs = read_verdicts(wd)  # nine per epsilon (claims of Tables 2/3) + the Transformer column
+    claims = [v.claim for v in vs]
+    assert len(claims) == 9 * len(cfg.epsilons) + 1 and any("distribution matching" in c for c in claims)
+    # every claim has a verdict or a stated reason; the weak-privacy Table 3 claim is an equivalence
+    assert all(v.reason for v in vs if v.status in ("not run yet", "not testable here"))
+    assert [v.kind for v in vs if "negligible" in v.claim] == ["equivalence"] * sum(
+        e >= 10 for e in cfg.epsilons)
     runs = out["runs"]
     assert len(runs) == len(cfg.rows) * len(cfg.epsilons)
     for r in runs:

@@ -1,0 +1,184 @@
+"""fedpriv.verdicts: the one verdict function. Intervals are checked against hand computations
+with scipy.stats.t; every status is reached; a side below its trivial baseline is never
+"reproduced" / "not reproduced"; verdicts round-trip through JSON."""
+import json
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from fedpriv import verdicts as V
+from fedpriv.report import read_verdicts, verdicts_from_json, write_verdicts
+
+
+def test_paired_interval_by_hand():
+    a = {0: 10.0, 1: 12.0, 2: 11.5}
+    b = {0: 9.0, 1: 10.5, 2: 11.0}
+    d = np.array([1.0, 1.5, 0.5])
+    half = stats.t.ppf(0.95, 2) * d.std(ddof=1) / math.sqrt(3)
+    gap, ci, method, n = V.t_interval(a, b)
+    assert method == "paired t" and n == 3
+    assert gap == pytest.approx(1.0, rel=1e-12)
+    assert ci == pytest.approx((1.0 - half, 1.0 + half), rel=1e-12)
+    v = V.compare("a beats b", a, b, higher_is_better=True, trivial=5.0)
+    assert v.status == V.REPRODUCED and v.method == "paired t" and v.ci == pytest.approx(ci)
+    # the same numbers unpaired (sequences): Welch, a wider interval here that contains 0
+    v = V.compare("a beats b", list(a.values()), list(b.values()), higher_is_better=True, trivial=5.0)
+    xa, xb = np.array(list(a.values())), np.array(list(b.values()))
+    va, vb = xa.var(ddof=1) / 3, xb.var(ddof=1) / 3
+    df = (va + vb) ** 2 / (va ** 2 / 2 + vb ** 2 / 2)
+    half = stats.t.ppf(0.95, df) * math.sqrt(va + vb)
+    assert v.method == "Welch t" and v.ci == pytest.approx((1.0 - half, 1.0 + half), rel=1e-12)
+    assert v.status == V.INCONCLUSIVE and v.ci[0] < 0 < v.ci[1]
+
+
+def test_different_seeds_are_not_paired_and_forcing_it_is_refused():
+    a, b = {0: 1.0, 1: 2.0}, {0: 1.0, 2: 3.0}
+    assert V.t_interval(a, b)[2] == "Welch t"
+    with pytest.raises(ValueError, match="same seeds"):
+        V.t_interval(a, b, paired=True)
+    with pytest.raises(ValueError, match="no finite values"):
+        V.compare("c", [], [1.0], higher_is_better=True, trivial=None)
+
+
+def test_every_ordering_status():
+    kw = dict(higher_is_better=True, trivial=0.0)
+    hi, lo = {0: 10.0, 1: 11.0, 2: 12.0}, {0: 5.0, 1: 6.5, 2: 7.0}
+    assert V.compare("c", hi, lo, **kw).status == V.REPRODUCED
+    assert V.compare("c", lo, hi, **kw).status == V.NOT_REPRODUCED
+    assert V.compare("c", {0: 1.0, 1: 3.0, 2: 2.0}, {0: 2.0, 1: 2.0, 2: 2.0}, **kw).status == V.INCONCLUSIVE
+    assert V.compare("c", [3.0], [1.0], **kw).status == V.TOO_FEW_SEEDS          # n = 1: no interval
+    assert V.compare("c", {0: 3.0}, {0: 1.0}, **kw).status == V.TOO_FEW_SEEDS    # one pair
+    assert V.compare("c", [3.0, 3.1], [1.0], **kw).status == V.TOO_FEW_SEEDS     # Welch, one side n=1
+    # lower is better (perplexity): A's smaller values support "A beats B"
+    assert V.compare("c", lo, hi, higher_is_better=False, trivial=None).status == V.REPRODUCED
+    v = V.compare("c", hi, lo, higher_is_better=False, trivial=None)
+    assert v.status == V.NOT_REPRODUCED and v.gap == pytest.approx(14.5 / 3, rel=1e-12)  # raw A - B
+    # constant sides: the interval is the point, which excludes 0
+    assert V.compare("c", [2.0, 2.0], [1.0, 1.0], **kw).ci == (1.0, 1.0)
+
+
+def test_below_the_trivial_baseline_is_never_reproduced_or_not():
+    hi, lo = {0: 10.0, 1: 11.0, 2: 12.0}, {0: 5.0, 1: 6.5, 2: 7.0}
+    # B below its trivial baseline: a clear gap is still no evidence about the claim
+    for a, b in ((hi, lo), (lo, hi)):
+        v = V.compare("c", a, b, higher_is_better=True, trivial=8.0)
+        assert v.status == V.BELOW_TRIVIAL and "NOT above it" in v.measured
+    # each side its own baseline (e.g. two tokenizers); equal to it is not above it
+    assert V.compare("c", hi, lo, higher_is_better=True, trivial=(9.0, 4.0)).status == V.REPRODUCED
+    assert V.compare("c", hi, lo, higher_is_better=True, trivial=(11.0, 4.0)).status == V.BELOW_TRIVIAL
+    # lower is better: a perplexity above the trivial (e.g. unigram) perplexity has learned nothing
+    assert V.compare("c", lo, hi, higher_is_better=False, trivial=(20.0, 11.0)).status == V.BELOW_TRIVIAL
+    assert V.compare("c", lo, hi, higher_is_better=False, trivial=(20.0, 12.5)).status == V.REPRODUCED
+    # per-seed baselines: their mean
+    assert V.compare("c", hi, lo, higher_is_better=True, trivial=[4.0, 8.0, 9.0]).status == V.BELOW_TRIVIAL
+    # trivial is checked before the seed count too
+    assert V.compare("c", [1.0], [0.5], higher_is_better=True, trivial=2.0).status == V.BELOW_TRIVIAL
+    assert V.equivalence("c", hi, hi, margin=1.0, higher_is_better=True, trivial=20.0).status == V.BELOW_TRIVIAL
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0, 1), min_size=1, max_size=5), st.lists(st.floats(0, 1), min_size=1, max_size=5),
+       st.floats(0, 1), st.booleans())
+def test_property_below_trivial_never_decides(a, b, trivial, higher):
+    v = V.compare("c", a, b, higher_is_better=higher, trivial=trivial)
+    ma, mb = np.mean(a), np.mean(b)
+    better = (lambda m: m > trivial) if higher else (lambda m: m < trivial)
+    if not (better(ma) and better(mb)):
+        assert v.status == V.BELOW_TRIVIAL
+    if v.status in (V.REPRODUCED, V.NOT_REPRODUCED):
+        assert better(ma) and better(mb) and v.ci is not None and not v.ci[0] <= 0 <= v.ci[1]
+
+
+def test_equivalence_tost():
+    a = {0: 10.0, 1: 10.2, 2: 9.9, 3: 10.1}
+    b = {0: 10.05, 1: 10.1, 2: 10.0, 3: 10.0}
+    d = np.array([a[k] - b[k] for k in a])
+    half = stats.t.ppf(0.95, 3) * d.std(ddof=1) / 2
+    v = V.equivalence("negligible", a, b, margin=0.5, higher_is_better=True, trivial=1.0)
+    assert v.status == V.EQUIVALENT and v.kind == "equivalence" and v.margin == 0.5
+    assert v.ci == pytest.approx((d.mean() - half, d.mean() + half), rel=1e-12)
+    # the same interval with a margin it does not fit in
+    assert V.equivalence("n", a, b, margin=half / 2, higher_is_better=True,
+                         trivial=1.0).status == V.NOT_EQUIVALENT
+    assert V.equivalence("n", [1.0], [1.0], margin=1, higher_is_better=True, trivial=None).status == V.TOO_FEW_SEEDS
+    with pytest.raises(ValueError, match="margin"):
+        V.equivalence("n", a, b, margin=0, higher_is_better=True, trivial=None)
+
+
+def test_monotone_pairs():
+    ys = [0, 50, 100]
+    dec = [{0: 3.0, 1: 3.1, 2: 3.2}, {0: 2.0, 1: 2.2, 2: 2.1}, {0: 1.0, 1: 1.1, 2: 0.9}]
+    v = V.monotone("ppl falls with Y", ys, dec, increasing=False, higher_is_better=False, trivial=None,
+                   label="Y")
+    assert v.status == V.REPRODUCED and len(v.parts) == 2 and all(p.status == V.REPRODUCED for p in v.parts)
+    v = V.monotone("c", ys, dec, increasing=True, higher_is_better=False, trivial=None)
+    assert v.status == V.NOT_REPRODUCED
+    flat = [dec[0], {0: 3.0, 1: 3.3, 2: 3.05}, dec[2]]
+    assert V.monotone("c", ys, flat, increasing=False, higher_is_better=False,
+                      trivial=None).status == V.INCONCLUSIVE
+    assert V.monotone("c", ys, [[3.0], [2.0], [1.0]], increasing=False, higher_is_better=False,
+                      trivial=None).status == V.TOO_FEW_SEEDS
+    # per-x trivial baselines: one pair below -> inconclusive, never reproduced
+    assert V.monotone("c", ys, dec, increasing=False, higher_is_better=False,
+                      trivial=[10.0, 2.0, 10.0]).status == V.BELOW_TRIVIAL
+
+
+def test_exact_untestable_and_status_validation():
+    assert V.check("closed form", True, "x", basis="exact").status == V.REPRODUCED
+    assert V.check("closed form", False, "x", basis="exact").status == V.NOT_REPRODUCED
+    assert V.not_testable("c", "pool too small").status == V.NOT_TESTABLE
+    assert V.not_run("c", "needs a GPU").status == V.NOT_RUN
+    with pytest.raises(ValueError, match="reason"):
+        V.not_testable("c", "")
+    with pytest.raises(ValueError, match="verdict status"):
+        V.Verdict("c", "reproduced (within noise)")
+
+
+def test_json_round_trip_and_old_rule_verdicts(tmp_path):
+    vs = [V.compare("a", {0: 2.0, 1: 3.0}, {0: 1.0, 1: 1.5}, higher_is_better=True, trivial=0.5),
+          V.monotone("m", [1, 2], [[1.0, 1.1], [2.0, 2.1]], increasing=True, higher_is_better=True,
+                     trivial=None),
+          V.not_testable("t", "why")]
+    write_verdicts(vs, str(tmp_path))
+    assert read_verdicts(str(tmp_path)) == vs
+    # a verdicts.json written by the old "within noise" rule is never read as reproduced
+    old = [{"claim": "x", "status": "reproduced", "measured": "1 vs 0"},
+           {"claim": "y", "status": "not reproduced (within noise)", "measured": "0 vs 0.1"}]
+    (tmp_path / "verdicts.json").write_text(json.dumps(old))
+    assert {v.status for v in read_verdicts(str(tmp_path))} == {V.LEGACY}
+    assert verdicts_from_json(vs[0].to_json()) == vs[0]
+
+
+def test_noninferiority_and_combine():
+    a = {0: 10.0, 1: 10.2, 2: 9.9, 3: 10.1}
+    b = {0: 10.3, 1: 10.4, 2: 10.2, 3: 10.3}   # A worse by ~0.25 +- a little
+    kw = dict(higher_is_better=True, trivial=1.0)
+    assert V.noninferior("a >= b", a, b, margin=1.0, **kw).status == V.REPRODUCED      # within the margin
+    assert V.noninferior("a >= b", a, b, margin=0.05, **kw).status == V.NOT_REPRODUCED  # clearly beyond it
+    assert V.compare("a > b", a, b, **kw).status == V.NOT_REPRODUCED                   # but not better
+    # lower is better: the same numbers as perplexities, A lower = better
+    assert V.noninferior("a >= b", a, b, margin=0.05, higher_is_better=False, trivial=None).status == V.REPRODUCED
+    # "X is the best": X beats each other one; one tie is enough to leave it open
+    hi, mid, lo = {0: 3.0, 1: 3.2, 2: 3.1}, {0: 2.0, 1: 2.2, 2: 2.1}, {0: 1.0, 1: 1.1, 2: 0.9}
+    parts = [V.compare(f"x beats {n}", hi, v, higher_is_better=True, trivial=None) for n, v in
+             (("mid", mid), ("lo", lo))]
+    assert V.combine("x is best", parts).status == V.REPRODUCED
+    tie = V.compare("x beats y", hi, {0: 3.1, 1: 3.0, 2: 3.3}, higher_is_better=True, trivial=None)
+    assert V.combine("x is best", parts + [tie]).status == V.INCONCLUSIVE
+    worse = V.compare("x beats z", hi, {0: 5.0, 1: 5.1, 2: 5.2}, higher_is_better=True, trivial=None)
+    assert V.combine("x is best", parts + [tie, worse]).status == V.NOT_REPRODUCED
+
+
+def test_unigram_perplexity_by_hand():
+    # targets (column 1 onwards, PAD=0 dropped): train 2,2,3 ; eval 2,3 ; vocab 4, add-one
+    train = np.array([[1, 2, 2, 3, 0]])
+    ev = np.array([[1, 2, 3, 0, 0]])
+    p = np.array([1, 1, 3, 2]) / 7.0
+    expect = math.exp(-(math.log(p[2]) + math.log(p[3])) / 2)
+    assert V.unigram_perplexity(train, ev, 4) == pytest.approx(expect, rel=1e-12)
+    # a context-free model cannot beat the entropy of the eval distribution it was fitted to
+    assert V.unigram_perplexity(train, ev, 4) > 1.0
