@@ -24,6 +24,8 @@ class Artefact:
     outputs: tuple = ()   # files in the run's workdir the results page shows (.md inlined, .png linked)
     claims: tuple = ()    # the results page shows the verdicts whose claim contains one of these
                           # (artefacts of one module share its verdicts.json); () = all
+    depends: tuple = ()   # paths beyond fedpriv/, its config and module (and the configs /
+                          # modules they import) whose changes make its results stale
 
 
 ARTEFACTS = (

@@ -105,19 +105,24 @@ _LAST_RUN: dict = {}
 
 def record_invocation() -> None:
     """After an experiment's ``main`` returned normally under :func:`cli`: write
-    ``<workdir>/invocation.json`` (module, ``--config`` spec, time, git commit), which the results
-    page (``python -m experiments.results``) shows next to the artefact. A run that failed writes
-    nothing, so the file always describes the outputs beside it."""
+    ``<workdir>/invocation.json`` (module, ``--config`` spec, time, git commit (full) and whether
+    the tree had uncommitted changes), which the results page (``python -m experiments.results``)
+    shows next to the artefact, and the run's compact summary (``experiments.results.
+    record_compact``: ``<workdir>/compact.json``, published under ``experiments/results/summaries/``
+    for a ``small`` / ``paper`` run). A run that failed writes nothing, so the files always
+    describe the outputs beside them."""
     if not _LAST_RUN or not os.path.isdir(_LAST_RUN["workdir"]):
         return
-    rec = run_record({}, None)
-    save_json({"module": _LAST_RUN["module"], "config": _LAST_RUN["config"],
-               "command": f"python -m {_LAST_RUN['module']} --config {_LAST_RUN['config']}",
-               "time": rec["time"], "git_commit": rec["git_commit"]},
-              os.path.join(_LAST_RUN["workdir"], INVOCATION_FILE))
+    import time
+    from fedpriv.report import git_state
+    inv = {"module": _LAST_RUN["module"], "config": _LAST_RUN["config"],
+           "command": f"python -m {_LAST_RUN['module']} --config {_LAST_RUN['config']}",
+           "time": time.strftime("%Y-%m-%d %H:%M:%S"), **git_state()}
+    save_json(inv, os.path.join(_LAST_RUN["workdir"], INVOCATION_FILE))
+    from experiments import results  # here: results imports this module
+    results.record_compact(inv, _LAST_RUN["workdir"])
 
 
 # shared reporting lives in the library (fedpriv.report); re-exported for the experiments
 from fedpriv.report import (bar_chart, mean_std, metric_curve, plot_curves, pm,  # noqa: E402,F401
-                            ordering_verdict, run_record, save_json, write_table,
-                            write_verdicts)
+                            run_record, save_json, write_table, write_verdicts)

@@ -1,27 +1,17 @@
-"""The results page: regenerated from runs/, showing each artefact's command, verdicts, tables and
-figures; a failed run records nothing; verdicts say what was measured."""
+"""The results page: regenerated from runs/ or, where runs/ lacks an artefact, from its committed
+compact summary; each artefact's command, commit (how old, STALE when its library code changed
+since), verdicts, tables and figures; --json lists every verdict with its numbers; a failed run
+records nothing; a page is never rewritten so that it loses results it shows."""
 import json
 import os
+import subprocess
 
 import pytest
 
 from experiments import __main__ as index
 from experiments import common, latency_figure, results
-from fedpriv.report import Verdict, ordering_verdict, read_verdicts, write_verdicts
-
-
-def test_ordering_verdict_directions_and_noise():
-    v = ordering_verdict("a beats b", [10.0, 11.0, 12.0], [5.0, 6.0, 7.0], higher_is_better=True)
-    assert v.status == "reproduced" and "gap +5" in v.measured
-    v = ordering_verdict("a beats b", [10.0, 11.0, 12.0], [5.0, 6.0, 7.0], higher_is_better=False)
-    assert v.status == "not reproduced"
-    # a gap smaller than the seed spread is flagged, whichever way it points
-    v = ordering_verdict("a beats b", [1.0, 3.0], [1.5, 2.0], higher_is_better=True)
-    assert v.status == "reproduced (within noise)"
-    with pytest.raises(ValueError, match="verdict status"):
-        Verdict("claim", "probably", "")
-    with pytest.raises(ValueError, match="no finite values"):
-        ordering_verdict("c", [], [1.0], higher_is_better=True)
+from fedpriv import verdicts as V
+from fedpriv.report import Verdict, read_verdicts, write_verdicts
 
 
 def test_results_page_shows_a_finished_run_and_names_the_rest(tmp_path):
@@ -38,12 +28,23 @@ def test_results_page_shows_a_finished_run_and_names_the_rest(tmp_path):
                                          "--workdir", str(wd)])
     assert json.loads((wd / common.INVOCATION_FILE).read_text()) == inv
 
+    # the run's compact summary: commit, verdicts with their numbers, the inlined tables; a smoke
+    # run never publishes it into the repository
+    compact = json.loads((wd / results.COMPACT_FILE).read_text())
+    assert compact["git_commit_full"] == inv["git_commit_full"] and len(compact["git_commit_full"]) == 40
+    assert isinstance(compact["git_dirty"], bool) and compact["artefacts"] == ["koga-figure1"]
+    assert "Monte Carlo vs exact vs bounds" in compact["outputs"]["latency.md"]
+    assert compact["figures"] == ["latency.png"]
+    assert not os.path.exists(os.path.join(results.SUMMARY_DIR, "latency_figure.json")) or \
+        json.load(open(os.path.join(results.SUMMARY_DIR, "latency_figure.json")))["config"] != inv["config"]
+
     out = tmp_path / "page" / "RESULTS.md"
-    common.cli(results.main, ["--runs", str(runs), "--out", str(out)])
+    common.cli(results.main, ["--runs", str(runs), "--out", str(out), "--summaries", str(tmp_path / "none")])
     page = out.read_text()
     section = page.split("## koga-figure1")[1].split("\n## ")[0]
     assert "python -m experiments.latency_figure --config configs/latency_figure.py:smoke" in section
     assert "| a larger population lowers the latency" in section and "**reproduced**" in section
+    assert f"ran at commit {inv['git_commit']}, 0 commits before HEAD" in section
     assert "Monte Carlo vs exact vs bounds" in section  # the inlined table
     assert "![koga-figure1: latency.png](results/koga-figure1-latency.png)" in section
     assert (out.parent / "results" / "koga-figure1-latency.png").stat().st_size > 1000
@@ -58,13 +59,14 @@ def test_results_page_shows_a_finished_run_and_names_the_rest(tmp_path):
 
 def test_results_refuses_a_missing_runs_directory(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
-        common.cli(results.main, ["--runs", str(tmp_path / "nope"), "--out", str(tmp_path / "R.md")])
+        common.cli(results.main, ["--runs", str(tmp_path / "nope"), "--out", str(tmp_path / "R.md"),
+                                  "--summaries", str(tmp_path / "none")])
     assert e.value.code == 2 and "not a directory" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "R.md")
 
 
 def test_verdicts_round_trip(tmp_path):
-    vs = [Verdict("x", "not reproduced (within noise)", "1 vs 2")]
+    vs = [Verdict("x", "inconclusive (interval contains 0)", "1 vs 2")]
     write_verdicts(vs, str(tmp_path))
     assert read_verdicts(str(tmp_path)) == vs
     assert read_verdicts(str(tmp_path / "none")) == []
@@ -78,13 +80,115 @@ def test_artefacts_sharing_a_run_show_their_own_claims(tmp_path, monkeypatch):
         {"module": "experiments.shared", "config": "configs/shared.py:small",
          "command": "python -m experiments.shared --config configs/shared.py:small", "time": "t"}))
     write_verdicts([Verdict("A wins (Table 1)", "reproduced", "1 vs 0"),
-                    Verdict("B wins (Figure 1)", "not reproduced (within noise)", "0 vs 0.1")], str(wd))
+                    Verdict("B wins (Figure 1)", "inconclusive (interval contains 0)", "0 vs 0.1")], str(wd))
     arts = (index.Artefact("t1", "P", "table", "shared", "demo", claims=("(Table 1)",)),
             index.Artefact("f1", "P", "figure", "shared", "demo", claims=("(Figure 1)",)))
     monkeypatch.setattr(results, "ARTEFACTS", arts)
-    page = results.build(str(runs), str(tmp_path / "R.md"))
+    page = results.build(str(runs), str(tmp_path / "R.md"), summary_dir=str(tmp_path / "none"))
     t1, f1 = page.split("## t1 ")[1].split("\n## ")[0], page.split("## f1 ")[1]
     assert "A wins" in t1 and "B wins" not in t1
     assert "B wins" in f1 and "A wins" not in f1
-    assert "| t1 | P | `configs/shared.py:small` | 1 reproduced |" in page
-    assert "| f1 | P | `configs/shared.py:small` | 1 not reproduced within noise |" in page
+    assert "| t1 | P | `configs/shared.py:small` | ? (? commits old) STALE | 1 reproduced |" in page
+    assert "| f1 | P | `configs/shared.py:small` | ? (? commits old) STALE | 1 inconclusive (interval contains 0) |" in page
+    assert "**STALE**: no commit recorded" in t1  # a run without a commit is never taken as current
+
+
+def _git(repo, *args):
+    return subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo,
+                          check=True, capture_output=True, text=True).stdout.strip()
+
+
+def _commit(repo, path, text, msg):
+    p = repo / path
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text)
+    _git(repo, "add", path)
+    _git(repo, "commit", "-q", "-m", msg)
+    return _git(repo, "rev-parse", "HEAD")
+
+
+def _verdicts():
+    return [V.compare("A beats B (Fig. 1)", {0: 10.0, 1: 11.0, 2: 12.5}, {0: 8.0, 1: 9.5, 2: 10.0},
+                      higher_is_better=True, trivial=4.0, names=("A", "B")),
+            V.compare("C beats B (Fig. 1)", {0: 3.0, 1: 3.5, 2: 3.2}, {0: 8.0, 1: 9.5, 2: 10.0},
+                      higher_is_better=True, trivial=4.0, names=("C", "B")),
+            V.not_testable("the 1% vs 100% contrast (Fig. 1)", "the pool is too small")]
+
+
+def test_page_from_a_committed_compact_summary_with_staleness_and_json(tmp_path, monkeypatch, capsys):
+    """runs/ is empty (as on a fresh checkout): the page comes from the committed summary, says
+    which commit it ran at, how many commits old it is, and that it is STALE once fedpriv/
+    changed; --json lists every verdict with its numbers, trivial baseline and commit."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    ran_at = _commit(repo, "fedpriv/core.py", "x = 1\n", "library")
+    _commit(repo, "README.md", "docs\n", "docs only")
+    arts = (index.Artefact("fig1", "P", "a figure", "latency_figure", "latency_figure",
+                           outputs=("latency.md", "latency.png")),)
+    monkeypatch.setattr(results, "ARTEFACTS", arts)
+    deps = results.dependencies(arts[0], str(repo))
+    assert deps == ["fedpriv", "configs/latency_figure.py", "experiments/latency_figure.py"]
+    st = results.staleness(ran_at, deps, str(repo))
+    assert (st["commits_behind"], st["stale"]) == (1, False)      # an unrelated commit: current
+    assert results.staleness("f" * 40, deps, str(repo))["stale"]  # unknown commit: fail closed
+
+    inv = {"module": "experiments.latency_figure", "config": "configs/latency_figure.py:small",
+           "command": "python -m experiments.latency_figure --config configs/latency_figure.py:small",
+           "time": "2026-11-25 07:00:00", "git_commit": ran_at[:7], "git_commit_full": ran_at,
+           "git_dirty": False, "git_dirty_paths": []}
+    wd = tmp_path / "run"
+    wd.mkdir()
+    (wd / "latency.md").write_text("# Latency table\n\n| N | E |\n|---|---|\n| 10 | 1.5 |\n")
+    (wd / "latency.png").write_bytes(b"png" * 500)
+    write_verdicts(_verdicts(), str(wd))
+    summaries, figs = tmp_path / "summaries", tmp_path / "figs"
+    figs.mkdir()
+    # a smoke run publishes nothing; a small run publishes its summary and figures
+    results.record_compact({**inv, "config": "configs/latency_figure.py:smoke"}, str(wd), str(summaries), str(figs))
+    assert not summaries.exists() and (wd / results.COMPACT_FILE).exists()
+    results.record_compact(inv, str(wd), str(summaries), str(figs))
+    assert (summaries / "latency_figure.json").exists() and (figs / "fig1-latency.png").exists()
+
+    out_dir = tmp_path / "page"
+    (out_dir / "results").mkdir(parents=True)
+    (out_dir / "results" / "fig1-latency.png").write_bytes(b"png" * 500)  # committed beside the page
+    out = out_dir / "RESULTS.md"
+    build = lambda **kw: results.build(str(tmp_path / "empty_runs"), str(out), summary_dir=str(summaries),  # noqa: E731
+                                       repo=str(repo), **kw)
+    page = build()
+    assert "read from its committed compact summary; ran at commit " + ran_at[:7] + ", 1 commits before HEAD" in page
+    assert "STALE" not in page.split("## fig1")[1]
+    assert "| A beats B (Fig. 1) | **reproduced** |" in page and "paired t" in page
+    assert "| C beats B (Fig. 1) | **inconclusive (below the trivial baseline)** |" in page
+    assert "| the 1% vs 100% contrast (Fig. 1) | **not testable here** | the pool is too small |" in page
+    assert "#### Latency table" in page and "![fig1: latency.png](results/fig1-latency.png)" in page
+    assert f"| fig1 | P | `configs/latency_figure.py:small` | {ran_at[:7]} (1 commits old) |" in page
+
+    _commit(repo, "fedpriv/core.py", "x = 2\n", "change the library")
+    page = build()
+    assert "**STALE**: fedpriv, configs/latency_figure.py, experiments/latency_figure.py changed since " \
+           "(newest: " in page and "change the library)" in page
+    assert f"{ran_at[:7]} (2 commits old) STALE" in page
+
+    rows = results.as_json(str(tmp_path / "empty_runs"), str(summaries), str(repo))
+    assert [r["status"] for r in rows] == ["reproduced", "inconclusive (below the trivial baseline)",
+                                           "not testable here"]
+    r = rows[0]
+    assert r["commit"] == ran_at and r["commits_behind"] == 2 and r["stale"] is True
+    assert r["sides"][0]["values"] == {"0": 10.0, "1": 11.0, "2": 12.5} and r["sides"][0]["trivial"] == 4.0
+    assert r["method"] == "paired t" and r["ci"][0] > 0 and r["gap"] == pytest.approx(2.0, rel=1e-12)
+    # the command line: --json prints it (and writes nothing)
+    monkeypatch.setattr(results, "ROOT", str(repo))
+    common.cli(results.main, ["--json", "--runs", str(tmp_path / "empty_runs"), "--summaries", str(summaries)])
+    printed = json.loads(capsys.readouterr().out)
+    assert [p["claim"] for p in printed] == [r["claim"] for r in rows]
+
+    # the page is not rewritten from nothing: it would drop fig1's results
+    before = out.read_text()
+    with pytest.raises(common.ConfigError, match="fig1"):
+        results.build(str(tmp_path / "empty_runs"), str(out), summary_dir=str(tmp_path / "none"), repo=str(repo))
+    assert out.read_text() == before
+    page = results.build(str(tmp_path / "empty_runs"), str(out), summary_dir=str(tmp_path / "none"),
+                         repo=str(repo), force=True)
+    assert "Not run yet" in page
