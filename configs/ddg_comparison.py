@@ -37,7 +37,7 @@ SCALES = {"smoke": dict(bits=(8, 16)), "small": dict(seeds=(0, 1)), "paper": dic
 # update roughly doubles a round's time on this 2-core CPU)
 LM_SCALE = {"smoke": "smoke,rounds=3,eval_every=3,target_epsilon=None,noise_multiplier=1.0",
             "small": "small,rounds=60,eval_every=20,target_epsilon=None,noise_multiplier=1.0",
-            "paper": "paper,noise_multiplier=1.0"}
+            "paper": "paper,noise_multiplier=1.0,simulated_population=None"}
 
 
 def get_config(arg: str = "small") -> DDGComparisonConfig:

@@ -84,11 +84,15 @@ SCALES = {
                   embed_max_length=None, total_epsilon=1.26 + 1.2),
 }
 LM_SCALE = {"smoke": "smoke,max_clients=80",
-            "small": "small,rounds=50,eval_every=25,checkpoint_every=25", "paper": "paper"}
+            "small": "small,rounds=50,eval_every=25,checkpoint_every=25",
+            "paper": "paper,simulated_population=None"}  # FreD spends first: eps on our users
 
 
 def get_config(arg: str = "small") -> FredMixturesConfig:
-    cfg = with_lm_config(FredMixturesConfig, SCALES, LM_SCALE, arg, lm_config)
+    cfg = with_lm_config(FredMixturesConfig, SCALES, LM_SCALE, arg, lm_config, derived=DERIVED)
+    refuse_nonprivate(cfg.lm.algorithm, "total_epsilon")
+    from fedpriv.recipes import plans
+    plans.check_fred_pools(cfg)  # the paper's 150K mixtures: refused before any data is loaded
     return dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, target_epsilon=cfg.total_epsilon,
                                                            noise_multiplier=None))
 

@@ -40,7 +40,10 @@ SCALES = {
 
 
 def get_config(arg: str = "small") -> FredTableConfig:
-    return from_scale(FredTableConfig(), SCALES, arg)
+    cfg = from_scale(FredTableConfig(), SCALES, arg)
+    from fedpriv.recipes import plans
+    plans.check_fred_pools(cfg, ("wikipedia", "simpsons"))  # the paper's 150K: refused, not shrunk
+    return cfg
 
 
 def privacy_plan(cfg):

@@ -74,7 +74,8 @@ class IWRegimeConfig:
     def training_config(self) -> pe.PopulationExpansionConfig:
         """The population-expansion config of part (2): ``pe_scale`` on ``chat_target``."""
         return dataclasses.replace(
-            pe.get_config(self.pe_scale), datasets=("chat_target",), schemes=tuple(self.schemes),
+            pe.get_config(f"{self.pe_scale},datasets=chat_target,alpha={self.alpha!r}"),
+            datasets=("chat_target",), schemes=tuple(self.schemes),
             alpha=self.alpha, vocab_words=self.train_vocab, seeds=tuple(self.seeds),
             rounds=self.rounds, max_eval_examples=self.max_eval_examples,
             unigram_bound=self.train_bound, progress=self.progress)

@@ -110,6 +110,12 @@ def notes(cfg) -> list[str]:
                    f"{c.noise_cohort_size}/{c.cohort_size}); epsilon_executed_run is the run actually executed")
     if cfg.server_lrs:
         out.append(f"server learning rate grid for the DP rows: {list(cfg.server_lrs)} (every point shown)")
+    if getattr(c, "simulated_population", None):  # the paper-noise protocol (fedpriv.dp.population)
+        from fedpriv.dp.population import get_population
+        out.append(f"paper-noise protocol: the DP rows' epsilons are SIMULATED for "
+                   f"{get_population(c.simulated_population).describe(c.rounds)} (z = the paper's noise for "
+                   "that epsilon); the column epsilon is what each run SPENT on our users (its ledger), "
+                   "and each run's summary.json has both (paper_noise)")
     return out
 
 

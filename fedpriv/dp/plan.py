@@ -59,6 +59,9 @@ class PlannedRun:
     copies: int = 1
     note: str = ""
     neighboring: str = "add_remove"
+    # the paper-noise protocol (fedpriv.dp.population.PaperNoise): the declared population's
+    # epsilon beside the one charged here; None when the run simulates no population
+    paper_noise: object = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +92,7 @@ class RunAccount:
     charges: tuple[str, ...]
     copies: int = 1
     note: str = ""
+    paper_noise: object = None    # PlannedRun.paper_noise (simulated vs charged epsilon)
 
 
 def _account_run(run: PlannedRun, executed: bool) -> RunAccount:
@@ -118,7 +122,8 @@ def _account_run(run: PlannedRun, executed: bool) -> RunAccount:
     exe = None
     if executed:  # (slow: the executed runs' events have small multipliers)
         exe = math.inf if ledger.nonprivate_entries else ledger.spent_executed()
-    return RunAccount(run.name, run.epsilon, run.delta, eps, dp_eps, exe, names, run.copies, run.note)
+    return RunAccount(run.name, run.epsilon, run.delta, eps, dp_eps, exe, names, run.copies, run.note,
+                      run.paper_noise)
 
 
 def account(plan: PrivacyPlan, executed: bool = False) -> list[RunAccount]:

@@ -14,7 +14,10 @@ Privacy: the unit is the user (client). With ``noise_cohort_size`` the run train
 ``cohort_size`` clients per round but adds the noise of ``noise_cohort_size`` (McMahan et al.
 2018): the reported epsilon is that of the simulated run whose cohort is ``noise_cohort_size``
 drawn from a population scaled up by the same factor; the epsilon of the run actually
-executed is reported next to it.
+executed is reported next to it. With ``simulated_population`` (the paper-noise protocol,
+:mod:`fedpriv.dp.population`) the run adds the paper's per-round noise on the paper's cohort and
+its summary states both epsilons side by side (``paper_noise``): the paper's population's
+(declared) and the one spent on our users (the ledger's charge, ``epsilon``).
 """
 from __future__ import annotations
 
@@ -32,7 +35,8 @@ from fedpriv import report
 from fedpriv.data.errors import ConfigError
 from fedpriv.data import (WordTokenizer, load_chitchat, load_public_pool, load_shakespeare,
                           load_simpsons, train_sentencepiece)
-from fedpriv.dp import accounting
+from fedpriv.data import paper_corpora
+from fedpriv.dp import accounting, population
 from fedpriv.dp.ledger import PrivacyLedger
 from fedpriv.fl import algorithms as algs
 from fedpriv.fl.loop import train
@@ -47,6 +51,27 @@ from fedpriv.data.tokenizers import UNK_ID, word_ids_to_token_accuracy
 MATRIX_ALGORITHMS = {"dp_mf_banded": "banded", "dp_mf_blt": "blt"}
 
 LOADERS = {"chitchat": load_chitchat, "shakespeare": load_shakespeare, "simpsons": load_simpsons}
+# the papers' own data, read from ``cfg.corpus_path`` (fedpriv.data.paper_corpora)
+PATH_LOADERS = paper_corpora.PATH_LOADERS
+
+
+def load_corpus(cfg, progress: bool = True):
+    """``cfg.corpus``: a packaged corpus (:data:`LOADERS`) or the papers' own file at
+    ``cfg.corpus_path`` (:data:`PATH_LOADERS`: TFF StackOverflow SQLite, Reddit-style JSONL)."""
+    if cfg.corpus in PATH_LOADERS:
+        return paper_corpora.load_path_corpus(cfg.corpus, getattr(cfg, "corpus_path", None), progress=progress)
+    if cfg.corpus not in LOADERS:
+        raise ConfigError(f"unknown corpus {cfg.corpus!r}; choose one of {sorted(LOADERS) + sorted(PATH_LOADERS)}")
+    if getattr(cfg, "corpus_path", None):
+        raise ConfigError(f"corpus_path is set but corpus={cfg.corpus} is packaged (it reads no path)")
+    return LOADERS[cfg.corpus](progress=progress)
+
+
+def load_public(cfg, progress: bool = True):
+    """The public pool: ``cfg.public_pool_path`` (a C4-like TFDS directory or text files,
+    ``paper_corpora.load_public_text``) or the packaged pool."""
+    path = getattr(cfg, "public_pool_path", None)
+    return paper_corpora.load_public_text(path, progress=progress) if path else load_public_pool(progress=progress)
 
 
 @dataclasses.dataclass
@@ -80,17 +105,15 @@ def with_tokenizer(cfg, spec: str):
 
 def prepare_data(cfg, progress: bool = True) -> Prepared:
     """Load ``cfg.corpus``, split by client, build the tokenizer, tokenize (Wang et al. §3.1)."""
-    if cfg.corpus not in LOADERS:
-        raise ValueError(f"unknown corpus {cfg.corpus!r}; choose one of {sorted(LOADERS)}")
-    text = LOADERS[cfg.corpus](progress=progress)
+    text = load_corpus(cfg, progress)
     if cfg.max_clients is not None and cfg.max_clients < len(text):
         ids = np.random.default_rng(cfg.seed).choice(len(text.client_ids), cfg.max_clients, replace=False)
         text = text.subset([text.client_ids[i] for i in sorted(ids)])
     tr, va, te = text.split_by_client(cfg.split, seed=cfg.seed)
     if cfg.tokenizer == "sentencepiece":  # public tokenizer: trained on the public pool only
-        tok = train_sentencepiece(load_public_pool(progress=progress).texts, vocab_size=cfg.vocab_size)
+        tok = train_sentencepiece(load_public(cfg, progress).texts, vocab_size=cfg.vocab_size)
     elif cfg.tokenizer == "word_public":  # top-k words of the public pool
-        tok = WordTokenizer.fit(load_public_pool(progress=progress).texts, k=cfg.vocab_size - 4)
+        tok = WordTokenizer.fit(load_public(cfg, progress).texts, k=cfg.vocab_size - 4)
     elif cfg.tokenizer == "word":         # private top-k words of the training users (non-private)
         tok = WordTokenizer.fit(tr.texts(), k=cfg.vocab_size - 4)
     else:
@@ -111,6 +134,29 @@ def build_task(cfg, vocab_size: int):
                       hidden_dim=cfg.hidden_dim, num_heads=getattr(cfg, "num_heads", 10),
                       max_len=max(64, cfg.seq_len))
     return make_lm_task(make_lm(lm_cfg))
+
+
+def simulated_population(cfg):
+    """The :class:`~fedpriv.dp.population.SimulatedPopulation` ``cfg`` declares (paper-noise
+    protocol), checked against its algorithm and cohort; None without one or for FedAvg."""
+    name = getattr(cfg, "simulated_population", None)
+    if name is None or cfg.algorithm == "fedavg":
+        return None
+    pop = population.get_population(name)
+    population.check_protocol(pop, algorithm=cfg.algorithm, cohort_size=cfg.cohort_size,
+                              noise_cohort_size=cfg.noise_cohort_size)
+    return pop
+
+
+def paper_noise(cfg, z: float, event, num_clients: int, neighboring: str = "add_remove"):
+    """Both epsilons of ``cfg``'s run under the paper-noise protocol
+    (:func:`fedpriv.dp.population.paper_noise`): the declared population's and ``event``'s (the
+    charge on our ``num_clients`` training users); None without a simulated population."""
+    pop = simulated_population(cfg)
+    if pop is None or event is None:
+        return None
+    ours = cfg.corpus + (f" ({os.path.basename(str(cfg.corpus_path))})" if getattr(cfg, "corpus_path", None) else "")
+    return population.paper_noise(pop, z, cfg.rounds, event, ours, num_clients, cfg.delta, neighboring)
 
 
 def build_algorithm(cfg, num_clients: int, loss_fn, prior_events=(), num_params: int | None = None):
@@ -158,8 +204,16 @@ def build_algorithm(cfg, num_clients: int, loss_fn, prior_events=(), num_params:
         raise ValueError(f"algorithm must be fedavg, dp_fedavg, dp_ftrl, dp_fedavg_fixed, dp_ddg, "
                          f"{', '.join(MATRIX_ALGORITHMS)}; got {cfg.algorithm!r}")
     make = lambda z: algs.privacy_event(dp_of(z), sampler, cfg.rounds)  # noqa: E731
+    pop = simulated_population(cfg)
     if cfg.noise_multiplier is not None:
         z = cfg.noise_multiplier
+    elif cfg.target_epsilon is not None and pop is not None:
+        # the paper-noise protocol: target_epsilon is the SIMULATED population's epsilon (the
+        # paper's z for the paper's epsilon); the run is charged what it spends on our users
+        if list(prior_events):
+            raise ConfigError("a simulated population's epsilon cannot be targeted after earlier "
+                              "releases on the same users (set noise_multiplier, or no simulated_population)")
+        z = pop.noise_multiplier(cfg.target_epsilon, cfg.delta, cfg.rounds)
     elif cfg.target_epsilon is not None:
         prior = list(prior_events)
         total = (lambda z: dpa.ComposedDpEvent(prior + [make(z)])) if prior else make
@@ -265,7 +319,7 @@ def run_lm_fl(cfg, workdir: str, *, prepared: Prepared | None = None, init_param
             log(f"round {row['round']:5d}: val accuracy {row['eval_accuracy']:.4f}, "
                 f"val loss {row['eval_loss']:.3f}{extra}")
 
-    noise_note = ""
+    noise_note, pn = "", None
     if cfg.algorithm != "fedavg":
         noise_note = (f"{cfg.algorithm}: z = {z:.4f}, clip {cfg.clip_norm}, epsilon = {eps:.3f} at delta = "
                       f"{cfg.delta:g} (user-level)")
@@ -276,6 +330,9 @@ def run_lm_fl(cfg, workdir: str, *, prepared: Prepared | None = None, init_param
                            f"executed has epsilon = {eps_real:.3g}")
         log(noise_note)
     result = train(alg, params, prepared.train, ids, sampler, rounds=cfg.rounds, batch_size=cfg.batch_size,
+        pn = paper_noise(cfg, z, event, len(ids), algs.neighboring_for(sampler))
+        if pn is not None:
+            noise_note += "; paper-noise protocol: " + pn.line()
                    seed=cfg.seed, workdir=workdir, max_steps=cfg.max_local_steps, eval_fn=eval_fn,
                    eval_every=cfg.eval_every, checkpoint_every=cfg.checkpoint_every, ledger=ledger,
                    stage=stage, fingerprint=run_fingerprint(cfg), progress=progress, log_fn=log_row,
@@ -309,6 +366,7 @@ def run_lm_fl(cfg, workdir: str, *, prepared: Prepared | None = None, init_param
         "rounds": cfg.rounds, "cohort_size": cfg.cohort_size, "noise_cohort_size": cfg.noise_cohort_size,
         "val_accuracy": final.get("eval_accuracy"), "val_loss": final.get("eval_loss"),
         "val_accuracy_round0": round0,
+        "paper_noise": None if cfg.algorithm == "fedavg" or pn is None else pn.as_dict(),
         **{f"val_{k}": v for k, v in tokenizer_accuracies(task, result.state.params, val, prepared.tokenizer,
                                                           cfg.eval_batch_size, sp_tokenizer).items()},
         "test_accuracy": test_metrics["accuracy"], "test_loss": test_metrics["loss"],
@@ -390,5 +448,11 @@ def _write_summary_md(s: dict, workdir: str) -> None:
              "most_frequent_token_val_accuracy", "num_params", "wall_clock_s", "seed")]
     rows += [{"metric": k, "value": v} for k, v in s["data"].items()]
     report.write_table(rows, workdir, "summary", ["metric", "value"],
+    pn = s.get("paper_noise")
+    if pn:  # the paper-noise protocol: both epsilons, each naming its population
+        rows[2:2] = [{"metric": "epsilon_simulated (declared population)", "value": pn["epsilon_simulated"]},
+                     {"metric": "simulated population", "value": pn["population"]},
+                     {"metric": "epsilon_executed (spent on our users, charged)", "value": pn["epsilon_executed"]},
+                     {"metric": "our users", "value": pn["our_users"]}]
                        title="Private FL of an on-device LM", notes=[s["noise_note"] or "non-private",
                                                                       "unit of privacy: user"])

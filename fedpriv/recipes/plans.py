@@ -52,9 +52,35 @@ EXPANSION_ACTIVE_USERS = {("spoken_vs_typed", 20, 1000): (1144, 905),
 # FreD's candidate public datasets (`fedpriv.fred.embed.candidate_datasets`): held-out chitchat,
 # Wikipedia, Simpsons.
 FRED_CANDIDATES = 3
+# Sentences of the packaged FreD pools that do not depend on the config (measured with the
+# loaders' defaults: load_public_pool(sources=("wikipedia",)), load_simpsons()); the held-out
+# chitchat pool (61,903-63,681 sentences for seeds 0-2 at private_fraction 0.5) is checked
+# where it is built. Every FreD experiment draws a Wikipedia candidate of num_sentences.
+FRED_POOL_SENTENCES = {"wikipedia": 19_782, "simpsons": 36_974}
 
 
-def corpus_clients(corpus: str) -> int:
+def check_fred_pools(cfg, pools=("wikipedia",)) -> None:
+    """Refuse (``ConfigError``, before any data is loaded) FreD candidates of ``num_sentences``
+    that the packaged pools cannot fill: the papers' 150K-sentence StackOverflow / Wikitext /
+    Reddit sets are not packaged, and a smaller draw would silently change the experiment."""
+    for name in pools:
+        have = FRED_POOL_SENTENCES[name]
+        if cfg.num_sentences > have:
+            raise ConfigError(
+                f"num_sentences={cfg.num_sentences:,} but the packaged {name} pool has {have:,} sentences "
+                f"(Hou et al.'s 150K-sentence StackOverflow/Wikitext sets are not packaged): "
+                f"set num_sentences <= {have:,}")
+
+
+def corpus_clients(corpus: str, path=None) -> int:
+    """Users of ``corpus``: the packaged corpora's measured counts, or -- for the papers' own
+    data (``corpus_path``, ``fedpriv.data.paper_corpora``) -- counted in the file, so the plan
+    accounts the real population (e.g. StackOverflow's 342,477 training users)."""
+    from fedpriv.data import paper_corpora
+    if corpus in paper_corpora.PATH_LOADERS:
+        if not path:
+            raise ConfigError(f"corpus={corpus} needs corpus_path (the plan counts its users)")
+        return paper_corpora.count_users(corpus, path)
     if corpus not in CORPUS_CLIENTS:
         raise ConfigError(f"no known client count for corpus {corpus!r}: add it to "
                           "fedpriv.recipes.plans.CORPUS_CLIENTS (the plan never guesses a population)")
@@ -69,7 +95,7 @@ def split_sizes(n: int, fractions) -> tuple[int, ...]:
 def lm_train_clients(cfg, total: int | None = None) -> int:
     """Training clients of an LM run (``recipes.lm.prepare_data`` / ``recipes.public.prepare``):
     ``max_clients`` of the corpus (or of ``total``), the first part of ``split``."""
-    n = corpus_clients(cfg.corpus) if total is None else total
+    n = corpus_clients(cfg.corpus, getattr(cfg, "corpus_path", None)) if total is None else total
     if cfg.max_clients is not None and cfg.max_clients < n:
         n = cfg.max_clients
     return split_sizes(n, cfg.split)[0]
@@ -100,21 +126,32 @@ def lm_run(cfg, num_clients: int, name: str, *, prior: tuple[Charge, ...] = (),
     executed = (algs.privacy_event(alg.dp, sampler, cfg.rounds, simulated=False)
                 if cfg.noise_cohort_size is not None else None)
     charges = (*prior, Charge(stage, event, ("users",), executed))
+    pn = lm.paper_noise(cfg, z, event, num_clients, rel)  # the paper-noise protocol
     if budget is None:
-        budget = cfg.target_epsilon
+        # with a simulated population, target_epsilon is the population's (simulated) epsilon:
+        # the ledger's budget is what the run spends on our users
+        budget = cfg.target_epsilon if pn is None else None
     what = (f"{cfg.algorithm}, z = {z:.4g}, {cfg.rounds} rounds, cohort {cfg.cohort_size}"
             + (f" (noise of {cfg.noise_cohort_size})" if cfg.noise_cohort_size else "")
             + f" of {num_clients} clients")
     if budget is None:  # fixed z, no target: the ledger's budget is the run's own epsilon
         budget = accounting.compute_epsilon([c.event for c in charges], cfg.delta, rel)[0] * (1 + 1e-6)
-        what += "; z fixed, no target epsilon: budget = its own epsilon"
+        what += ("; z fixed, no target epsilon: budget = its own epsilon" if pn is None else
+                 "; budget = its own epsilon on our users")
+    if pn is not None:
+        what += "; paper-noise protocol: " + pn.line()
     return PlannedRun(name, budget, cfg.delta, charges, _nonprivate_vocabulary(cfg), copies=copies,
-                      note=note or what, neighboring=rel)
+                      note=note or what, neighboring=rel, paper_noise=pn)
 
 
 def lm_fl_plan(cfg) -> PrivacyPlan:
     """``experiments.lm_fl`` / ``experiments.demo``: one run, its own ledger."""
     return PrivacyPlan((lm_run(cfg, lm_train_clients(cfg), f"{cfg.algorithm} on {cfg.corpus}"),))
+
+
+def _sim(cfg) -> str:
+    """Label suffix of a run whose target epsilon is a simulated population's."""
+    return " (SIMULATED population's epsilon)" if getattr(cfg, "simulated_population", None) else ""
 
 
 def privacy_utility_plan(cfg) -> PrivacyPlan:
@@ -132,7 +169,7 @@ def privacy_utility_plan(cfg) -> PrivacyPlan:
         for e in cfg.epsilons:
             runs.append(lm_run(dataclasses.replace(base, algorithm="dp_ftrl", target_epsilon=e,
                                                    noise_multiplier=None), n,
-                               f"{tok}: DP-FTRL eps~{e:g}", copies=len(cfg.seeds) * lrs))
+                               f"{tok}: DP-FTRL eps~{e:g}{_sim(base)}", copies=len(cfg.seeds) * lrs))
     return PrivacyPlan(tuple(runs))
 
 
@@ -161,7 +198,7 @@ def public_training_plan(cfg) -> PrivacyPlan:
     calibrated epsilon itself; here it is the claimed ``epsilons`` entry (stricter)."""
     n = lm_train_clients(cfg)
     runs = tuple(lm_run(dataclasses.replace(cfg, seed=cfg.seeds[0], target_epsilon=e,
-                                            noise_multiplier=None), n, f"DP-FTRL eps~{e:g}",
+                                            noise_multiplier=None), n, f"DP-FTRL eps~{e:g}{_sim(cfg)}",
                         copies=len(cfg.seeds) * len(cfg.rows)) for e in cfg.epsilons)
     return PrivacyPlan(runs)
 
@@ -179,6 +216,7 @@ def fred_pipeline_plan(cfg) -> PrivacyPlan:
     (a fresh ledger of the same budget) and, with ``compare_all``, the other candidates'
     counterfactual rows (copies of the pipeline ledger after FreD)."""
     from fedpriv.fred.pipeline import NONE, RELEASE, fred_release_event
+    check_fred_pools(cfg, ("wikipedia", "simpsons"))
     if cfg.fred_unit == "sample":  # as private_stats refuses it on the pipeline's ledger
         raise ValueError("a sample-level FreD release cannot be charged to the pipeline's "
                          "user-level ledger")
@@ -202,6 +240,7 @@ def fred_mixtures_plan(cfg) -> PrivacyPlan:
     other trials are replicate releases, not charged (``fedpriv.fred.mixtures.trials_epsilon``
     is their joint cost, stated in the outputs)."""
     from fedpriv.fred.mixtures import RELEASE, trials_epsilon
+    check_fred_pools(cfg)
     event = moments.release_event(moments.moment_events(moments.gaussian_sigma(cfg.fred_epsilon,
                                                                                 cfg.fred_delta)))
     fred = (Charge(RELEASE, event),)
@@ -216,6 +255,7 @@ def fred_table_plan(cfg) -> PrivacyPlan:
     """``experiments.fred_table``: no pipeline ledger; each release (one per seed, unit and
     embedding space) claims (eps, delta) per Gaussian release, (2 eps, 2 delta) for the pair
     (Prop. 3.1) -- accounted here as a ledger of that budget charged with the pair's event."""
+    check_fred_pools(cfg, ("wikipedia", "simpsons"))
     event = moments.release_event(moments.moment_events(moments.gaussian_sigma(cfg.epsilon, cfg.delta)))
     spaces = 2 if cfg.pca_dims else 1
     return PrivacyPlan(tuple(
@@ -243,6 +283,26 @@ def expansion_train_clients(dataset: str, cfg) -> tuple[int, int]:
                                   cfg.alpha, cfg.data_seed)
     return (len(split_clients(list(s), 0, tuple(cfg.split))[0]),
             len(split_clients(list(t), 0, tuple(cfg.split))[0]))
+
+
+def check_expansion_cohorts(cfg) -> None:
+    """Refuse (``ConfigError``, no data loaded) a Koga et al. config whose trained cohort of some
+    stage exceeds that stage's training users (as ``expansion.check_cohorts`` would after
+    loading the data), e.g. the paper's C = 400 on "T w. C" with the packaged stand-ins' 76 / 52
+    target training users at alpha = 0.1."""
+    from fedpriv.expansion.data import POPULATION_LABELS as LABELS, SOURCE, TARGET
+    for dataset in cfg.datasets:
+        n_s, n_t = expansion_train_clients(dataset, cfg)
+        alpha, train = n_t / (n_s + n_t), {SOURCE: n_s, TARGET: n_t}
+        for scheme in cfg.training_schemes:
+            for stage in scheme.stages:
+                n = sum(train[p] for p in stage.populations)
+                train_c = stage.cohort_size(cfg.train_cohort, alpha)
+                if train_c > n:
+                    raise ConfigError(
+                        f"{dataset} / {scheme.name}: a trained cohort of {train_c:g} exceeds the {n} "
+                        f"training users of {'+'.join(LABELS[p] for p in stage.populations)} at alpha "
+                        f"{cfg.alpha:g} (the paper's Reddit / Common Voice populations are not packaged)")
 
 
 def population_expansion_plan(cfg) -> PrivacyPlan:
@@ -276,7 +336,8 @@ def population_expansion_plan(cfg) -> PrivacyPlan:
                     raise ConfigError(f"{dataset} / {scheme.name}: a trained cohort of {train_c:g} exceeds the "
                                       f"{n} training users of {'+'.join(LABELS[p] for p in stage.populations)}")
                 rate = train_c / n
-                z = calibrate_stage(n, rate, rounds, noise_c, cfg.clip_norm, *stage.budget)
+                z = calibrate_stage(n, rate, rounds, noise_c, cfg.clip_norm, *stage.budget,
+                                    accountant=cfg.accountant)
                 sampler = PoissonSampler(n, rate)
                 dp = algs.DPConfig(cfg.clip_norm, z, "gaussian", noise_cohort_size=noise_c)
                 charges.append(Charge(f"{scheme.name}/stage{i}",

@@ -254,8 +254,10 @@ def run_rows(cfg, workdir: str, *, teacher=None, progress: bool = True, log=prin
             if cfg.noise_cohort_size is not None:
                 real = algs.privacy_event(alg.dp, sampler, T, simulated=False)
                 eps_real = accounting.compute_epsilon(real, cfg.delta)[0]
+            pn = lm.paper_noise(fcfg, z, event, len(ids))  # the paper-noise protocol (or None)
             privacy[f"{eps:g}"] = {"target_epsilon": eps, "epsilon": eps_val, "noise_multiplier": z,
-                                   "epsilon_executed_run": eps_real}
+                                   "epsilon_executed_run": eps_real,
+                                   "paper_noise": pn.as_dict() if pn is not None else None}
             private = PrivateTraining(
                 alg, sampler, prepared.train, ids, rounds=T, batch_size=cfg.batch_size, seed=seed,
                 max_steps=cfg.max_local_steps, eval_fn=eval_fn,
@@ -537,4 +539,10 @@ def table_notes(cfg, rr: "RowRuns", seconds: float) -> list[str]:
             f"population scaled by {cfg.noise_cohort_size}/{cfg.cohort_size}; the run actually "
             "executed has epsilon " + ", ".join(
                 f"{v['epsilon_executed_run']:.3g} (target {k})" for k, v in privacy.items()))
+    for k, v in privacy.items():  # the paper-noise protocol: the row label k is SIMULATED
+        if v.get("paper_noise"):
+            pn = v["paper_noise"]
+            notes.append(f"rows 'epsilon {k}': epsilon {pn['epsilon_simulated']:.3g} SIMULATED for "
+                         f"{pn['population']}; epsilon {pn['epsilon_executed']:.3g} SPENT on "
+                         f"{pn['our_users']} (the ledger's charge), z = {pn['noise_multiplier']:.4g}")
     return notes
