@@ -20,7 +20,6 @@ capping and caching are shared (:mod:`fedpriv.data.parsing`).
 from __future__ import annotations
 
 import collections
-import json
 import os
 import pathlib
 import re
@@ -33,7 +32,8 @@ from tqdm.auto import tqdm
 from fedpriv.data import sources as _src
 from fedpriv.data.sources import require_file
 from fedpriv.data.errors import MalformedDataError, MissingResourceError
-from fedpriv.data.parsing import QUOTE_LINE, Parsed, connect_ro, is_text, load_federated
+from fedpriv.data.parsing import (QUOTE_LINE, Parsed, connect_ro, duplicate_keys, is_client_id,
+                                  is_text, load_federated, loads_json)
 # `strip_directions` is also an argument of load_simpsons
 from fedpriv.data.parsing import strip_directions as _strip_directions
 from fedpriv.data.text import FederatedText, normalize_whitespace, split_sentences
@@ -58,6 +58,9 @@ def load_chitchat(*, path: str | os.PathLike | None = None,
     ``max_examples_per_client`` messages (default 1000; a random subset drawn with
     ``np.random.default_rng(seed)``, kept in chronological order; ``None`` = no cap).
 
+    A message whose sender is not a non-blank string, or that has its ``sender`` or ``text``
+    key twice (ambiguous author), is counted as malformed -- never merged into another client.
+
     Args:
       path: a ``dataset.json`` in the package's format; default: the installed package's file.
       max_malformed: raise :class:`MalformedDataError` if more records than this are malformed
@@ -72,15 +75,18 @@ def load_chitchat(*, path: str | os.PathLike | None = None,
         except UnicodeDecodeError as e:
             raise MalformedDataError(f"chitchat: {src} is not valid UTF-8 JSON ({e})") from e
         try:
-            data = json.loads(raw)
+            data = loads_json(raw)
         except ValueError as e:
             raise MalformedDataError(f"chitchat: {src} is not valid JSON: {e}") from e
         if not isinstance(data, dict):
             raise MalformedDataError(f"chitchat: {src} must hold a JSON object of conversations")
-        for conv in tqdm(data.values(), desc="chitchat conversations", disable=not progress,
+        # conversation ids are not user ids: a repeated one keeps every conversation (in file
+        # order), where plain json would silently drop all but the last
+        convs = [v for _, v in data.pairs] if duplicate_keys(data) else list(data.values())
+        for conv in tqdm(convs, desc="chitchat conversations", disable=not progress,
                          leave=False):
             msgs = conv.get("messages") if isinstance(conv, dict) else None
-            if not isinstance(msgs, list):
+            if not isinstance(msgs, list) or "messages" in duplicate_keys(conv):
                 out.records += 1
                 out.malformed += 1
                 continue
@@ -92,7 +98,8 @@ def load_chitchat(*, path: str | os.PathLike | None = None,
                 for u in turn:
                     out.records += 1
                     if (not isinstance(u, dict) or not is_text(u.get("text"))
-                            or not is_text(u.get("sender")) or not u["sender"]):
+                            or not is_client_id(u.get("sender"))
+                            or {"sender", "text"} & duplicate_keys(u)):
                         out.malformed += 1
                         continue
                     text = normalize_whitespace(u["text"])
@@ -101,7 +108,7 @@ def load_chitchat(*, path: str | os.PathLike | None = None,
                         out.clients.setdefault(u["sender"], [])  # dropped if it stays empty
                         continue
                     out.clients[u["sender"]].append(text)
-        out.extra["conversations"] = len(data)
+        out.extra["conversations"] = len(convs)
         return out
 
     return load_federated("chitchat", [src], {"min_chars": min_chars}, parse,

@@ -8,7 +8,6 @@ Parsing, capping and caching are shared with the other loaders (:mod:`fedpriv.da
 from __future__ import annotations
 
 import collections
-import json
 import lzma
 import os
 import pathlib
@@ -19,8 +18,10 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from fedpriv.data import cache as cache_lib
-from fedpriv.data.errors import EmptyCorpusError, MalformedDataError, MissingResourceError
-from fedpriv.data.parsing import Parsed, connect_ro, is_text, load_federated
+from fedpriv.data.errors import (ConfigError, EmptyCorpusError, MalformedDataError,
+                                 MissingResourceError)
+from fedpriv.data.parsing import (Parsed, connect_ro, duplicate_keys, is_client_id, is_text,
+                                  load_federated, loads_json)
 from fedpriv.data.sources import require_file
 from fedpriv.data.text import FederatedText, normalize_whitespace
 
@@ -35,7 +36,7 @@ def _decompress_lzma(path: pathlib.Path, cache_dir) -> pathlib.Path:
         try:
             with lzma.open(path, "rb") as fin, cache_lib.atomic_file(out) as fout:
                 shutil.copyfileobj(fin, fout, 1 << 20)
-        except lzma.LZMAError as e:
+        except (lzma.LZMAError, EOFError) as e:  # EOFError: a truncated stream
             raise MalformedDataError(f"{path} is not a valid .lzma file: {e}") from e
     return out
 
@@ -82,8 +83,9 @@ def load_stackoverflow_sqlite(path: str | os.PathLike, split: str = "train", *,
     Client = ``client_id``; example = the ``field`` feature (default ``tokens``). Records that do
     not parse as an Example or lack the field are counted as malformed. ``max_clients`` keeps the
     first clients in ``client_id`` order (via ``client_metadata``), for quick experiments.
-    A ``client_id`` that is not valid UTF-8 text (invalid bytes, a BLOB, a number) makes its
-    record malformed: ids are never decoded with replacement characters, which would merge users.
+    A ``client_id`` that is not valid UTF-8 text (invalid bytes, a BLOB, a number) or is empty /
+    whitespace-only makes its record malformed: ids are never decoded with replacement
+    characters, and blank ids never form one client ``''`` -- either would merge users.
     """
     src = require_file(path, "StackOverflow SQLite file")
     db = _decompress_lzma(src, cache_dir) if src.suffix == ".lzma" else src
@@ -120,7 +122,7 @@ def load_stackoverflow_sqlite(path: str | os.PathLike, split: str = "train", *,
                         cid = raw_cid.decode("utf-8") if kind == b"text" else None
                     except UnicodeDecodeError:
                         cid = None
-                    if cid is None:
+                    if not is_client_id(cid):  # not text, or blank: names nobody
                         out.malformed += 1
                         continue
                     out.clients.setdefault(cid, [])  # dropped if it stays empty
@@ -159,16 +161,28 @@ def load_jsonl(path: str | os.PathLike, *, user_key: str = "user", text_key: str
     - ids must be JSON strings or integers (``7`` -> ``"7"``); floats, booleans, null, objects and
       lists are malformed, as are strings holding lone surrogates (``"\\udc80"``);
     - an id that occurs both as a number and as a string (``7`` and ``"7"``) is refused with
-      :class:`MalformedDataError` (they may be two users).
+      :class:`MalformedDataError` (they may be two users);
+    - an empty or whitespace-only id (``""``, ``" "``) is malformed, like ``null``: it names
+      nobody, and all such records would otherwise become one client ``''``;
+    - a record with the user key (or the text key) twice is malformed: ``json`` would keep the
+      last value silently, and which user wrote the record is then ambiguous.
 
-    Lines that are not JSON objects, lack a key or have a non-string text are malformed;
-    whitespace-only texts are filtered.
+    Lines that are not JSON objects (or nest too deeply to parse), lack a key or have a
+    non-string text are malformed; whitespace-only texts are filtered. So ``stats.records ==
+    examples + malformed + filtered`` before capping. ``user_key == text_key`` is refused with
+    :class:`~fedpriv.data.errors.ConfigError`.
     """
+    for k, v in (("user_key", user_key), ("text_key", text_key)):
+        if not isinstance(v, str) or not v:
+            raise ConfigError(f"load_jsonl: {k} must be a non-empty string, got {v!r}")
+    if user_key == text_key:
+        raise ConfigError(f"load_jsonl: user_key and text_key are both {user_key!r}; the id and "
+                          "the text must come from different keys")
     src = require_file(path, "JSONL file")
 
     def parse(progress: bool) -> Parsed:
         out = Parsed()
-        invalid_utf8 = 0
+        invalid_utf8 = duplicated = 0
         id_kind: dict[str, tuple[type, int]] = {}  # client id -> (JSON type, first line)
         with open(src, "rb") as f:
             for lineno, raw in enumerate(tqdm(f, desc=f"{src.name}", disable=not progress,
@@ -179,7 +193,7 @@ def load_jsonl(path: str | os.PathLike, *, user_key: str = "user", text_key: str
                     continue
                 out.records += 1
                 try:
-                    rec = json.loads(raw.decode("utf-8"))
+                    rec = loads_json(raw.decode("utf-8"))
                 except UnicodeDecodeError:
                     invalid_utf8 += 1
                     out.malformed += 1
@@ -187,9 +201,13 @@ def load_jsonl(path: str | os.PathLike, *, user_key: str = "user", text_key: str
                 except ValueError:
                     out.malformed += 1
                     continue
-                uid = rec.get(user_key) if isinstance(rec, dict) else None
-                text = rec.get(text_key) if isinstance(rec, dict) else None
-                if (not (is_text(uid) or (isinstance(uid, int) and not isinstance(uid, bool)))
+                if not isinstance(rec, dict) or {user_key, text_key} & duplicate_keys(rec):
+                    if isinstance(rec, dict):
+                        duplicated += 1
+                    out.malformed += 1
+                    continue
+                uid, text = rec.get(user_key), rec.get(text_key)
+                if (not (is_client_id(uid) or (isinstance(uid, int) and not isinstance(uid, bool)))
                         or not is_text(text)):
                     out.malformed += 1
                     continue
@@ -208,6 +226,8 @@ def load_jsonl(path: str | os.PathLike, *, user_key: str = "user", text_key: str
                 out.clients[cid].append(text)
         if invalid_utf8:
             out.extra["invalid_utf8_lines"] = invalid_utf8
+        if duplicated:
+            out.extra["duplicate_key_lines"] = duplicated
         return out
 
     return load_federated("jsonl", [src], {"user_key": user_key, "text_key": text_key}, parse,
@@ -224,8 +244,8 @@ def load_text_dir(directory: str | os.PathLike, *, pattern: str = "*.txt",
                   max_malformed: int | None = None) -> FederatedText:
     """Federated text from a directory of plain-text files, one file per user: client id = file
     name without extension, one example per non-blank line. A file that is not valid UTF-8, or
-    whose name is not (so its client id would hold raw bytes), is counted as one malformed record
-    (and skipped). Two files with the same client id (``alice.txt``, ``alice.md``) are refused
+    whose name is not (so its client id would hold raw bytes) or is blank (``" .txt"``), is
+    counted as one malformed record (and skipped). Two files with the same client id (``alice.txt``, ``alice.md``) are refused
     with :class:`MalformedDataError` rather than merged."""
     d = pathlib.Path(directory)
     if not d.is_dir():
@@ -245,7 +265,7 @@ def load_text_dir(directory: str | os.PathLike, *, pattern: str = "*.txt",
     def parse(progress: bool) -> Parsed:
         out = Parsed()
         for p in tqdm(files, desc=f"{d.name}", disable=not progress, leave=False):
-            if not is_text(p.stem):  # an undecodable file name
+            if not is_client_id(p.stem):  # an undecodable or blank file name
                 out.records += 1
                 out.malformed += 1
                 continue

@@ -13,6 +13,7 @@ line; they are fatal only if nothing usable is left
 from __future__ import annotations
 
 import collections
+import json
 import pathlib
 import re
 import sqlite3
@@ -28,11 +29,12 @@ from fedpriv.data.sampling import cap_examples
 from fedpriv.data.text import FederatedText, LoadStats, normalize_whitespace
 
 __all__ = ["FORMAT_VERSION", "Parsed", "corpus_cache_path", "read_cached", "store",
-           "load_federated", "is_text", "strip_directions", "QUOTE_LINE",
-           "connect_ro"]
+           "load_federated", "is_text", "is_client_id", "loads_json", "duplicate_keys",
+           "strip_directions", "QUOTE_LINE", "connect_ro"]
 
 # Bump when a parser's output changes, so old cache entries are ignored.
-FORMAT_VERSION = 9  # 9: strict UTF-8 / id checks in jsonl, text_dir, stackoverflow, simpsons
+FORMAT_VERSION = 10  # 10: duplicate JSON keys and blank client ids are malformed (jsonl, chitchat,
+#                        text_dir, stackoverflow); 9: strict UTF-8 / id checks
 
 _T = TypeVar("_T")
 
@@ -158,6 +160,48 @@ def is_text(s: Any) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def is_client_id(s: Any) -> bool:
+    """True for a client id a loader may use: valid Unicode text (:func:`is_text`) that is not
+    empty or whitespace-only. A blank id names nobody: every record with one would otherwise be
+    merged into a single client ``''`` (or ``' '``), so loaders count such records as malformed,
+    like a ``null`` id."""
+    return is_text(s) and bool(s.strip())
+
+
+class _DuplicateKeys(dict):
+    """A JSON object in which some key occurred more than once (``json`` keeps the last value
+    silently); ``duplicates`` holds those keys, ``pairs`` every (key, value) in file order."""
+
+    duplicates: frozenset = frozenset()
+    pairs: tuple = ()
+
+
+def _object_pairs(pairs: list) -> dict:
+    d = dict(pairs)
+    if len(d) == len(pairs):
+        return d
+    seen: set = set()
+    dup = {k for k, _ in pairs if k in seen or seen.add(k)}
+    out = _DuplicateKeys(d)
+    out.duplicates, out.pairs = frozenset(dup), tuple(pairs)
+    return out
+
+
+def loads_json(text: str) -> Any:
+    """``json.loads`` that remembers duplicate keys (see :func:`duplicate_keys`). Raises
+    ``ValueError`` for invalid JSON, also for nesting too deep to parse (``RecursionError``)."""
+    try:
+        return json.loads(text, object_pairs_hook=_object_pairs)
+    except RecursionError as e:
+        raise ValueError("JSON nested too deeply") from e
+
+
+def duplicate_keys(obj: Any) -> frozenset:
+    """Keys that occurred more than once in a JSON object parsed by :func:`loads_json` (an
+    object with two ``"user"`` keys is ambiguous: which user wrote the record?)."""
+    return getattr(obj, "duplicates", frozenset())
 
 
 _BRACKETED = re.compile(r"\[[^\]]*(?:\]|$)")
