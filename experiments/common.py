@@ -9,6 +9,7 @@ import sys
 
 from fedpriv.data.errors import ConfigError, FedprivError, MissingResourceError
 from fedpriv.dp.ledger import PrivacyBudgetExceeded
+from fedpriv.fl import workdir as workdir_lock
 
 
 def load_config(spec: str):
@@ -66,16 +67,19 @@ def cli(main, argv=None) -> None:
     prog = spec.name if spec is not None and spec.name else main.__module__
     _LAST_RUN.clear()
     try:
-        main(argv)
-    except USER_ERRORS as e:
-        if os.environ.get("FEDPRIV_TRACEBACK"):
-            raise
-        msg = " ".join(str(e).split()) or type(e).__name__
-        if not isinstance(e, (FedprivError, PrivacyBudgetExceeded)):
-            msg = f"{type(e).__name__}: {msg}"
-        print(f"{prog}: error: {msg}", file=sys.stderr)
-        sys.exit(2)
-    record_invocation()
+        try:
+            main(argv)
+        except USER_ERRORS as e:
+            if os.environ.get("FEDPRIV_TRACEBACK"):
+                raise
+            msg = " ".join(str(e).split()) or type(e).__name__
+            if not isinstance(e, (FedprivError, PrivacyBudgetExceeded)):
+                msg = f"{type(e).__name__}: {msg}"
+            print(f"{prog}: error: {msg}", file=sys.stderr)
+            sys.exit(2)
+        record_invocation()
+    finally:
+        release_workdirs()
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -95,8 +99,27 @@ def config_and_workdir(argv, doc: str, name: str, workdir: str | None = None):
     ap.add_argument("--workdir", default=workdir or f"runs/{name}")
     args = ap.parse_args(argv)
     cfg = load_config(args.config)
+    hold_workdir(args.workdir)
     _LAST_RUN.update(workdir=args.workdir, config=args.config, module=f"experiments.{name}")
     return cfg, args.workdir, args.config
+
+
+_WORKDIR_LOCKS: list = []
+
+
+def hold_workdir(workdir: str) -> None:
+    """One writer per workdir (``fedpriv.fl.workdir``): take ``workdir``'s exclusive lock for the
+    rest of the run (released by :func:`cli` when ``main`` ends, by the OS if the process dies).
+    A second run on the same workdir is refused in one line naming the holder (exit 2); a
+    workdir that is a file or not writable likewise. Re-entrant: the library's ``train`` takes
+    the same lock again inside the run."""
+    _WORKDIR_LOCKS.append(workdir_lock.acquire(workdir))
+
+
+def release_workdirs() -> None:
+    """Release the workdir locks taken by :func:`hold_workdir` (newest first)."""
+    while _WORKDIR_LOCKS:
+        _WORKDIR_LOCKS.pop().release()
 
 
 INVOCATION_FILE = "invocation.json"

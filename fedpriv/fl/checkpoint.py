@@ -13,6 +13,14 @@ the rest of the metadata; ``restore`` refuses a commit whose digest does not mat
 edited round or ledger, a state file swapped in from another commit). It detects accidents
 and edits, not a forger who recomputes the hash.
 
+Recovery: a damaged latest commit (unreadable, or failing its integrity check) is passed over
+for the newest intact older one (``restore``/``meta`` record what they skipped in
+``Checkpointer.skipped``; the loop says so in one line and checks that the older commit's
+ledger still covers what ran); with no intact commit the checkpoint is refused. A commit that
+cannot be written (disk full, read-only, file size limit) raises one ``CheckpointWriteError``
+naming the directory and the OS error, without orbax's multi-line thread tracebacks; earlier
+commits stay as they were.
+
 Only ``fedpriv.fl`` reads these files; other code goes through ``fedpriv.fl.loop``
 (``load_run``, ``replace_params``, ``fork_run``) or ``Checkpointer``.
 """
@@ -20,11 +28,17 @@ from __future__ import annotations
 
 from fedpriv.errors import FedprivError
 
+import contextlib
+import errno
 import hashlib
 import json
 import logging
 import math
 import os
+import re
+import shutil
+import threading
+import time
 from typing import Callable, Mapping, Sequence
 
 import jax
@@ -42,6 +56,62 @@ class CheckpointError(FedprivError, RuntimeError):
 
 class ResumeMismatch(CheckpointError):
     """The run being resumed was configured differently (names the fields)."""
+
+
+class CheckpointWriteError(CheckpointError):
+    """A commit could not be written (disk full, read-only, ...): names the directory and the
+    OS error; earlier commits are intact."""
+
+
+_OS_CODE = re.compile(r"os_error_code='?(\d+)")
+
+
+def _os_error_of(err: BaseException) -> tuple[int, str] | None:
+    """``(errno, text)`` of the OS error behind ``err`` (an ``OSError`` in its chain, or
+    tensorstore's ``[os_error_code='28']`` in a ``ValueError``), else None."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, OSError) and err.errno:
+            return err.errno, err.strerror or os.strerror(err.errno)
+        m = _OS_CODE.search(str(err))
+        if m:
+            return int(m.group(1)), os.strerror(int(m.group(1)))
+        err = err.__cause__ or err.__context__
+    return None
+
+
+class _HoldErrors(logging.Filter):
+    """Holds back absl/orbax ERROR records (their writer threads log whole tracebacks) while a
+    commit is written; re-emitted if the commit succeeds, dropped when it fails (the error is
+    raised as one line instead)."""
+
+    def __init__(self):
+        super().__init__()
+        self.held = []
+
+    def filter(self, record):
+        if record.levelno >= logging.ERROR:
+            self.held.append(record)
+            return False
+        return True
+
+
+@contextlib.contextmanager
+def _quiet_orbax_errors():
+    log = logging.getLogger("absl")
+    hold = _HoldErrors()
+    log.addFilter(hold)
+    try:
+        yield
+    except BaseException:
+        raise
+    else:
+        log.removeFilter(hold)
+        for record in hold.held:
+            log.handle(record)
+    finally:
+        log.removeFilter(hold)
 
 
 def _is_key(x) -> bool:
@@ -133,6 +203,8 @@ class Checkpointer:
         self.directory = os.path.abspath(directory)
         self.keep = keep
         self._mgr = None
+        self.skipped: list[tuple[int, str]] = []  # damaged commits passed over by the last read
+        self.restored_step: int | None = None  # the commit the last read returned
 
     # orbax is imported (and its manager built) only when a checkpoint is written or read
     @property
@@ -150,64 +222,145 @@ class Checkpointer:
         return os.path.isdir(self.directory) and self.latest() is not None
 
     def latest(self) -> int | None:
-        if not os.path.isdir(self.directory):
-            return None
-        steps = [int(n) for n in os.listdir(self.directory) if n.isdigit()
-                 and os.path.isdir(os.path.join(self.directory, n))]
-        return max(steps) if steps else None
+        steps = self.steps()
+        return steps[0] if steps else None
 
     def save(self, state, meta: dict) -> int:
         """Commit ``state`` (any pytree; typed keys allowed) with ``meta``; returns the commit id."""
         import orbax.checkpoint as ocp
-        os.makedirs(self.directory, exist_ok=True)
+        try:
+            os.makedirs(self.directory, exist_ok=True)
+        except OSError as err:
+            raise CheckpointWriteError(f"cannot create the checkpoint directory {self.directory}: "
+                                       f"{err.strerror or err} ({errno.errorcode.get(err.errno, '?')})") from err
         host = to_host(state)
         meta = json_safe({**meta, "format": FORMAT})
         meta["digest"] = digest(host, meta)
         last = self.latest()
         step = 0 if last is None else last + 1
-        self._manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(host),
-                                                         meta=ocp.args.JsonSave(meta)))
-        self._manager.wait_until_finished()
+        try:
+            with _quiet_orbax_errors():
+                before = set(threading.enumerate())
+                try:
+                    self._manager.save(step, args=ocp.args.Composite(
+                        state=ocp.args.StandardSave(host), meta=ocp.args.JsonSave(meta)))
+                    self._manager.wait_until_finished()
+                except BaseException:
+                    # let orbax's writer threads of this commit end (quietly) before closing
+                    deadline = time.monotonic() + 30.0
+                    for t in set(threading.enumerate()) - before:
+                        t.join(timeout=max(0.0, deadline - time.monotonic()))
+                    with contextlib.suppress(Exception):
+                        self.close()
+                    raise
+        except Exception as err:  # noqa: BLE001 - only OS errors become one line; bugs re-raise
+            os_err = _os_error_of(err)
+            if os_err is None:
+                raise
+            code, text = os_err
+            name = errno.errorcode.get(code, str(code))
+            raise CheckpointWriteError(
+                f"cannot write checkpoint {step} in {self.directory}: {text} ({name}); the "
+                "earlier commits are intact") from err
         return step
 
-    def meta(self) -> dict | None:
-        """The latest commit's metadata (unverified: use ``restore`` before trusting it)."""
+    def steps(self) -> list[int]:
+        """The commit ids in the directory, newest first."""
+        if not os.path.isdir(self.directory):
+            return []
+        return sorted((int(n) for n in os.listdir(self.directory) if n.isdigit()
+                       and os.path.isdir(os.path.join(self.directory, n))), reverse=True)
+
+    def _damaged(self, step: int, err: BaseException) -> str:
+        text = " ".join(str(err).split())
+        text = text if len(text) <= 200 else text[:197] + "..."
+        return f"commit {step}: {type(err).__name__}: {text}"
+
+    def _no_intact(self, what: str):
+        return CheckpointError(f"no intact checkpoint in {self.directory} ({what}); refusing it: "
+                               + "; ".join(reason for _, reason in self.skipped))
+
+    def raw_meta(self, step: int) -> dict | None:
+        """Commit ``step``'s metadata as written, unverified (None if unreadable): what a
+        damaged commit recorded, e.g. its ledger."""
         import orbax.checkpoint as ocp
-        step = self.latest()
-        if step is None:
-            return None
         try:
             out = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-        except Exception as err:  # noqa: BLE001 - any read failure is a corrupt checkpoint
-            raise CheckpointError(f"cannot read checkpoint {step} in {self.directory}: {err}") from err
-        return self._check_format(dict(out["meta"]), step)
+            return dict(out["meta"])
+        except Exception:  # noqa: BLE001 - damaged
+            return None
+
+    def meta(self) -> dict | None:
+        """The newest readable commit's metadata (unverified: use ``restore`` before trusting
+        it); damaged newer commits are listed in ``self.skipped``."""
+        import orbax.checkpoint as ocp
+        self.skipped = []
+        for step in self.steps():
+            try:
+                out = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+            except Exception as err:  # noqa: BLE001 - any read failure is a damaged commit
+                self.skipped.append((step, self._damaged(step, err)))
+                continue
+            self.restored_step = step
+            return self._check_format(dict(out["meta"]), step)
+        if self.skipped:
+            raise self._no_intact("every commit is unreadable")
+        return None
 
     def restore(self, template):
-        """``(state, meta)`` of the latest commit, or ``None``; raises ``CheckpointError`` if the
-        commit does not match ``template``'s structure or its digest."""
+        """``(state, meta)`` of the newest intact commit, or ``None`` if there is none.
+
+        A commit that cannot be read or fails its integrity check is damaged: the next older
+        one is tried, and ``self.skipped`` lists ``[(commit, reason), ...]`` of those passed
+        over (empty when the latest was intact). Raises ``CheckpointError`` when no commit is
+        intact, or when an intact commit does not match ``template``'s structure (another model
+        or optimizer is not damage: nothing is skipped for it).
+        """
         import orbax.checkpoint as ocp
-        step = self.latest()
-        if step is None:
-            return None
+        self.skipped = []
         host_template = to_host(template)
-        try:
-            out = self._manager.restore(step, args=ocp.args.Composite(
-                state=ocp.args.StandardRestore(host_template), meta=ocp.args.JsonRestore()))
-        except Exception as err:  # noqa: BLE001
-            raise CheckpointError(f"cannot restore checkpoint {step} in {self.directory} "
-                                  f"(another model or optimizer?): {err}".splitlines()[0]) from err
-        meta = self._check_format(dict(out["meta"]), step)
-        host = jax.tree_util.tree_map(np.asarray, out["state"])
-        if jax.tree_util.tree_structure(host) != jax.tree_util.tree_structure(host_template):
-            raise CheckpointError(f"checkpoint {step} in {self.directory} has another state structure")
-        for a, t in zip(jax.tree_util.tree_leaves(host), jax.tree_util.tree_leaves(host_template)):
-            if a.shape != t.shape or a.dtype != t.dtype:
-                raise CheckpointError(f"checkpoint {step} in {self.directory}: leaf {a.dtype}{a.shape}"
-                                      f" where the run has {t.dtype}{t.shape}")
-        if meta.get("digest") != digest(host, meta):
-            raise CheckpointError(f"checkpoint {step} in {self.directory} fails its integrity check "
-                                  "(state or metadata edited or mixed from two commits); refusing it")
-        return from_host(host, template), meta
+        for step in self.steps():
+            try:
+                out = self._manager.restore(step, args=ocp.args.Composite(
+                    state=ocp.args.StandardRestore(host_template), meta=ocp.args.JsonRestore()))
+            except Exception as err:  # noqa: BLE001
+                self.skipped.append((step, self._damaged(step, err)))
+                continue
+            meta = self._check_format(dict(out["meta"]), step)
+            host = jax.tree_util.tree_map(np.asarray, out["state"])
+            if jax.tree_util.tree_structure(host) != jax.tree_util.tree_structure(host_template):
+                raise CheckpointError(f"checkpoint {step} in {self.directory} has another state structure")
+            for a, t in zip(jax.tree_util.tree_leaves(host), jax.tree_util.tree_leaves(host_template)):
+                if a.shape != t.shape or a.dtype != t.dtype:
+                    raise CheckpointError(f"checkpoint {step} in {self.directory}: leaf {a.dtype}{a.shape}"
+                                          f" where the run has {t.dtype}{t.shape}")
+            if meta.get("digest") != digest(host, meta):
+                self.skipped.append((step, f"commit {step}: fails its integrity check (state or "
+                                           "metadata edited or mixed from two commits)"))
+                continue
+            self.restored_step = step
+            return from_host(host, template), meta
+        if self.skipped:
+            raise self._no_intact("every commit is damaged, or was written for another model or "
+                                  "optimizer")
+        return None
+
+    def quarantine(self, steps) -> str | None:
+        """Move damaged commits ``steps`` out of the directory (to ``<directory>.damaged/``,
+        nothing deleted), so that keep-N never drops the intact commit a run fell back to in
+        their favour. Returns where they went (None if nothing was moved)."""
+        steps = [int(s) for s in steps]
+        if not steps:
+            return None
+        self.close()
+        dest = self.directory + ".damaged"
+        os.makedirs(dest, exist_ok=True)
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        for step in steps:
+            src = os.path.join(self.directory, str(step))
+            if os.path.isdir(src):
+                shutil.move(src, os.path.join(dest, f"{step}-{stamp}"))
+        return dest
 
     def _check_format(self, meta: dict, step: int) -> dict:
         if meta.get("format") != FORMAT:

@@ -22,7 +22,24 @@ rounds charged and the run's config fingerprint. Resuming:
   entry by the event of the new total schedule (checked against the budget before any round
   runs); a private run whose checkpoint has no ledger is refused (unless ``nonprivate_ok``);
 - truncates ``metrics.jsonl`` to the checkpoint's round (dropping a torn last line), so the log
-  holds exactly one row per round after any sequence of crashes.
+  holds exactly one row per round after any sequence of crashes; rows missing before the
+  checkpoint (a deleted or cut log) cannot be recomputed without replaying the run: the loop
+  says in one line which rounds the curve lacks (``TrainResult.metrics_gaps``);
+- falls back to the newest intact commit when the latest is damaged (one line says so; the
+  damaged commit is moved to ``checkpoints.damaged/``), after checking that the older commit's
+  ledger covers everything the workdir shows was run and charged (the damaged commit's recorded
+  charge, metrics rows, ``epsilon_spent`` values); otherwise, or with no intact commit, refused.
+
+One writer per workdir: ``train`` (and ``replace_params``, ``fork_run``) hold the workdir's
+exclusive lock (``fedpriv.fl.workdir``) while they write; a second process is refused in one
+line naming the holder. A workdir that is a file or read-only, and a write that fails (disk
+full), are one-line ``WorkdirError``/``CheckpointWriteError``; nothing already written is lost.
+
+Before anything is charged, one round is traced abstractly (``jax.eval_shape``: client steps
+with the caller's ``loss_fn``, clipping, noise, server update; no compilation, no data): a bug in
+user code raises before the ledger is charged, so a retry with the same ledger is not refused.
+The algorithm's ``expected_cohort_size`` (fixed denominator, and noise scale with
+``noise_cohort_size``) must equal the sampler's, which the accounting uses: a mismatch is refused.
 
 Sampling and round keys are pure functions of (seed, stage, round), so a resumed run reproduces
 an uninterrupted one bit for bit. Keys carry their purpose: the root key is
@@ -34,21 +51,27 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import shutil
 import sys
 import time
+import warnings
 from typing import Callable, Mapping, Sequence
 
 import jax
 import numpy as np
 from tqdm.auto import tqdm
 
+from fedpriv.data.errors import ConfigError
 from fedpriv.dp.keys import tagged_key
 from fedpriv.dp.ledger import PrivacyLedger, event_to_json
+from fedpriv.fl import workdir as wdlock
 from fedpriv.fl.algorithms import FederatedAlgorithm, ServerState, privacy_event
 from fedpriv.fl.checkpoint import (CHECKPOINTS, EXTRA_PREFIX, Checkpointer, CheckpointError,
-                                   ResumeMismatch, check_fingerprint, json_safe)
+                                   CheckpointWriteError, ResumeMismatch, check_fingerprint,
+                                   json_safe)
+from fedpriv.fl.workdir import WorkdirError, WorkdirLocked
 from fedpriv.fl.execution import CohortExecutor, replicate
 from fedpriv.fl.samplers import PoissonSampler
 
@@ -68,8 +91,8 @@ class PrivacyAccountingError(CheckpointError):
 
 __all__ = ["train", "TrainResult", "RunCheckpoint", "load_run", "replace_params", "fork_run",
            "read_metrics", "run_fingerprint", "METRICS", "DERIVED_METRICS", "NONPRIVATE", "DP_COVERED_METRICS", "PUBLIC_METRICS", "OUTPUTS",
-           "nonprivate_key", "TRAINING_FIELDS", "CheckpointError",
-           "ResumeMismatch", "PrivacyAccountingError"]
+           "nonprivate_key", "TRAINING_FIELDS", "CheckpointError", "CheckpointWriteError",
+           "ResumeMismatch", "PrivacyAccountingError", "WorkdirError", "WorkdirLocked"]
 
 
 # ----------------------------------------------------------------------------- fingerprint
@@ -129,6 +152,13 @@ class RunCheckpoint:
     accounted: bool
     fingerprint: dict
     meta: dict
+    skipped: list = dataclasses.field(default_factory=list)  # damaged newer commits passed over
+    commit: int | None = None  # the commit read
+
+
+def _lock_name() -> str:
+    """``.lock``; ``.lock.p<i>`` on process i > 0 of a ``jax.distributed`` run (one run)."""
+    return wdlock.LOCK_FILE if jax.process_count() == 1 else f"{wdlock.LOCK_FILE}.p{jax.process_index()}"
 
 
 def _checkpointer(workdir: str, keep: int = 2) -> Checkpointer:
@@ -162,18 +192,24 @@ def _run_checkpoint(ckpt: Checkpointer, template=None) -> RunCheckpoint | None:
     try:
         ledger = PrivacyLedger.from_dict(meta["ledger"]) if meta.get("ledger") else None
         return RunCheckpoint(state, int(meta["round"]), ledger, int(meta["charged_rounds"]),
-                             bool(meta["accounted"]), dict(meta["fingerprint"]), meta)
+                             bool(meta["accounted"]), dict(meta["fingerprint"]), meta,
+                             list(ckpt.skipped), ckpt.restored_step)
     except (KeyError, TypeError, ValueError) as err:
         raise CheckpointError(f"checkpoint in {ckpt.directory} has malformed metadata: {err!r}") from err
 
 
 def load_run(workdir: str, template: ServerState | None = None) -> RunCheckpoint | None:
-    """The latest checkpoint of the run in ``workdir`` (None if there is none).
+    """The latest intact checkpoint of the run in ``workdir`` (None if there is none); damaged
+    newer commits passed over are listed in ``RunCheckpoint.skipped``.
 
     With ``template`` (e.g. ``algorithm.init(params, key)``) the state is restored and verified;
     without it only the metadata (round, ledger, fingerprint) is read.
     """
-    return _run_checkpoint(_checkpointer(workdir), template)
+    ckpt = _checkpointer(workdir)
+    try:
+        return _run_checkpoint(ckpt, template)
+    finally:
+        ckpt.close()  # its background work (orbax's tmp cleanup) ends before a writer starts
 
 
 def checkpoint_round(workdir: str) -> int | None:
@@ -191,10 +227,18 @@ def replace_params(workdir: str, template: ServerState, fn: Callable, ledger_not
     such (``ledger_note``) at zero privacy cost. Committed atomically as a new checkpoint.
     Returns the new params.
     """
-    ckpt = _checkpointer(workdir)
-    run = _run_checkpoint(ckpt, template)
-    if run is None:
-        raise CheckpointError(f"no checkpoint in {workdir!r} to continue from")
+    with wdlock.locked(workdir, _lock_name()):
+        ckpt = _checkpointer(workdir)
+        run = _run_checkpoint(ckpt, template)
+        if run is None:
+            raise CheckpointError(f"no checkpoint in {workdir!r} to continue from")
+        if run.skipped:  # fail closed: recovery (and its ledger checks) is train()'s job
+            raise CheckpointError(f"the latest checkpoint in {workdir!r} is damaged "
+                                  f"({run.skipped[0][1]}); resume the run with train() first")
+        return _replace_params(ckpt, run, fn, ledger_note)
+
+
+def _replace_params(ckpt, run, fn, ledger_note):
     new_params = fn(run.state.params)
     if jax.tree_util.tree_structure(new_params) != jax.tree_util.tree_structure(run.state.params):
         raise ValueError("fn changed the parameter structure; the run cannot continue")
@@ -202,6 +246,7 @@ def replace_params(workdir: str, template: ServerState, fn: Callable, ledger_not
         run.ledger.record_post_processing(ledger_note)
     _commit(ckpt, run.state.replace(params=new_params), run.ledger, charged_rounds=run.charged_rounds,
             accounted=run.accounted, fingerprint=run.fingerprint)
+    ckpt.close()
     return new_params
 
 
@@ -214,6 +259,11 @@ def fork_run(src: str, dst: str) -> None:
     """
     if checkpoint_round(src) is None:
         raise CheckpointError(f"no checkpoint in {src!r} to fork")
+    with wdlock.locked(dst, _lock_name()):
+        _fork_run(src, dst)
+
+
+def _fork_run(src: str, dst: str) -> None:
     if load_run(dst) is not None:
         raise CheckpointError(f"{dst!r} already holds a checkpoint; not forking over it")
     os.makedirs(dst, exist_ok=True)
@@ -229,10 +279,62 @@ def fork_run(src: str, dst: str) -> None:
 
 
 # ----------------------------------------------------------------------------- metrics log
+NONFINITE = "nonfinite"
+
+
+def _strict_value(v, path: str, out: dict):
+    if isinstance(v, float) and not math.isfinite(v):
+        out[path] = repr(v)  # 'nan', 'inf', '-inf'
+        return None
+    if isinstance(v, list):
+        return [_strict_value(x, f"{path}[{i}]", out) for i, x in enumerate(v)]
+    return v
+
+
+def dumps_row(row: Mapping) -> str:
+    """One metrics row as a line of strict JSON (RFC 8259: no bare ``NaN``/``Infinity``).
+
+    A non-finite float (a scalar, or an element of a list metric) is written as ``null`` and
+    recorded under ``"nonfinite"``: ``{"<key>" | "<key>[i]...": "nan" | "inf" | "-inf"}``, so
+    nothing is lost and strict readers (TensorBoard, ``jq``, browsers) accept the file;
+    ``read_metrics`` puts the values back.
+    """
+    bad: dict = {}
+    out = {k: _strict_value(v, k, bad) for k, v in row.items()}
+    if bad:
+        out[NONFINITE] = bad
+    return json.dumps(out, allow_nan=False)
+
+
+def _restore_nonfinite(row):
+    """Inverse of ``dumps_row`` on a parsed row (rows of older files, with bare ``NaN``, pass
+    through unchanged)."""
+    if not isinstance(row, dict) or not isinstance(row.get(NONFINITE), dict):
+        return row
+    row = dict(row)
+    for path, text in row.pop(NONFINITE).items():
+        key, _, rest = str(path).partition("[")
+        idx = [int(i) for i in rest.rstrip("]").split("][")] if rest else []
+        if key not in row:
+            continue
+        value = float(text)
+        if not idx:
+            row[key] = value
+            continue
+        target = row[key]
+        for i in idx[:-1]:
+            target = target[i]
+        target[idx[-1]] = value
+    return row
+
+
 def _read_rows(path: str) -> list[dict]:
-    """Rows of a metrics log; a torn last line (a crash mid-write) is dropped."""
+    """Rows of a metrics log; a torn last line (a crash mid-write) is dropped. Reads both the
+    strict format (``dumps_row``) and older files with bare ``NaN``/``Infinity``."""
     if not os.path.exists(path):
         return []
+    if os.path.isdir(path):
+        raise WorkdirError(f"{path} is a directory, not a metrics log")
     with open(path, "rb") as f:
         lines = f.read().split(b"\n")
     rows = []
@@ -240,7 +342,7 @@ def _read_rows(path: str) -> list[dict]:
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            rows.append(_restore_nonfinite(json.loads(line)))
         except ValueError:
             if any(rest.strip() for rest in lines[i + 1:]):
                 raise CheckpointError(f"{path}: line {i + 1} is not JSON (and is not the last line)")
@@ -252,19 +354,54 @@ def read_metrics(workdir: str) -> list[dict]:
     return _read_rows(os.path.join(workdir, METRICS))
 
 
-def _reconcile_metrics(workdir: str, last_round: int) -> None:
+def _ranges(rounds: Sequence[int]) -> list[tuple[int, int]]:
+    """[1, 2, 3, 7, 9, 10] -> [(1, 3), (7, 7), (9, 10)]."""
+    out: list[list[int]] = []
+    for r in sorted(rounds):
+        if out and r == out[-1][1] + 1:
+            out[-1][1] = r
+        else:
+            out.append([r, r])
+    return [tuple(x) for x in out]
+
+
+def _reconcile_metrics(workdir: str, last_round: int) -> list[tuple[int, int]]:
     """Keep exactly one row per round up to the checkpoint's round (rows past it are recomputed
-    identically on resume; none survive a fresh start); drop a torn last line."""
+    identically on resume; none survive a fresh start); drop a torn last line. Returns the
+    rounds ``<= last_round`` with no row, as ranges ``[(first, last), ...]`` (a deleted or cut
+    log: those rows cannot be rebuilt from the checkpoint, which holds the state, not the
+    metrics; they would have to be recomputed by replaying the run)."""
     path = os.path.join(workdir, METRICS)
-    if not os.path.exists(path):
-        return
     by_round = {}
     for row in _read_rows(path):
         if isinstance(row, dict) and isinstance(row.get("round"), int) and 1 <= row["round"] <= last_round:
             by_round[row["round"]] = row
-    with open(path + ".tmp", "w") as f:
-        f.writelines(json.dumps(by_round[r]) + "\n" for r in sorted(by_round))
-    os.replace(path + ".tmp", path)
+    if os.path.exists(path):
+        try:
+            with open(path + ".tmp", "w") as f:
+                f.writelines(dumps_row(by_round[r]) + "\n" for r in sorted(by_round))
+            os.replace(path + ".tmp", path)
+        except OSError as err:
+            _remove_quietly(path + ".tmp")
+            raise WorkdirError(f"cannot rewrite {path}: {wdlock.describe_os_error(err)}; the log "
+                               "is unchanged") from err
+    return _ranges(sorted(set(range(1, last_round + 1)) - set(by_round)))
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def _append_row(path: str, row: Mapping) -> None:
+    try:
+        with open(path, "a") as f:
+            f.write(dumps_row(row) + "\n")
+    except OSError as err:
+        raise WorkdirError(f"cannot write {path}: {wdlock.describe_os_error(err)}; the rows and "
+                           "checkpoints written so far are kept (resume when there is room)") from err
 
 
 # Every per-round output of the loop is either covered by the ledger or marked non-private
@@ -324,6 +461,9 @@ class TrainResult:
     event: object = None
     executed_event: object = None
     charged_rounds: int = 0
+    # damaged commits passed over on resume ([(commit, reason)]); rounds without a metrics row
+    fell_back: list = dataclasses.field(default_factory=list)
+    metrics_gaps: list = dataclasses.field(default_factory=list)
 
 
 def _entry_details(dp, sampler, rounds: int, executed_event) -> dict:
@@ -385,13 +525,35 @@ def train(algorithm: FederatedAlgorithm, init_params, dataset: Mapping, client_i
         (default ``DERIVED_METRICS``: the LM tasks' train loss and accuracy).
       log: where resume messages go (None: silent).
     """
+    args = dict(locals())
+    _check_args(algorithm, sampler, client_ids, rounds, stage)
+    if workdir is None:
+        return _train(**args)
+    with wdlock.locked(workdir, _lock_name()):  # one writer per workdir (re-entrant)
+        return _train(**args)
+
+
+def _check_args(algorithm, sampler, client_ids, rounds, stage) -> None:
     if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 1:
         raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
-    rounds = int(rounds)
     if not isinstance(stage, str) or not stage:
         raise ValueError(f"stage must be a non-empty string, got {stage!r}")
     if len(client_ids) != getattr(sampler, "num_clients", len(client_ids)):
         raise ValueError(f"sampler population {sampler.num_clients} != {len(client_ids)} client ids")
+    have, want = float(algorithm.expected_cohort_size), getattr(sampler, "expected_cohort_size", None)
+    if want is not None and not math.isclose(have, float(want), rel_tol=1e-9, abs_tol=1e-12):
+        raise ConfigError(
+            f"stage {stage!r}: the algorithm was built for expected_cohort_size={have:g} but the "
+            f"sampler draws {float(want):g} clients per round (the noise and the update would "
+            f"follow one, the accounting the other); build it with "
+            f"expected_cohort_size=sampler.expected_cohort_size")
+
+
+def _train(algorithm, init_params, dataset, client_ids, sampler, *, rounds, batch_size, seed,
+           ledger, nonprivate_ok, stage, populations, workdir, fingerprint, resume_anyway,
+           max_steps, eval_fn, eval_every, checkpoint_every, keep_checkpoints, mesh, lanes,
+           progress, stop_after, log_fn, derived_metrics, log) -> TrainResult:
+    rounds = int(rounds)
     dp = algorithm.dp
     private = dp.is_private
     if not private and ledger is not None:
@@ -413,11 +575,22 @@ def train(algorithm: FederatedAlgorithm, init_params, dataset: Mapping, client_i
                          extra=fingerprint)
     saved = _run_checkpoint(ckpt, state) if ckpt is not None else None
     start, history, evals, charged = 0, [], [], rounds
+    capacity = int(getattr(sampler, "max_cohort_size"))
+    dry_run = lambda: _dry_run(algorithm, state, dataset, client_ids, batch_size, capacity,  # noqa: E731
+                               k_rounds)
     if saved is not None:  # ---- resume: every refusal happens before anything changes
         _check_fingerprint(saved.fingerprint, fp, resume_anyway, f"checkpoint in {workdir!r}")
         if saved.round > rounds:
             raise CheckpointError(f"checkpoint in {workdir!r} is at round {saved.round} > rounds={rounds}")
         state, start, charged = saved.state, saved.round, max(saved.charged_rounds, rounds)
+        floor = _fallback_floor(ckpt, saved, workdir) if saved.skipped and private else None
+        if floor is not None and floor[0] > charged:
+            raise PrivacyAccountingError(
+                f"checkpoint in {workdir!r}: the latest commit is damaged and the newest intact "
+                f"one (round {saved.round}) charged {saved.charged_rounds} rounds, but "
+                f"{floor[2]} shows {floor[0]} rounds were charged or run; falling back would "
+                f"under-report the spend: refusing (resume with rounds>={floor[0]}, or use "
+                "another workdir)")
         before = None
         if private and saved.ledger is None:
             if saved.accounted or ledger is not None or not nonprivate_ok:
@@ -436,12 +609,22 @@ def train(algorithm: FederatedAlgorithm, init_params, dataset: Mapping, client_i
                 work = PrivacyLedger.from_dict(ledger.to_dict())
                 work.absorb(recorded, exclude=stage)
             if rounds > saved.charged_rounds:  # more rounds: charge the new total schedule
+                dry_run()  # a bug in user code surfaces before anything is charged
                 work.replace(stage, event, populations, note=f"{rounds} rounds (extended on resume "
                              f"from {saved.charged_rounds})", details=details(rounds))
+            if floor is not None and work.spent() < floor[1] * (1 - 1e-9):
+                raise PrivacyAccountingError(
+                    f"checkpoint in {workdir!r}: the latest commit is damaged and the ledger of the "
+                    f"newest intact one (round {saved.round}) comes to epsilon {work.spent():.6g}, "
+                    f"less than the {floor[1]:.6g} that {floor[3]} records; falling back would "
+                    "under-report the spend: refusing (use another workdir)")
             if ledger is None:
                 ledger = work
             else:
                 ledger.entries = work.entries
+        if saved.skipped:
+            _say(log, f"{stage}: {'; '.join(r for _, r in saved.skipped)} -- damaged; fell back "
+                      f"to the newest intact commit {saved.commit} (round {saved.round})")
         if log is not None:
             cost = ("non-private algorithm" if not private else "unaccounted (nonprivate_ok)"
                     if ledger is None else
@@ -458,6 +641,7 @@ def train(algorithm: FederatedAlgorithm, init_params, dataset: Mapping, client_i
         if ledger.entry(stage) is not None:
             raise PrivacyAccountingError(f"the ledger already has an entry {stage!r}: give each "
                                          "train() call its own stage")
+        dry_run()  # a bug in user code surfaces before anything is charged
         ledger.spend(stage, event, populations, note=f"{rounds} rounds", details=details(rounds))
     accounted = private and ledger is not None
     if accounted and charged != rounds:  # resumed with fewer rounds than charged: report the charge
@@ -465,19 +649,24 @@ def train(algorithm: FederatedAlgorithm, init_params, dataset: Mapping, client_i
         executed = privacy_event(dp, sampler, charged, simulated=False) if executed is not None else None
     if accounted and charged < rounds:  # never, by construction: every round run is charged
         raise PrivacyAccountingError(f"stage {stage!r}: {rounds} rounds but {charged} charged")
+    gaps = []
     if workdir:
-        os.makedirs(workdir, exist_ok=True)
-        _reconcile_metrics(workdir, start)
+        if saved is not None and saved.skipped:  # keep-N must never drop the intact commit
+            ckpt.quarantine([step for step, _ in saved.skipped])
+        gaps = _reconcile_metrics(workdir, start)
+        if gaps:
+            _say(log, f"{stage}: {os.path.join(workdir, METRICS)} has no rows for rounds "
+                      + ", ".join(f"{a}..{b}" if a != b else f"{a}" for a, b in gaps)
+                      + f" (deleted or cut before the checkpoint at round {start}): the curve has "
+                      "gaps there; they are not recomputed")
     executor = CohortExecutor(algorithm, dataset, batch_size=batch_size, max_steps=max_steps,
-                              capacity=int(getattr(sampler, "max_cohort_size")),
+                              capacity=capacity,
                               variable_cohort=isinstance(sampler, PoissonSampler)
                               or bool(getattr(sampler, "variable_cohort", False)),
                               lanes=lanes, mesh=mesh)
     executor.set_params_size(init_params)
     state = replicate(state, mesh)
     log_path = os.path.join(workdir, METRICS) if workdir else None
-    if workdir:
-        os.makedirs(workdir, exist_ok=True)
     end = rounds if stop_after is None else min(rounds, start + stop_after)
     bar = tqdm(range(start, end), initial=start, total=rounds, disable=not progress, desc="rounds",
                dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 30.0)
@@ -500,12 +689,62 @@ def train(algorithm: FederatedAlgorithm, init_params, dataset: Mapping, client_i
         if log_fn is not None:
             log_fn(row)
         if log_path:
-            with open(log_path, "a") as f:
-                f.write(json.dumps(row) + "\n")
+            _append_row(log_path, row)
         if workdir and ((checkpoint_every and (r + 1) % checkpoint_every == 0) or r + 1 == end):
             _commit(ckpt, state, ledger, charged_rounds=charged, accounted=accounted, fingerprint=fp)
     bar.close()
     if ckpt is not None:
         ckpt.close()
     return TrainResult(state, ledger, history, evals, start, event if accounted else None,
-                       executed if accounted else None, charged)
+                       executed if accounted else None, charged,
+                       list(saved.skipped) if saved is not None else [], gaps)
+
+
+def _say(log, message: str) -> None:
+    """A one-line notice: to ``log``, or as a warning when the caller silenced ``log``."""
+    if log is not None:
+        log(message)
+    else:
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _fallback_floor(ckpt: Checkpointer, saved: RunCheckpoint, workdir: str):
+    """What a run falling back to ``saved`` must still cover: ``(rounds, epsilon, where the
+    rounds were seen, where the epsilon was seen)`` — the largest charge recorded by the damaged
+    commits it passed over (their metadata, unverified, where readable) and by ``metrics.jsonl``
+    (the last round run, the largest ``epsilon_spent`` reported)."""
+    rounds, eps, r_src, e_src = 0, 0.0, "nothing", "nothing"
+    for step, _ in saved.skipped:
+        meta = ckpt.raw_meta(step) or {}
+        try:
+            n = int(meta.get("charged_rounds") or 0)
+            e = PrivacyLedger.from_dict(meta["ledger"]).spent() if meta.get("ledger") else 0.0
+        except (KeyError, TypeError, ValueError):
+            continue
+        if n > rounds:
+            rounds, r_src = n, f"damaged commit {step}"
+        if e > eps:
+            eps, e_src = e, f"damaged commit {step}"
+    for row in _read_rows(os.path.join(workdir, METRICS)):
+        if not isinstance(row, dict):
+            continue
+        r, e = row.get("round"), row.get("epsilon_spent")
+        if isinstance(r, int) and r > rounds:
+            rounds, r_src = r, METRICS
+        if isinstance(e, (int, float)) and math.isfinite(e) and e > eps:
+            eps, e_src = float(e), METRICS
+    return rounds, eps, r_src, e_src
+
+
+def _dry_run(algorithm, state, dataset, client_ids, batch_size: int, capacity: int, key) -> None:
+    """Trace one round abstractly (``jax.eval_shape`` of ``algorithm.apply`` on a padded
+    ``[capacity, 1, batch_size, ...]`` cohort of the dataset's example shapes and dtypes): the
+    clients' local steps (the caller's ``loss_fn``), clipping, noise and the server update, with
+    no compilation and no data values. Raises what user code raises."""
+    if not client_ids or algorithm.apply is None:
+        return
+    first = dataset[client_ids[0]]
+    batch = {k: jax.ShapeDtypeStruct((capacity, 1, batch_size) + np.shape(v)[1:], np.asarray(v[:1]).dtype)
+             for k, v in first.items()}
+    batch["mask"] = jax.ShapeDtypeStruct((capacity, 1, batch_size), np.float32)
+    jax.eval_shape(algorithm.apply, state, batch, jax.ShapeDtypeStruct((capacity,), np.float32), key)

@@ -1,12 +1,16 @@
-"""The round loop owns the privacy event, the ledger and resume (issues 10, 14, 16).
+"""The round loop owns the privacy event, the ledger and resume (issues 10, 14, 16, 24).
 
 Regression tests: the loop derives and charges the event of what runs; a resumed run carries
 its recorded cost, is charged for more rounds or refused, matches its config fingerprint; one
-atomic checkpoint (kill -9 anywhere resumes bit-identically, tampering is refused); exactly one
-metrics row per round after any crashes; stage-tagged keys.
+atomic checkpoint (kill -9 anywhere resumes bit-identically, tampering is refused); a damaged
+latest commit falls back to the newest intact one unless its ledger would under-report the
+spend; exactly one metrics row per round after any crashes, gaps reported; strict-JSON metrics;
+a bug in the loss surfaces before the ledger is charged; stage-tagged keys.
 """
 import json
+import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,8 +26,8 @@ from fedpriv.dp.adaptive import AdaptiveClipping
 from fedpriv.dp.ledger import PrivacyBudgetExceeded, PrivacyLedger, event_to_json
 from fedpriv.fl.algorithms import dp_fedavg, dp_ftrl, privacy_event, server_optimizer
 from fedpriv.fl.checkpoint import CHECKPOINTS, Checkpointer, CheckpointError, ResumeMismatch
-from fedpriv.fl.loop import (METRICS, PrivacyAccountingError, fork_run, load_run, read_metrics,
-                             train)
+from fedpriv.fl.loop import (METRICS, PrivacyAccountingError, dumps_row, fork_run, load_run,
+                             read_metrics, train)
 from fedpriv.fl.samplers import PoissonSampler, ShuffledPassSampler
 from fedpriv.public.pretrain import train_central
 from tests.fl.helpers import init_params, loss_fn, make_dataset
@@ -237,28 +241,34 @@ def test_central_training_checkpoint_fingerprint(tmp_path):
 
 
 # ------------------------------------------------------------------ one atomic checkpoint
+def _edit_meta(wd, commit, **changes):
+    path = os.path.join(wd, CHECKPOINTS, str(commit), "meta", "metadata")
+    meta = json.load(open(path))
+    json.dump({**meta, **changes}, open(path, "w"))
+    return meta
+
+
 def test_tampered_or_legacy_checkpoint_refused(data, tmp_path):
+    """With no intact commit left (every one edited, or states mixed between commits) the
+    checkpoint is refused: fail closed, never a silent fresh start."""
     d, ids = data
     s, alg = _ftrl()
     wd = tmp_path / "run"
     kw = _kw(wd, checkpoint_every=2, nonprivate_ok=True)
     train(alg, init_params(), d, ids, s, rounds=8, stop_after=4, **kw)
     ck = os.path.join(wd, CHECKPOINTS)
-    latest = max(int(n) for n in os.listdir(ck) if n.isdigit())
-    meta_path = os.path.join(ck, str(latest), "meta", "metadata")
-    meta = json.load(open(meta_path))
-    assert meta["round"] == 4
-    meta["round"] = 2  # the issue's "crash between the two files", simulated by an edit
-    json.dump(meta, open(meta_path, "w"))
-    with pytest.raises(CheckpointError, match="integrity"):
+    assert sorted(n for n in os.listdir(ck) if n.isdigit()) == ["0", "1"]
+    assert _edit_meta(wd, 1, round=2)["round"] == 4  # "crash between the two files", by an edit
+    _edit_meta(wd, 0, round=4)
+    with pytest.raises(CheckpointError, match="no intact checkpoint.*integrity"):
         train(alg, init_params(), d, ids, s, rounds=8, **kw)
-    # state of one commit with the metadata of another
-    meta["round"] = 4
-    json.dump(meta, open(meta_path, "w"))
-    older = os.path.join(ck, str(latest - 1), "state")
-    os.rename(os.path.join(ck, str(latest), "state"), str(tmp_path / "state"))
-    os.rename(older, os.path.join(ck, str(latest), "state"))
-    with pytest.raises(CheckpointError):
+    assert sorted(n for n in os.listdir(ck) if n.isdigit()) == ["0", "1"]  # nothing moved
+    # state of one commit with the metadata of another (the older one loses its state)
+    _edit_meta(wd, 1, round=4)
+    _edit_meta(wd, 0, round=2)
+    os.rename(os.path.join(ck, "1", "state"), str(tmp_path / "state"))
+    os.rename(os.path.join(ck, "0", "state"), os.path.join(ck, "1", "state"))
+    with pytest.raises(CheckpointError, match="no intact checkpoint"):
         train(alg, init_params(), d, ids, s, rounds=8, **kw)
     # the old two-file format is not resumed
     legacy = tmp_path / "legacy"
@@ -267,6 +277,129 @@ def test_tampered_or_legacy_checkpoint_refused(data, tmp_path):
     (legacy / "checkpoint.json").write_text('{"round": 2, "ledger": null}')
     with pytest.raises(CheckpointError, match="old two-file format"):
         train(alg, init_params(), d, ids, s, rounds=8, **_kw(legacy, nonprivate_ok=True))
+
+
+def test_damaged_latest_commit_falls_back_to_the_newest_intact_one(data, tmp_path):
+    """The run continues from the intact commit orbax kept, says so in one line, and ends
+    bit-identical to an uninterrupted run with the same charge; the damaged commit is moved
+    aside (not deleted) so keep-N cannot later drop the intact one in its favour."""
+    d, ids = data
+    s, alg = _ftrl()
+    wd = tmp_path / "run"
+    led = lambda: PrivacyLedger(1e6, 1e-6)  # noqa: E731
+    train(alg, init_params(), d, ids, s, rounds=8, stop_after=4, ledger=led(),
+          **_kw(wd, checkpoint_every=2))
+    _edit_meta(wd, 1, round=2)
+    logs = []
+    res = train(alg, init_params(), d, ids, s, rounds=8, ledger=led(),
+                **_kw(wd, checkpoint_every=2, log=logs.append))
+    assert res.resumed_from == 2 and [c for c, _ in res.fell_back] == [1]
+    assert "commit 1: fails its integrity check" in logs[0], logs
+    assert "fell back to the newest intact commit 0 (round 2)" in logs[0] and "\n" not in logs[0]
+    ref = train(alg, init_params(), d, ids, s, rounds=8, ledger=led(),
+                **_kw(tmp_path / "ref", checkpoint_every=2))
+    _leaves_equal(res.state.params, ref.state.params)
+    assert res.ledger.spent() == ref.ledger.spent() and res.charged_rounds == 8
+    assert _rows(wd) == _rows(tmp_path / "ref")
+    assert [n.split("-")[0] for n in os.listdir(wd / (CHECKPOINTS + ".damaged"))] == ["1"]
+    assert load_run(str(wd)).round == 8
+
+
+def test_fallback_refused_when_the_intact_commit_would_under_report_the_spend(data, tmp_path):
+    """Run for 4 rounds, extend to 8 (charged 8, commit at round 6), damage that commit: the
+    intact commit at round 4 charged only 4 rounds. Falling back and finishing at 4 rounds
+    would report the 4-round epsilon for a workdir whose rounds 5-6 ran under the 8-round
+    charge: refused, whether the evidence is the damaged commit's own metadata or (metadata
+    unreadable) the metrics log; resuming for all 8 rounds charges them again and is allowed."""
+    d, ids = data
+    s, alg = _ftrl()
+    wd = tmp_path / "run"
+    led = lambda: PrivacyLedger(1e6, 1e-6)  # noqa: E731
+    train(alg, init_params(), d, ids, s, rounds=4, ledger=led(), **_kw(wd, checkpoint_every=2))
+    train(alg, init_params(), d, ids, s, rounds=8, stop_after=2, ledger=led(),
+          **_kw(wd, checkpoint_every=2))
+    assert _edit_meta(wd, 2, round=5)["charged_rounds"] == 8
+    with pytest.raises(PrivacyAccountingError, match="damaged commit 2 shows 8 rounds"):
+        train(alg, init_params(), d, ids, s, rounds=4, ledger=led(), **_kw(wd))
+    shutil.rmtree(wd / CHECKPOINTS / "2" / "meta")
+    with pytest.raises(PrivacyAccountingError, match="metrics.jsonl shows 6 rounds"):
+        train(alg, init_params(), d, ids, s, rounds=4, ledger=led(), **_kw(wd))
+    assert [r["round"] for r in _rows(wd)] == list(range(1, 7))  # refusals changed nothing
+    assert sorted(n for n in os.listdir(wd / CHECKPOINTS) if n.isdigit()) == ["1", "2"]
+    big = led()
+    res = train(alg, init_params(), d, ids, s, rounds=8, ledger=big, **_kw(wd))
+    assert res.resumed_from == 4 and res.charged_rounds == 8 and int(res.state.round) == 8
+    assert big.spent() == pytest.approx(compute_epsilon(privacy_event(alg.dp, s, 8), 1e-6)[0])
+
+
+def test_missing_metrics_rows_are_reported_as_gaps(data, tmp_path):
+    """A deleted or cut metrics.jsonl cannot be rebuilt from a checkpoint (it holds the state,
+    not the curve): resume says in one line which rounds are missing, instead of a silent gap."""
+    d, ids = data
+    s, alg = _ftrl()
+    kw = _kw(tmp_path, checkpoint_every=2, nonprivate_ok=True)
+    train(alg, init_params(), d, ids, s, rounds=8, stop_after=4, **kw)
+    os.remove(tmp_path / METRICS)
+    logs = []
+    res = train(alg, init_params(), d, ids, s, rounds=8, stop_after=2, **{**kw, "log": logs.append})
+    assert res.metrics_gaps == [(1, 4)]
+    assert any("no rows for rounds 1..4" in m and "gaps" in m for m in logs), logs
+    rows = _rows(tmp_path)
+    assert [r["round"] for r in rows] == [5, 6]
+    with open(tmp_path / METRICS, "w") as f:  # cut: rounds 2 and 4 lost
+        f.writelines(json.dumps(r) + "\n" for r in [{"round": 1}, {"round": 3}, *rows])
+    with pytest.warns(RuntimeWarning, match=r"no rows for rounds 2, 4 \(deleted"):
+        res = train(alg, init_params(), d, ids, s, rounds=8, **kw)  # log=None: a warning
+    assert res.metrics_gaps == [(2, 2), (4, 4)]
+    assert [r["round"] for r in _rows(tmp_path)] == [1, 3, 5, 6, 7, 8]
+
+
+def test_metrics_jsonl_is_strict_json_and_old_files_still_read(data, tmp_path):
+    """No bare NaN/Infinity (invalid JSON for strict readers): non-finite values are null with
+    their value under "nonfinite"; ``read_metrics`` restores them, and reads old files too."""
+    d, ids = data
+    s, alg = _ftrl()
+    train(alg, init_params(), d, ids, s, rounds=2, nonprivate_ok=True, **_kw(tmp_path))
+
+    def strict(line):
+        return json.loads(line, parse_constant=lambda c: pytest.fail(f"bare {c} in {line}"))
+    raw = [strict(line) for line in open(tmp_path / METRICS)]
+    assert raw[0]["unclipped_estimate"] is None  # NaN without adaptive clipping
+    assert raw[0]["nonfinite"] == {"unclipped_estimate": "nan"}
+    back = read_metrics(str(tmp_path))
+    assert math.isnan(back[0]["unclipped_estimate"]) and "nonfinite" not in back[0]
+    row = {"round": 3, "a": float("inf"), "b": [1.0, float("-inf"), [float("nan"), 2.0]], "c": 0.5}
+    with open(tmp_path / METRICS, "a") as f:
+        f.write(dumps_row(row) + "\n")
+        f.write('{"round": 4, "a": NaN, "b": Infinity}\n')  # a file of the old format
+    rows = read_metrics(str(tmp_path))
+    assert rows[2]["a"] == math.inf and rows[2]["b"][1] == -math.inf and rows[2]["c"] == 0.5
+    assert math.isnan(rows[2]["b"][2][0]) and rows[2]["b"][2][1] == 2.0
+    assert math.isnan(rows[3]["a"]) and rows[3]["b"] == math.inf
+
+
+def test_a_bug_in_the_loss_surfaces_before_the_ledger_is_charged(data, tmp_path):
+    """A user's loss_fn that raises is caught by an abstract dry run of one round before the
+    ledger is charged, so a retry with the fixed loss and the same ledger is not refused."""
+    d, ids = data
+    s, _ = _ftrl()
+
+    def buggy(params, batch, rng):
+        return loss_fn(params, {**batch, "x": batch["features"]}, rng)  # no such field
+    kw = dict(clip_norm=0.5, noise_multiplier=1.0, expected_cohort_size=5,
+              rounds_per_epoch=s.rounds_per_epoch)
+    bad = dp_ftrl(buggy, optax.sgd(0.05), server_optimizer("sgd", 1.0), **kw)
+    led = PrivacyLedger(100.0, 1e-6)
+    with pytest.raises(KeyError, match="features"):
+        train(bad, init_params(), d, ids, s, rounds=3, ledger=led, **_kw(tmp_path))
+    assert led.entries == [] and load_run(str(tmp_path)) is None
+    good = dp_ftrl(loss_fn, optax.sgd(0.05), server_optimizer("sgd", 1.0), **kw)
+    res = train(good, init_params(), d, ids, s, rounds=3, ledger=led, **_kw(tmp_path))
+    assert [e.name for e in led.entries] == ["fl-training"] and int(res.state.round) == 3
+    # extending on resume is charged after the same dry run
+    with pytest.raises(KeyError, match="features"):
+        train(bad, init_params(), d, ids, s, rounds=6, ledger=led, **_kw(tmp_path))
+    assert led.entry("fl-training").details["rounds"] == 3
 
 
 def test_metrics_one_row_per_round_after_crash_before_checkpoint_and_torn_line(data, tmp_path):

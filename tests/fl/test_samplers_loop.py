@@ -121,6 +121,31 @@ def test_loop_spends_ledger_first_and_refuses_over_budget(tmp_path):
     assert load_run(str(tmp_path / "ok")).ledger.entries[0].name == "fl-training"
 
 
+def test_expected_cohort_size_disagreeing_with_the_sampler_is_refused(tmp_path):
+    """Issue 24 item 3: with ``noise_cohort_size`` the noise follows the algorithm's expected
+    cohort and the executed-run accounting the sampler's; cohort 8 built for 2 gave 4x the
+    signal at the same noise while ``spent_executed()`` reported the correct run's epsilon."""
+    from fedpriv.data.errors import ConfigError
+    from fedpriv.dp.accounting import compute_epsilon
+    data = make_dataset(num_clients=32, seed=5)
+    ids = list(data)
+    s = PoissonSampler(32, 0.25, seed=1)  # expected cohort 8.0 (a float)
+    kw = dict(clip_norm=0.5, noise_multiplier=1.0, noise_cohort_size=64)
+    wrong = dp_fedavg(loss_fn, optax.sgd(0.05), server_optimizer("sgd", 1.0),
+                      expected_cohort_size=2, **kw)
+    led = PrivacyLedger(1e6, 1e-6)
+    run = dict(rounds=2, batch_size=4, seed=0, progress=False, ledger=led, log=None)
+    with pytest.raises(ConfigError, match=r"expected_cohort_size=2 but the sampler draws 8 "):
+        train(wrong, init_params(), data, ids, s, workdir=str(tmp_path / "w"), **run)
+    assert led.entries == [] and not os.path.exists(tmp_path / "w")
+    right = dp_fedavg(loss_fn, optax.sgd(0.05), server_optimizer("sgd", 1.0),
+                      expected_cohort_size=8, **kw)
+    train(right, init_params(), data, ids, s, **run)
+    executed = compute_epsilon(privacy_event(right.dp, s, 2, simulated=False), 1e-6)[0]
+    assert led.spent_executed() == pytest.approx(executed, rel=1e-9)
+    assert led.spent_executed() > led.spent()  # the executed run is noised less than simulated
+
+
 SHARD_SCRIPT = textwrap.dedent("""
     import os, sys, json
     sys.path.insert(0, os.getcwd())
