@@ -1,5 +1,8 @@
 """Config of the privacy-utility table (Wang et al. 2023 §2, Table 1 "w/o pre-training"; Figure 1
-with several tokenizers): FedAvg and DP-FTRL at epsilon ~18.71 and ~1.77 on one LM set-up.
+with several tokenizers): FedAvg and DP-FTRL at epsilon ~18.71 and ~1.77 on one LM set-up --
+SIMULATED epsilons: at ``small`` those of the noise-cohort simulation (McMahan et al. 2018), at
+``paper`` those of Wang et al.'s StackOverflow population (``fedpriv.dp.population``); every run
+reports the epsilon it spends on our users beside it (e.g. ~262 / ~14 at small, ~367 / ~18 at paper).
 
 ``get_config("small,seeds=0/1/2,tokenizers=sentencepiece/word_public")``; the FL fields come
 from ``configs/lm_fl.py`` at the same scale.
