@@ -89,8 +89,7 @@ LM_SCALE = {"smoke": "smoke,max_clients=80",
 
 
 def get_config(arg: str = "small") -> FredMixturesConfig:
-    cfg = with_lm_config(FredMixturesConfig, SCALES, LM_SCALE, arg, lm_config, derived=DERIVED)
-    refuse_nonprivate(cfg.lm.algorithm, "total_epsilon")
+    cfg = with_lm_config(FredMixturesConfig, SCALES, LM_SCALE, arg, lm_config)
     from fedpriv.recipes import plans
     plans.check_fred_pools(cfg)  # the paper's 150K mixtures: refused before any data is loaded
     return dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, target_epsilon=cfg.total_epsilon,

@@ -62,10 +62,7 @@ def get_config(arg: str = "small") -> FredPipelineConfig:
                           "(the spec is scale[,field=value,...])")
     if any(o.partition("=")[0].strip() == "lm" for o in overrides):
         raise ConfigError("set the FL stage through configs/lm_fl.py fields, not 'lm'")
-    refuse_derived([o.partition("=")[0].strip() for o in overrides], DERIVED)
-    cfg = apply_overrides(FredPipelineConfig(lm=lm_config(LM_SCALE[scale]), **SCALES[scale]), overrides,
-                          scale=scale, scale_fields=set(SCALES[scale]))
-    refuse_nonprivate(cfg.lm.algorithm, "total_epsilon")
+    cfg = apply_overrides(FredPipelineConfig(lm=lm_config(LM_SCALE[scale]), **SCALES[scale]), overrides)
     from fedpriv.recipes import plans
     plans.check_fred_pools(cfg, ("wikipedia", "simpsons"))  # the paper's 150K: refused, not shrunk
     return dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, target_epsilon=cfg.total_epsilon,

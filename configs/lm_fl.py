@@ -56,11 +56,11 @@ class LMFLConfig:
     rounds: int = 1600
     cohort_size: int = 100
     noise_cohort_size: int | None = None  # simulate the noise of a larger cohort (say so)
-    noise_multiplier: float | None = None # set z directly, or
     # the paper-noise protocol (fedpriv.dp.population): the paper's population this run's noise
     # simulates (e.g. "wang_stackoverflow"); the outputs state its epsilon beside the epsilon
     # spent on our users, and target_epsilon (if set) is the SIMULATED population's epsilon
     simulated_population: str | None = None
+    noise_multiplier: float | None = None # set z directly, or
     target_epsilon: float | None = None   # calibrate z to this epsilon for the whole run
     delta: float = 1e-6
     clip_norm: float = 0.3
@@ -96,13 +96,6 @@ class LMFLConfig:
             raise ConfigError(f"vocab_size must be > 4 (the 4 special tokens), got {self.vocab_size}")
         if not self.server_momentum < 1:
             raise ConfigError(f"server_momentum must be in [0, 1), got {self.server_momentum}")
-        if self.noise_cohort_size is not None and self.noise_cohort_size < self.cohort_size:
-            raise ConfigError(f"noise_cohort_size ({self.noise_cohort_size}) must be >= cohort_size "
-                              f"({self.cohort_size}): it simulates the noise of a larger cohort")
-
-
-def check_run(cfg: LMFLConfig) -> LMFLConfig:
-    """Cross-field checks of a config about to run (not of the bare defaults)."""
         if self.corpus in PATH_CORPORA and not self.corpus_path:
             raise ConfigError(f"corpus={self.corpus} needs corpus_path (the file with the paper's data)")
         if self.corpus not in PATH_CORPORA and self.corpus_path:
@@ -111,6 +104,13 @@ def check_run(cfg: LMFLConfig) -> LMFLConfig:
             from fedpriv.dp.population import check_protocol, get_population
             check_protocol(get_population(self.simulated_population), algorithm=self.algorithm,
                            cohort_size=self.cohort_size, noise_cohort_size=self.noise_cohort_size)
+        if self.noise_cohort_size is not None and self.noise_cohort_size < self.cohort_size:
+            raise ConfigError(f"noise_cohort_size ({self.noise_cohort_size}) must be >= cohort_size "
+                              f"({self.cohort_size}): it simulates the noise of a larger cohort")
+
+
+def check_run(cfg: LMFLConfig) -> LMFLConfig:
+    """Cross-field checks of a config about to run (not of the bare defaults)."""
     if cfg.algorithm != "fedavg" and cfg.noise_multiplier is None and cfg.target_epsilon is None:
         raise ConfigError(f"{cfg.algorithm} needs noise_multiplier or target_epsilon (set one, "
                           "e.g. target_epsilon=18.7)")
@@ -122,6 +122,8 @@ BASE = LMFLConfig()
 # Server lr, client lr and clip norm per epsilon, chosen on VALIDATION accuracy, on chitchat at
 # the small model size (LSTM 96/128, SentencePiece 2000, cohort 16 with the noise of 100: the
 # paper's noise per round) on a 2-core CPU (no GPU was lent; not re-tuned at 670-d):
+# (the epsilons below are the SIMULATED populations' -- the noise-cohort simulation at small, Wang
+# et al.'s StackOverflow at paper; each run reports what it spends on chitchat's users beside it)
 # * eps 1.77 / z ~ 8.83: client lr and clip from two sub-grids of App. C at 120 rounds (server
 #   {0.05, 0.1, 0.2} x client {0.1, 0.5} x clip {0.3, 1.0}, and server {0.3, 0.5} x client
 #   {0.5, 1.0} x clip {1.0, 3.0}, the latter all below):
@@ -129,8 +131,6 @@ BASE = LMFLConfig()
 #   (best: server 0.2, client 0.5, clip 1.0: val 3.75 +- 0.61 % over 3 seeds, the most-frequent
 #   token 3.92 %); the server lr then re-chosen for a long run, z = 8.83 over 800 rounds:
 #     python -m experiments.lm_fl --config "configs/lm_fl.py:small,target_epsilon=None,noise_multiplier=8.83,clip_norm=1.0,server_lr=0.05,rounds=800"
-# (the epsilons below are the SIMULATED populations' -- the noise-cohort simulation at small, Wang
-# et al.'s StackOverflow at paper; each run reports what it spends on chitchat's users beside it)
 #   server lr 0.2 peaks at 5.6 % (round 100) and drifts to 2.5 % (val loss 6.3 -> 10.3: the
 #   noise of ~12 tree epochs accumulates); 0.05 climbs to 12.6 %.
 # * eps 18.71 / z ~ 1.13: the defaults, within noise of FedAvg (privacy_utility:small, 3 seeds).
@@ -157,6 +157,7 @@ SCALES = {
     # training users the same run SPENDS epsilon 18.15 (~152 tree epochs; 1.77 there would need
     # z ~ 67.5). Both are reported. With corpus=stackoverflow (the real data) they coincide.
     "paper": dict(vocab_size=32000, rounds=1600, cohort_size=100, noise_multiplier=8.83,
+                  simulated_population="wang_stackoverflow",
                   max_examples_per_client=256, max_local_steps=16, eval_every=100, **TUNED[1.77]),
 }
 
@@ -164,7 +165,6 @@ SCALES = {
 def get_config(arg: str = "small") -> LMFLConfig:
     return check_run(from_scale(BASE, SCALES, arg))
 
-                  simulated_population="wang_stackoverflow",
 
 def privacy_plan(cfg):
     """Every ledger the experiment opens and what it charges, from ``cfg`` alone (no data, no

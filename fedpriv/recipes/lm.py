@@ -328,11 +328,11 @@ def run_lm_fl(cfg, workdir: str, *, prepared: Prepared | None = None, init_param
                            f"{cfg.noise_cohort_size}: the epsilon is that of the simulated population "
                            f"{len(ids) * cfg.noise_cohort_size // cfg.cohort_size}; the run actually "
                            f"executed has epsilon = {eps_real:.3g}")
-        log(noise_note)
-    result = train(alg, params, prepared.train, ids, sampler, rounds=cfg.rounds, batch_size=cfg.batch_size,
         pn = paper_noise(cfg, z, event, len(ids), algs.neighboring_for(sampler))
         if pn is not None:
             noise_note += "; paper-noise protocol: " + pn.line()
+        log(noise_note)
+    result = train(alg, params, prepared.train, ids, sampler, rounds=cfg.rounds, batch_size=cfg.batch_size,
                    seed=cfg.seed, workdir=workdir, max_steps=cfg.max_local_steps, eval_fn=eval_fn,
                    eval_every=cfg.eval_every, checkpoint_every=cfg.checkpoint_every, ledger=ledger,
                    stage=stage, fingerprint=run_fingerprint(cfg), progress=progress, log_fn=log_row,
@@ -364,9 +364,9 @@ def run_lm_fl(cfg, workdir: str, *, prepared: Prepared | None = None, init_param
         "algorithm": cfg.algorithm, "noise_multiplier": z, "epsilon": eps, "delta": cfg.delta,
         "epsilon_executed_run": eps_real, **if_public, "unit_of_privacy": "user", "noise_note": noise_note,
         "rounds": cfg.rounds, "cohort_size": cfg.cohort_size, "noise_cohort_size": cfg.noise_cohort_size,
+        "paper_noise": None if cfg.algorithm == "fedavg" or pn is None else pn.as_dict(),
         "val_accuracy": final.get("eval_accuracy"), "val_loss": final.get("eval_loss"),
         "val_accuracy_round0": round0,
-        "paper_noise": None if cfg.algorithm == "fedavg" or pn is None else pn.as_dict(),
         **{f"val_{k}": v for k, v in tokenizer_accuracies(task, result.state.params, val, prepared.tokenizer,
                                                           cfg.eval_batch_size, sp_tokenizer).items()},
         "test_accuracy": test_metrics["accuracy"], "test_loss": test_metrics["loss"],
@@ -446,13 +446,13 @@ def _write_summary_md(s: dict, workdir: str) -> None:
                 if "epsilon_if_vocabulary_public" in s else ()), "noise_multiplier", "rounds",
              "cohort_size", "noise_cohort_size", "val_accuracy", "test_accuracy",
              "most_frequent_token_val_accuracy", "num_params", "wall_clock_s", "seed")]
-    rows += [{"metric": k, "value": v} for k, v in s["data"].items()]
-    report.write_table(rows, workdir, "summary", ["metric", "value"],
     pn = s.get("paper_noise")
     if pn:  # the paper-noise protocol: both epsilons, each naming its population
         rows[2:2] = [{"metric": "epsilon_simulated (declared population)", "value": pn["epsilon_simulated"]},
                      {"metric": "simulated population", "value": pn["population"]},
                      {"metric": "epsilon_executed (spent on our users, charged)", "value": pn["epsilon_executed"]},
                      {"metric": "our users", "value": pn["our_users"]}]
+    rows += [{"metric": k, "value": v} for k, v in s["data"].items()]
+    report.write_table(rows, workdir, "summary", ["metric", "value"],
                        title="Private FL of an on-device LM", notes=[s["noise_note"] or "non-private",
                                                                       "unit of privacy: user"])
