@@ -96,14 +96,6 @@ class LMFLConfig:
             raise ConfigError(f"vocab_size must be > 4 (the 4 special tokens), got {self.vocab_size}")
         if not self.server_momentum < 1:
             raise ConfigError(f"server_momentum must be in [0, 1), got {self.server_momentum}")
-        if self.corpus in PATH_CORPORA and not self.corpus_path:
-            raise ConfigError(f"corpus={self.corpus} needs corpus_path (the file with the paper's data)")
-        if self.corpus not in PATH_CORPORA and self.corpus_path:
-            raise ConfigError(f"corpus_path is set but corpus={self.corpus} is packaged (it reads no path)")
-        if self.simulated_population is not None and self.algorithm != "fedavg":
-            from fedpriv.dp.population import check_protocol, get_population
-            check_protocol(get_population(self.simulated_population), algorithm=self.algorithm,
-                           cohort_size=self.cohort_size, noise_cohort_size=self.noise_cohort_size)
         if self.noise_cohort_size is not None and self.noise_cohort_size < self.cohort_size:
             raise ConfigError(f"noise_cohort_size ({self.noise_cohort_size}) must be >= cohort_size "
                               f"({self.cohort_size}): it simulates the noise of a larger cohort")
@@ -111,6 +103,16 @@ class LMFLConfig:
 
 def check_run(cfg: LMFLConfig) -> LMFLConfig:
     """Cross-field checks of a config about to run (not of the bare defaults)."""
+    # (cross-field: checked once every override is applied; the recipe re-checks what it reads:
+    # lm.load_corpus the path, lm.simulated_population the protocol)
+    if cfg.corpus in PATH_CORPORA and not cfg.corpus_path:
+        raise ConfigError(f"corpus={cfg.corpus} needs corpus_path (the file with the paper's data)")
+    if cfg.corpus not in PATH_CORPORA and cfg.corpus_path:
+        raise ConfigError(f"corpus_path is set but corpus={cfg.corpus} is packaged (it reads no path)")
+    if cfg.simulated_population is not None and cfg.algorithm != "fedavg":
+        from fedpriv.dp.population import check_protocol, get_population
+        check_protocol(get_population(cfg.simulated_population), algorithm=cfg.algorithm,
+                       cohort_size=cfg.cohort_size, noise_cohort_size=cfg.noise_cohort_size)
     if cfg.algorithm != "fedavg" and cfg.noise_multiplier is None and cfg.target_epsilon is None:
         raise ConfigError(f"{cfg.algorithm} needs noise_multiplier or target_epsilon (set one, "
                           "e.g. target_epsilon=18.7)")
