@@ -121,6 +121,16 @@ def _sum0(tree):
     return jax.tree_util.tree_map(lambda a: jnp.sum(a, axis=0, dtype=a.dtype), tree)
 
 
+def _trimmed_step(local_step, width: int, fields):
+    """``local_step`` on the batch's ``fields`` cut to their first ``width`` positions (axis 1:
+    ``[B, T] -> [B, width]``); exact when the cut columns are PAD in every row (causal models,
+    PAD targets carry no loss: ``fedpriv.models.bucketing``)."""
+    def step(p, s, batch, key):
+        batch = {k: (v[:, :width] if k in fields else v) for k, v in batch.items()}
+        return local_step(p, s, batch, key)
+    return step
+
+
 def _lane_sum(local_step, starting_point, params, lane: Lanes, rng, clip_norm, weighting,
               weight_cap, capacity, aux_template, opt0, encode=None):
     """One lane (arrays without the lane axis): ``(sum, aux, stats, norms[capacity])``.
@@ -145,7 +155,11 @@ def _lane_sum(local_step, starting_point, params, lane: Lanes, rng, clip_norm, w
             p, s = tmap(lambda a, b: jnp.where(lane.start[t], a, b), (p0, s0), (p, s))
         batch = {k: v[lane.src[t]] for k, v in lane.data.items()}
         key = jax.random.fold_in(jax.random.fold_in(rng, slot), lane.step[t])
-        p, s, step_aux = local_step(p, s, batch, key)
+        if lane.bucket is None or len(lane.widths) < 2:
+            p, s, step_aux = local_step(p, s, batch, key)
+        else:  # length-aware batches: the step's width, one compiled body per width
+            p, s, step_aux = jax.lax.switch(lane.bucket[lane.src[t]], [
+                _trimmed_step(local_step, w, lane.trim_fields) for w in lane.widths], p, s, batch, key)
         aux = tmap(jnp.add, aux, step_aux)
 
         def finish(c):

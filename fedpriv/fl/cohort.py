@@ -27,6 +27,22 @@ bucket, i.e. at most ``log2(max steps per lane) + 1`` values of D times the capa
 Optionally (``first_steps=True``) every client's first step is taken out of the lanes and
 batched over the cohort with the shared server weights (``FirstSteps``).
 
+**Length-aware batches** (``batching``; the time axis of the ``trim_fields``, e.g. LM
+``tokens[B, T]`` right-padded with PAD = 0). ``"padded"``: every step runs all T positions.
+``"trimmed"``: the same batches, each step cut to the smallest of at most ``num_buckets``
+widths holding its longest row (``fedpriv.models.bucketing.width_buckets``); a pure speed-up
+(same per-example losses and gradients up to float summation order). ``"sorted"``: each
+client's kept examples (the first ``min(n, max_steps * B)`` after the shuffle, as padded) are
+sorted by length into batches, then the *order* of its batches is shuffled (``rng``), and each
+batch is trimmed. Sorting changes the local SGD trajectory, not what is released: a batch
+now holds sentences of similar length, so with the per-batch token-mean loss a short
+sentence's tokens weigh more in their step than in a random batch (and the steps' gradients
+are less alike); the client's examples, step count, example count, clipping and the clipped
+sum are as before. Trimming needs one sequential lane (``lanes=1``, the CPU default): the
+engine selects the step's width with ``lax.switch``, which ``vmap`` would turn into running
+every width, so vmapped lanes keep the full width (``sorted`` then only reorders). Compiled
+shapes: the lane program holds one local-step body per width (``num_buckets``, default 4).
+
 **Padded cohorts** (``build_cohort``, kept for simple uses and tests; the algorithms' ``apply``
 turns one into one lane per client with ``pack_padded``).
 
@@ -50,7 +66,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from flax import struct
 
+from fedpriv.models.bucketing import NUM_WIDTH_BUCKETS, bucket_index, row_lengths, width_buckets
 from fedpriv.util import next_pow2  # noqa: F401 (re-exported)
+
+BATCHINGS = ("padded", "trimmed", "sorted")
 
 
 @dataclasses.dataclass
@@ -121,6 +140,9 @@ class Lanes:
 
     ``start[W, D]`` marks a client's first step in the lane (the lane loads that client's
     starting point: the server model, or its batched first step, see ``FirstSteps``).
+    Length-aware batches: ``bucket[W, D]`` (per data row, like ``data``) indexes the static
+    ``widths``; the step runs on the ``trim_fields`` cut to ``widths[bucket]`` on the batch's
+    axis 1. ``bucket=None``: every step runs the full width.
     """
     data: dict
     src: Any
@@ -130,6 +152,9 @@ class Lanes:
     last: Any
     num_examples: Any
     length: Any
+    bucket: Any = None
+    widths: tuple = struct.field(pytree_node=False, default=())
+    trim_fields: tuple = struct.field(pytree_node=False, default=())
 
 
 @struct.dataclass
@@ -156,6 +181,10 @@ class PackedCohort:
     real_steps: int
     lane_loads: list          # steps of every lane (also those another process holds)
     first: FirstSteps | None = None
+    # target positions (T - 1 per row of a step) the steps run / real (non-PAD) targets, over the
+    # trim fields (0 when there are none): ``1 - real/executed`` is the share of padded positions
+    executed_positions: int = 0
+    real_positions: int = 0
 
     @property
     def num_lanes(self) -> int:
@@ -213,7 +242,9 @@ def pack_cohort(dataset: Mapping[Any, Mapping[str, np.ndarray]], client_ids: Seq
                 batch_size: int, *, lanes: int = 1, capacity: int | None = None,
                 max_steps: int | None = None, local_epochs: int = 1,
                 rng: np.random.Generator | None = None, example_template: Mapping | None = None,
-                lane_subset: Sequence[int] | None = None, first_steps: bool = False) -> PackedCohort:
+                lane_subset: Sequence[int] | None = None, first_steps: bool = False,
+                batching: str = "padded", trim_fields: Sequence[str] = ("tokens",),
+                num_buckets: int = NUM_WIDTH_BUCKETS, pad_id: int = 0) -> PackedCohort:
     """Pack ``client_ids`` of ``dataset`` into ``lanes`` lanes of real local steps.
 
     Args:
@@ -233,7 +264,13 @@ def pack_cohort(dataset: Mapping[Any, Mapping[str, np.ndarray]], client_ids: Seq
         own lanes; all processes compute the same assignment).
       first_steps: batch every client's first step over the cohort (``FirstSteps``); the lanes
         then hold the remaining steps only.
+      batching: ``"padded"``, ``"trimmed"`` or ``"sorted"`` (module docstring, "Length-aware
+        batches"); ``trim_fields``: the fields with a time axis (per example ``[T]``, padded with
+        ``pad_id`` on the right), absent fields are ignored; ``num_buckets``: at most this many
+        widths (compiled step bodies).
     """
+    if batching not in BATCHINGS:
+        raise ValueError(f"batching must be one of {BATCHINGS}, got {batching!r}")
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if lanes < 1:
@@ -256,6 +293,25 @@ def pack_cohort(dataset: Mapping[Any, Mapping[str, np.ndarray]], client_ids: Seq
     template = examples[0] if examples else example_template
     if template is None:
         raise ValueError("an empty cohort needs example_template (one example's fields)")
+    fields = tuple(f for f in trim_fields if f in template)
+    for f in fields:
+        if np.ndim(template[f]) != 2:
+            raise ValueError(f"trim field {f!r} must be [n, T] per client, got shape {np.shape(template[f])}")
+    full = int(np.shape(template[fields[0]])[1]) if fields else 0
+    if len({np.shape(template[f])[1] for f in fields}) > 1:
+        raise ValueError(f"trim fields {fields} have different widths")
+    trim = batching != "padded" and bool(fields) and lanes == 1
+    widths = width_buckets(full, num_buckets) if trim else ()
+    order_of = [None] * k                                 # sorted: each client's batch order
+    if batching == "sorted" and fields:
+        for i in range(k):
+            n, ex = sizes[i], examples[i]
+            lens = np.max([row_lengths(ex[f][:n], pad_id) for f in fields], axis=0)
+            rows = np.concatenate([np.argsort(lens, kind="stable"),
+                                   np.arange(n, len(ex[fields[0]]))])
+            examples[i] = {f: v[rows] for f, v in ex.items()}
+        if rng is not None:  # drawn after every client's shuffle: those match the padded path
+            order_of = [rng.permutation(steps[i]) for i in range(k)]
     skip = 1 if first_steps else 0                       # steps run outside the lanes
     members = assign_lanes([s * local_epochs - skip for s in steps], lanes)
     loads = [sum(steps[i] * local_epochs - skip for i in m) for m in members]
@@ -282,19 +338,43 @@ def pack_cohort(dataset: Mapping[Any, Mapping[str, np.ndarray]], client_ids: Seq
         m = np.zeros(s * batch_size, np.float32)
         m[:n] = 1.0
         out["mask"] = m.reshape(s, batch_size)
+        if order_of[i] is not None:
+            out = {f: v[order_of[i]] for f, v in out.items()}
         return out
+
+    def positions(b):
+        """Per step of a client's batches ``b``: (bucket index, real target positions)."""
+        if not fields:
+            z = np.zeros(len(b["mask"]), np.int64)
+            return z, z
+        s = len(b["mask"])
+        lens = np.max([row_lengths(b[f].reshape(s * batch_size, -1), pad_id) for f in fields], axis=0)
+        lens = lens.reshape(s, batch_size)
+        real = np.maximum(lens - 1, 0).sum(axis=1)
+        if not trim:
+            return np.full(s, -1, np.int64), real
+        return np.asarray([bucket_index(max(int(x), 2), widths) for x in lens.max(axis=1)]), real
 
     data = zeros((W, depth))
     data["mask"] = np.zeros((W, depth, batch_size), np.float32)
     src, slot, step = (np.zeros((W, depth), np.int32) for _ in range(3))
     start, last = np.zeros((W, depth), bool), np.zeros((W, depth), bool)
     nex = np.zeros((W, depth), np.float32)
+    bucket = np.full((W, depth), len(widths) - 1, np.int32) if trim else None
+    step_width = (lambda j: widths[j]) if trim else (lambda j: full)
+    executed_pos = real_pos = 0
     for row, lane in enumerate(shown):
         d = t = 0
         for i in members[lane]:
             s, b = steps[i], batches(i)
             for f, v in b.items():
                 data[f][row, d:d + s] = v
+            bidx, real = positions(b)
+            if trim:
+                bucket[row, d:d + s] = bidx
+            run = np.arange(skip, s * local_epochs) % s          # data steps the lane runs
+            executed_pos += sum(batch_size * (step_width(j) - 1) for j in bidx[run]) if fields else 0
+            real_pos += int(real[run].sum())
             order = np.arange(skip, s * local_epochs)       # the client's steps in the lane
             n_t = len(order)
             src[row, t:t + n_t] = d + order % s
@@ -311,16 +391,24 @@ def pack_cohort(dataset: Mapping[Any, Mapping[str, np.ndarray]], client_ids: Seq
         single = np.zeros((capacity,), np.float32)
         fnex = np.zeros((capacity,), np.float32)
         for i in range(k):
-            for f, v in batches(i).items():
+            b = batches(i)
+            for f, v in b.items():
                 fdata[f][i] = v[0]
             single[i] = float(steps[i] * local_epochs == 1)
             fnex[i] = sizes[i]
+            executed_pos += batch_size * (full - 1) if fields else 0   # first steps: full width
+            real_pos += int(positions(b)[1][0])
         first = FirstSteps(fdata, single, fnex)
     length = np.asarray([loads[w] for w in shown], np.int32)
+    if W > 1 and fields:  # vmapped lanes run in lockstep: W * max(length) full-width steps
+        executed_pos = W * int(length.max(initial=0)) * batch_size * (full - 1) + (
+            k * batch_size * (full - 1) if first_steps else 0)
     cmask = np.zeros((capacity,), np.float32)
     cmask[:k] = 1.0
-    return PackedCohort(Lanes(data, src, slot, step, start, last, nex, length), cmask, list(client_ids),
-                        int(sum(steps)) * local_epochs, list(loads), first)
+    lanes_out = Lanes(data, src, slot, step, start, last, nex, length, bucket, widths,
+                      fields if trim else ())
+    return PackedCohort(lanes_out, cmask, list(client_ids), int(sum(steps)) * local_epochs, list(loads),
+                        first, int(executed_pos), int(real_pos))
 
 
 def pack_padded(batches: Mapping[str, np.ndarray], client_mask, local_epochs: int = 1) -> Lanes:

@@ -21,6 +21,13 @@ there; exact, but measured NOT faster on the 2-core CPU (16 first steps of the 4
 LSTM: 3.05 s batched vs 2.44 s as a sequential scan), so it is off by default; it is meant for
 accelerators, where it is not measured yet.
 
+Length-aware batches (``batching``, ``fedpriv.fl.cohort`` "Length-aware batches"): ``"padded"``
+runs every step over all T positions of the ``trim_fields`` (LM ``tokens``); ``"trimmed"`` cuts
+each step to the smallest of ``num_buckets`` widths holding its longest row (same numbers up to
+float order); ``"sorted"`` also sorts each client's examples by length into batches (a
+different local SGD trajectory, much less padding). Trimming needs one sequential lane (the CPU
+default); vmapped lanes keep the full width.
+
 Compiled shapes are bounded: lanes W and lane depth D are powers of two and the cohort
 capacity K is the sampler's fixed size (or a power of two for Poisson sampling), so a run
 compiles at most ``log2(max lanes) x log2(max depth) x log2(max capacity)`` shapes.
@@ -34,7 +41,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from fedpriv.fl.cohort import PackedCohort, pack_cohort, round_up
+from fedpriv.fl.cohort import BATCHINGS, PackedCohort, pack_cohort, round_up
 from fedpriv.util import next_pow2, prev_pow2
 
 
@@ -91,12 +98,15 @@ class CohortExecutor:
       lanes: ``"auto"`` (backend default), ``"balanced"`` or a fixed int.
       mesh: a ``clients`` mesh to shard lanes over (``fedpriv.fl.aggregate.client_mesh``).
       max_lanes: cap for balanced lanes (memory).
+      batching: ``"padded"``, ``"trimmed"`` or ``"sorted"`` (module docstring); ``trim_fields``:
+        the example fields with a time axis.
     """
 
     def __init__(self, algorithm, dataset: Mapping, *, batch_size: int, capacity: int,
                  max_steps: int | None = None, variable_cohort: bool = False,
                  lanes: str | int = "auto", mesh: Mesh | None = None, max_lanes: int = 256,
-                 first_steps: bool = False, first_steps_budget: float = 2 * 2**30):
+                 first_steps: bool = False, first_steps_budget: float = 2 * 2**30,
+                 batching: str = "padded", trim_fields: Sequence[str] = ("tokens",)):
         self.algorithm, self.dataset = algorithm, dataset
         self.batch_size, self.max_steps = int(batch_size), max_steps
         self.capacity, self.variable = int(capacity), bool(variable_cohort)
@@ -108,6 +118,14 @@ class CohortExecutor:
         if not (self.lanes == "balanced" or (isinstance(self.lanes, int) and self.lanes >= 1)):
             raise ValueError(f"lanes must be 'auto', 'balanced' or an int >= 1, got {lanes!r}")
         self.max_lanes = int(max_lanes)
+        if batching not in BATCHINGS:
+            raise ValueError(f"batching must be one of {BATCHINGS}, got {batching!r}")
+        if batching == "trimmed" and self.lanes != 1:
+            raise ValueError(f"batching='trimmed' needs one sequential lane (lanes=1, the CPU default), "
+                             f"got lanes={self.lanes!r}: vmapped lanes run every step at full width")
+        self.batching, self.trim_fields = batching, tuple(trim_fields)
+        self.executed_positions = 0
+        self.real_positions = 0
         self.first_steps = bool(first_steps)
         self.first_steps_budget = float(first_steps_budget)
         self.real_steps = 0
@@ -140,7 +158,8 @@ class CohortExecutor:
         return pack_cohort(self.dataset, ids, self.batch_size, lanes=lanes, capacity=cap,
                            max_steps=self.max_steps, local_epochs=self.algorithm.local_epochs,
                            rng=rng, example_template=self._template, lane_subset=subset,
-                           first_steps=self._batch_first_steps(cap))
+                           first_steps=self._batch_first_steps(cap), batching=self.batching,
+                           trim_fields=self.trim_fields)
 
     def _batch_first_steps(self, capacity: int) -> bool:
         """Batch the clients' first steps (if asked) unless sharded over a mesh (each device
@@ -160,6 +179,8 @@ class CohortExecutor:
         cmask = _put(packed.client_mask, self.mesh, P())
         self.real_steps += packed.real_steps
         self.executed_steps += packed.executed_steps
+        self.executed_positions += packed.executed_positions
+        self.real_positions += packed.real_positions
         first = None if packed.first is None else _put(packed.first, self.mesh, P())
         state, metrics = self.algorithm.apply_packed(state, lanes, cmask, key, first)
         return state, metrics

@@ -3,6 +3,13 @@
 Teacher forcing over a corpus (`fedpriv.models.llama.token_logprobs`, the top-k corpus of
 `fedpriv.public.distill`) sorts sequences by length and pads each batch to one of a few bucket
 lengths, so `jit` compiles one program per bucket.
+
+The on-device LMs' fixed-width rows (``tokens: int32[N, T]``, T = L+1, right-padded with PAD)
+use `width_buckets` / `row_lengths` / `length_sorted_batches`: a batch is cut to the smallest
+bucket width holding its longest row. Trailing all-PAD columns carry no target and, the models
+being causal (LSTM; transformer with a causal mask and position tables indexed from 0), do not
+change any output at real positions, so a trimmed batch gives the padded batch's per-example
+losses and gradients up to float summation order (tests/models/test_length_buckets.py).
 """
 from __future__ import annotations
 
@@ -12,6 +19,46 @@ import jax
 import numpy as np
 
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512)
+NUM_WIDTH_BUCKETS = 4
+
+
+def width_buckets(width: int, num_buckets: int = NUM_WIDTH_BUCKETS) -> tuple[int, ...]:
+    """At most ``num_buckets`` widths ``ceil(width * k / num_buckets)`` (k = 1..num_buckets), each
+    >= 2 (one input and one target), the last = ``width``: the bounded set of trimmed batch
+    widths (one compiled program per width)."""
+    if width < 2:
+        raise ValueError(f"rows need >= 2 tokens (input and target), got width {width}")
+    if num_buckets < 1:
+        raise ValueError(f"num_buckets must be >= 1, got {num_buckets}")
+    return tuple(sorted({max(2, -(-width * k // num_buckets)) for k in range(1, num_buckets + 1)}))
+
+
+def row_lengths(tokens: np.ndarray, pad_id: int = 0) -> np.ndarray:
+    """``int64[N]``: per row of ``tokens[N, T]``, 1 + the index of its last non-PAD token
+    (0 for an all-PAD row); columns from there on are PAD in that row."""
+    tokens = np.asarray(tokens)
+    if tokens.ndim != 2:
+        raise ValueError(f"tokens must be [N, T], got shape {tokens.shape}")
+    real = tokens != pad_id
+    last = tokens.shape[1] - np.argmax(real[:, ::-1], axis=1)
+    return np.where(real.any(axis=1), last, 0).astype(np.int64)
+
+
+def bucket_index(longest: int, widths: Sequence[int]) -> int:
+    """Index of the smallest width in ``widths`` (ascending) that holds ``longest`` tokens."""
+    for i, w in enumerate(widths):
+        if longest <= w:
+            return i
+    raise ValueError(f"row of {longest} tokens exceeds the widest bucket {widths[-1]}")
+
+
+def length_sorted_batches(lengths: np.ndarray, batch_size: int, widths: Sequence[int]):
+    """Yield ``(rows int64[<=B], width)``: rows sorted by length (stable), cut into batches of
+    ``batch_size``, each with the smallest bucket width holding its longest row."""
+    order = np.argsort(np.asarray(lengths), kind="stable")
+    for start in range(0, len(order), batch_size):
+        rows = order[start:start + batch_size]
+        yield rows, int(widths[bucket_index(int(np.max(lengths[rows], initial=0)), widths)])
 
 
 def bucket_length(n: int, buckets: Sequence[int] = DEFAULT_BUCKETS) -> int:

@@ -161,19 +161,33 @@ def _padded_batches(n: int, batch_size: int):
         yield start, min(start + batch_size, n)
 
 
-def _padded_batch(tokens: np.ndarray, domain, start: int, stop: int, batch_size: int):
-    """Rows ``start:stop`` padded to ``batch_size`` (one compiled shape): ``(tokens int32[B, L+1],
-    mask float32[B], domain int32[B] or None)``; padding rows are PAD with mask 0."""
-    k = stop - start
-    tok = np.zeros((batch_size, tokens.shape[1]), np.int32)
-    tok[:k] = tokens[start:stop]
-    mask = np.zeros((batch_size,), np.float32)
-    mask[:k] = 1.0
-    dom = None
-    if domain is not None:
-        dom = np.zeros((batch_size,), np.int32)
-        dom[:k] = np.asarray(domain)[start:stop]
-    return tok, mask, dom
+def _length_batches(tokens: np.ndarray, domain, batch_size: int, trim: bool):
+    """Batches for evaluation: ``(rows, tok int32[B, w], mask float32[B], dom int32[B] or None)``.
+
+    ``trim``: rows sorted by length (stable), cut into batches of ``batch_size`` and each cut to
+    the smallest of the ``bucketing.width_buckets(L+1)`` widths (at most 4) holding its longest
+    row: one compiled shape per width, no columns that are PAD in every row (exact: causal
+    models, PAD targets are not scored). Otherwise consecutive full-width batches (one shape).
+    Short batches are padded to ``batch_size`` rows with PAD examples of mask 0.
+    """
+    from fedpriv.models import bucketing
+    n, full = tokens.shape
+    if trim and n:
+        widths = bucketing.width_buckets(full)
+        groups = bucketing.length_sorted_batches(bucketing.row_lengths(tokens, PAD), batch_size, widths)
+    else:
+        groups = ((np.arange(a, b), full) for a, b in _padded_batches(n, batch_size))
+    for rows, width in groups:
+        k = len(rows)
+        tok = np.zeros((batch_size, width), np.int32)
+        tok[:k] = tokens[rows, :width]
+        mask = np.zeros((batch_size,), np.float32)
+        mask[:k] = 1.0
+        dom = None
+        if domain is not None:
+            dom = np.zeros((batch_size,), np.int32)
+            dom[:k] = np.asarray(domain)[rows]
+        yield rows, tok, mask, dom
 
 
 def _check_tokens(tokens: np.ndarray, batch_size: int) -> np.ndarray:
@@ -188,12 +202,14 @@ def _check_tokens(tokens: np.ndarray, batch_size: int) -> np.ndarray:
 
 
 def evaluate(task, params, tokens: np.ndarray, batch_size: int,
-             domain: np.ndarray | None = None) -> dict[str, float]:
+             domain: np.ndarray | None = None, trim: bool = True) -> dict[str, float]:
     """Evaluate an LM task on many examples (e.g. all validation clients' sentences pooled).
 
     Runs the task's jitted ``eval_fn`` over fixed-size batches of ``batch_size`` examples; the last
-    batch is padded with PAD examples of mask 0, so there is a single compiled shape. Per-batch sums
-    are added on host in float64.
+    batch is padded with PAD examples of mask 0. With ``trim`` (default) the examples are sorted
+    by length and each batch is cut to one of at most 4 widths (``_length_batches``: one
+    compiled shape per width; the same sums up to float summation order); without, one full-width
+    shape. Per-batch sums are added on host in float64.
 
     Args:
       task: an ``LMTask`` (``fedpriv.models.lm.make_lm_task`` or the domain builders).
@@ -207,8 +223,7 @@ def evaluate(task, params, tokens: np.ndarray, batch_size: int,
     tokens = _check_tokens(tokens, batch_size)
     step = _jit(task.eval_fn)
     outs = []
-    for start, stop in _padded_batches(len(tokens), batch_size):
-        tok, mask, dom = _padded_batch(tokens, domain, start, stop, batch_size)
+    for _, tok, mask, dom in _length_batches(tokens, domain, batch_size, trim):
         batch = {"tokens": tok, "mask": mask}
         if dom is not None:
             batch["domain"] = dom
@@ -221,7 +236,7 @@ def evaluate(task, params, tokens: np.ndarray, batch_size: int,
 
 
 def sequence_logprob(task, params, tokens: np.ndarray, batch_size: int,
-                     domain: np.ndarray | None = None) -> np.ndarray:
+                     domain: np.ndarray | None = None, trim: bool = True) -> np.ndarray:
     """Average per-token log-probability of each sequence (Wang et al. 2023, Algorithm 1, line 6).
 
     ``out[n] = (1/|T_n|) Σ_{t∈T_n} log p(y_nt | y_n,<t)``, with ``T_n`` the non-PAD targets of
@@ -231,22 +246,20 @@ def sequence_logprob(task, params, tokens: np.ndarray, batch_size: int,
       task: an ``LMTask``; params: its parameters.
       tokens: ``int[N, L+1]``; batch_size: examples per compiled step (last batch padded).
       domain: ``int[N]`` for domain-adaptive tasks.
+      trim: length-sorted batches cut to a few widths (as :func:`evaluate`; outputs in input order).
     Returns:
       ``float32[N]``.
     """
     tokens = _check_tokens(tokens, batch_size)
     n = len(tokens)
     step = _seq_logprob_fn(task.apply)
-    outs = []
-    for start, stop in _padded_batches(n, batch_size):
-        tok, _, dom = _padded_batch(tokens, domain, start, stop, batch_size)
-        outs.append((stop - start, step(params, tok, dom)))
+    outs = [(rows, step(params, tok, dom)) for rows, tok, _, dom in
+            _length_batches(tokens, domain, batch_size, trim)]
     res = np.zeros((n,), np.float32)
-    pos = 0
-    for k, (lp, cnt) in outs:
+    for rows, (lp, cnt) in outs:
+        k = len(rows)
         lp, cnt = np.asarray(lp, np.float64)[:k], np.asarray(cnt, np.float64)[:k]
-        res[pos:pos + k] = np.where(cnt > 0, lp / np.maximum(cnt, 1.0), 0.0)
-        pos += k
+        res[rows] = np.where(cnt > 0, lp / np.maximum(cnt, 1.0), 0.0)
     return res
 
 
@@ -260,17 +273,19 @@ def _predict_fn(apply: Callable) -> Callable:
 
 
 def predict_next(task, params, tokens: np.ndarray, batch_size: int,
-                 domain: np.ndarray | None = None) -> np.ndarray:
+                 domain: np.ndarray | None = None, trim: bool = True) -> np.ndarray:
     """Greedy next-token predictions: ``int32[N, L]``, ``out[n, t] = argmax p(. | tokens[n, :t+1])``
-    (aligned with the targets ``tokens[:, 1:]``; batches padded like :func:`evaluate`)."""
+    (aligned with the targets ``tokens[:, 1:]``; batches as :func:`evaluate`). With ``trim``,
+    positions past the width of a row's batch (their targets are PAD) are PAD."""
     tokens = _check_tokens(tokens, batch_size)
     step = _predict_fn(task.apply)
-    outs = []
-    for start, stop in _padded_batches(len(tokens), batch_size):
-        tok, _, dom = _padded_batch(tokens, domain, start, stop, batch_size)
-        outs.append((stop - start, step(params, tok, dom)))
-    return np.concatenate([np.asarray(p)[:k] for k, p in outs]) if outs else \
-        np.zeros((0, tokens.shape[1] - 1), np.int32)
+    out = np.full((len(tokens), tokens.shape[1] - 1), PAD, np.int32)
+    outs = [(rows, step(params, tok, dom)) for rows, tok, _, dom in
+            _length_batches(tokens, domain, batch_size, trim)]
+    for rows, p in outs:
+        p = np.asarray(p)
+        out[rows, :p.shape[1]] = p[:len(rows)]
+    return out
 
 
 def accuracy_with_oov(tokens: np.ndarray, predictions: np.ndarray) -> float:

@@ -142,3 +142,102 @@ def test_bf16_client_compute_keeps_float32_sums_and_tracks_float32():
     moved = np.asarray(outs[0]["w"])
     np.testing.assert_allclose(np.asarray(outs[1]["w"]), moved, rtol=0.05, atol=0.02 * np.abs(moved).max())
     assert not np.array_equal(np.asarray(outs[1]["w"]), moved)  # bf16 really ran
+
+
+# ----------------------------------------------------------------------------- length-aware batches
+def _lm_clients(num_clients, seed=0, vocab=40, width=21):
+    """LM clients whose sentences have client-specific typical lengths (some clients short, some
+    long, a few full width), so trimmed batches take several widths."""
+    rng = np.random.default_rng(seed)
+    data = {}
+    for i in range(num_clients):
+        n = int(rng.integers(3, 23))
+        typical = int(rng.integers(3, width + 1))
+        tok = np.zeros((n, width), np.int32)
+        for j in range(n):
+            k = int(np.clip(rng.integers(typical - 2, typical + 3), 2, width))
+            tok[j, :k] = np.concatenate([[2], rng.integers(4, vocab, k - 2), [3]])
+        data[f"u{i:02d}"] = {"tokens": tok}
+    return data
+
+
+def _tiny_lm():
+    from fedpriv.models.lm import LMConfig, make_lm, make_lm_task
+    task = make_lm_task(make_lm(LMConfig(vocab_size=40, embed_dim=8, hidden_dim=12)))
+    return task, task.init(jax.random.key(0))
+
+
+def test_trimmed_lanes_equal_padded_and_run_fewer_positions():
+    """batching='trimmed': the same batches cut to their bucket width give the padded path's
+    clipped sum, statistics and metrics up to float order, on fewer executed positions."""
+    task, params = _tiny_lm()
+    data = _lm_clients(10, seed=1)
+    ids = list(data)[:8]
+    opt = optax.sgd(0.5)
+    run = jax.jit(lambda ln, c: packed_sum(make_local_step(task.loss_fn, opt), opt.init, params, ln, 8,
+                                           jax.random.key(3), c))
+    packs = {b: pack_cohort(data, ids, B, capacity=8, max_steps=4, rng=np.random.default_rng(5), batching=b)
+             for b in ("padded", "trimmed")}
+    norms = np.asarray(run(packs["padded"].lanes, jnp.inf)[1]["norms"])
+    clip = float(np.median(norms))
+    (ref, rs), (got, gs) = (run(packs[b].lanes, clip) for b in ("padded", "trimmed"))
+    assert len(set(np.asarray(packs["trimmed"].lanes.bucket).ravel().tolist())) >= 3  # widths used
+    scale = max(float(jnp.max(jnp.abs(x))) for x in jax.tree_util.tree_leaves(ref))
+    for a, b in zip(jax.tree_util.tree_leaves(ref), jax.tree_util.tree_leaves(got)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-5 * scale)
+    for k in ("weight_sum", "norm_sum", "num_clipped", "num_clients"):
+        np.testing.assert_allclose(float(gs[k]), float(rs[k]), rtol=1e-5)
+    for k in ("loss_sum", "num_tokens", "num_correct"):
+        np.testing.assert_allclose(float(gs["aux"][k]), float(rs["aux"][k]), rtol=1e-5)
+    p, t = packs["padded"], packs["trimmed"]
+    assert p.real_positions == t.real_positions == int(rs["aux"]["num_tokens"])
+    assert p.executed_positions == p.real_steps * B * 20 and t.executed_positions < p.executed_positions
+
+
+def test_sorted_batches_keep_each_clients_examples_and_sort_within_batches():
+    """batching='sorted': each client keeps the examples the padded path keeps (same shuffle,
+    same max_steps cut, same example counts and steps), batched by length; less padding."""
+    from fedpriv.models.bucketing import row_lengths
+    data = _lm_clients(12, seed=2)
+    ids = list(data)[:9]
+    kw = dict(capacity=9, max_steps=2, rng=None)
+    packs = {b: pack_cohort(data, ids, B, **dict(kw, rng=np.random.default_rng(4)), batching=b)
+             for b in ("padded", "trimmed", "sorted")}
+    p, s = packs["padded"].lanes, packs["sorted"].lanes
+    np.testing.assert_array_equal(np.asarray(p.num_examples), np.asarray(s.num_examples))
+    np.testing.assert_array_equal(np.asarray(p.length), np.asarray(s.length))
+    np.testing.assert_array_equal(np.asarray(p.slot), np.asarray(s.slot))
+    for lane in range(p.length.shape[0]):
+        for slot in range(9):  # the client's data rows: the same multiset of real examples
+            rows = sorted(set(np.asarray(p.src[lane])[(np.asarray(p.slot[lane]) == slot)
+                                                     & (np.arange(p.src.shape[1]) < p.length[lane])].tolist()))
+            if not rows:
+                continue
+            def real(lanes):
+                tok = np.asarray(lanes.data["tokens"][lane])[rows].reshape(-1, 21)
+                return tok[np.asarray(lanes.data["mask"][lane])[rows].reshape(-1) > 0]
+            a, b = real(p), real(s)
+            assert sorted(map(tuple, a.tolist())) == sorted(map(tuple, b.tolist()))
+            # sorted: every batch's rows are one contiguous run of the client's sorted lengths
+            batches = [row_lengths(np.asarray(s.data["tokens"][lane][r])[np.asarray(s.data["mask"][lane][r]) > 0])
+                       for r in rows]
+            spans = sorted((x.min(), x.max()) for x in batches)
+            assert all(hi <= lo2 for (_, hi), (lo2, _) in zip(spans, spans[1:]))
+    pos = {b: packs[b].executed_positions for b in packs}
+    assert pos["sorted"] < pos["trimmed"] <= pos["padded"]
+    assert len({packs[b].real_positions for b in packs}) == 1
+
+
+def test_batching_options_are_checked():
+    data = _lm_clients(4)
+    with pytest.raises(ValueError, match="batching"):
+        pack_cohort(data, list(data), B, batching="packed")
+    alg = dp_fedavg(loss_fn, optax.sgd(0.05), server_optimizer("sgd", 1.0), clip_norm=1.0,
+                    noise_multiplier=0.0, expected_cohort_size=4)
+    with pytest.raises(ValueError, match="one sequential lane"):
+        CohortExecutor(alg, data, batch_size=B, capacity=4, lanes=2, batching="trimmed")
+    with pytest.raises(ValueError, match="batching"):
+        CohortExecutor(alg, data, batch_size=B, capacity=4, batching="sort")
+    # vmapped lanes keep the full width (lax.switch under vmap would run every width)
+    packed = pack_cohort(data, list(data), B, lanes=2, batching="sorted")
+    assert packed.lanes.bucket is None and packed.lanes.widths == ()

@@ -102,11 +102,17 @@ def _bigram_task(with_domain: bool, seed: int, domain):
 
 @pytest.mark.parametrize("with_domain", [False, True])
 def test_evaluate_matches_unbatched_reference(data, with_domain):
-    """N=7 with batch_size=3: one compiled shape, padded last batch, same sums as one big batch."""
+    """N=7 with batch_size=3: length-trimmed batches compile at most one shape per width bucket
+    (one without trimming), padded last batch, same sums as one big batch."""
+    from fedpriv.models.bucketing import width_buckets
     tokens, domain = data
     task, params, dom = _bigram_task(with_domain, 0, domain)
-    out = metrics.evaluate(task, params, tokens, batch_size=3, domain=dom)
+    untrimmed = metrics.evaluate(task, params, tokens, batch_size=3, domain=dom, trim=False)
     assert metrics._jit(task.eval_fn)._cache_size() == 1
+    out = metrics.evaluate(task, params, tokens, batch_size=3, domain=dom)
+    assert metrics._jit(task.eval_fn)._cache_size() <= 1 + len(width_buckets(tokens.shape[1]))
+    for key in ("loss", "perplexity", "accuracy", "num_tokens"):
+        np.testing.assert_allclose(out[key], untrimmed[key], rtol=1e-6)
     batch = {"tokens": tokens, "mask": np.ones(7, np.float32)}
     if with_domain:
         batch["domain"] = domain
