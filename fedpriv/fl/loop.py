@@ -483,7 +483,8 @@ def train(algorithm: FederatedAlgorithm, init_params, dataset: Mapping, client_i
           fingerprint: Mapping | None = None, resume_anyway: Sequence[str] = (),
           max_steps: int | None = None, eval_fn: Callable | None = None, eval_every: int = 0,
           checkpoint_every: int = 0, keep_checkpoints: int = 2, mesh=None,
-          lanes: str | int = "auto", progress: bool = True, stop_after: int | None = None,
+          lanes: str | int = "auto", batching: str = "padded", progress: bool = True,
+          stop_after: int | None = None,
           log_fn: Callable[[dict], None] | None = None,
           derived_metrics: Mapping = DERIVED_METRICS,
           log: Callable[[str], None] | None = print) -> TrainResult:
@@ -508,7 +509,11 @@ def train(algorithm: FederatedAlgorithm, init_params, dataset: Mapping, client_i
       stage: the run's name: ledger entry, PRNG key tag, fingerprint field. Give every train()
         call on the same users its own stage (same seed + other stage = independent noise).
       populations: the ledger populations this run touches.
-      workdir: where ``metrics.jsonl`` and checkpoints go (None: nothing written).
+      workdir: where ``metrics.jsonl`` and checkpoints go (None: nothing written). Held
+        exclusively for the call (``fedpriv.fl.workdir``; re-entrant within the process): a
+        second process is refused with ``WorkdirLocked`` naming the holder; a workdir that is
+        a file or not writable, and a failed write (disk full), raise ``WorkdirError`` /
+        ``CheckpointWriteError`` in one line, keeping what was written.
       fingerprint: the caller's own config fields a resumed run must match (e.g. learning
         rates, corpus); with the loop's fields (``run_fingerprint``).
       resume_anyway: fields allowed to differ on resume (only ``TRAINING_FIELDS`` and the
@@ -519,6 +524,8 @@ def train(algorithm: FederatedAlgorithm, init_params, dataset: Mapping, client_i
         under ``jax.distributed`` each process builds only its own lanes.
       lanes: clients trained concurrently: ``"auto"`` (backend default, see
         ``fedpriv.fl.execution``), ``"balanced"`` or an int.
+      batching: local batches ``"padded"``, ``"trimmed"`` or ``"sorted"`` by length
+        (``fedpriv.fl.cohort``, "Length-aware batches").
       stop_after: stop (with a checkpoint) after this many rounds *in this call* — used to
         simulate an interruption.
       derived_metrics: ratios written per round, ``{name: (sum, (count, ...))}``
@@ -552,7 +559,7 @@ def _check_args(algorithm, sampler, client_ids, rounds, stage) -> None:
 def _train(algorithm, init_params, dataset, client_ids, sampler, *, rounds, batch_size, seed,
            ledger, nonprivate_ok, stage, populations, workdir, fingerprint, resume_anyway,
            max_steps, eval_fn, eval_every, checkpoint_every, keep_checkpoints, mesh, lanes,
-           progress, stop_after, log_fn, derived_metrics, log) -> TrainResult:
+           batching, progress, stop_after, log_fn, derived_metrics, log) -> TrainResult:
     rounds = int(rounds)
     dp = algorithm.dp
     private = dp.is_private
@@ -663,7 +670,7 @@ def _train(algorithm, init_params, dataset, client_ids, sampler, *, rounds, batc
                               capacity=capacity,
                               variable_cohort=isinstance(sampler, PoissonSampler)
                               or bool(getattr(sampler, "variable_cohort", False)),
-                              lanes=lanes, mesh=mesh)
+                              lanes=lanes, mesh=mesh, batching=batching)
     executor.set_params_size(init_params)
     state = replicate(state, mesh)
     log_path = os.path.join(workdir, METRICS) if workdir else None
