@@ -21,8 +21,12 @@ ROWS = ("none", "pretrain_lm", "pretrain_distill_long", "pretrain_distill", "mid
 
 @dataclasses.dataclass(frozen=True)
 class PublicTrainingConfig:
-    # private data (chitchat users; split by client)
+    # private data (chitchat users; split by client), or the papers' own (configs/lm_fl.py:
+    # corpus=stackoverflow | reddit_jsonl with corpus_path); public pool: public_pool_path (a C4
+    # TFDS directory or .txt/.jsonl files; None: the packaged pool)
     corpus: str = "chitchat"
+    corpus_path: str | None = None
+    public_pool_path: str | None = None
     max_clients: int | None = None
     split: tuple = (0.8, 0.1, 0.1)
     split_seed: int = 0
@@ -107,7 +111,7 @@ class PublicTrainingConfig:
               non_negative=("split_seed", "pool_seed", "t_prime", "server_momentum", "pretrain_steps",
                             "distill_steps", "long_distill_steps", "kd_beta", "seed", "noise_multiplier"),
               open_unit=("delta",),
-              choices={"corpus": ("chitchat", "shakespeare", "simpsons"),
+              choices={"corpus": ("chitchat", "shakespeare", "simpsons", "stackoverflow", "reddit_jsonl"),
                        "arch": ("lstm", "transformer"),
                        "algorithm": ("fedavg", "dp_fedavg", "dp_ftrl"),
                        "server_optimizer": ("sgd", "sgdm", "adam")},

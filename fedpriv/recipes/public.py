@@ -32,7 +32,6 @@ import jax
 import numpy as np
 
 from fedpriv import report
-from fedpriv.data import load_public_pool
 from fedpriv.dp import accounting
 from fedpriv.dp.ledger import PrivacyLedger
 from fedpriv.fl import algorithms as algs
@@ -94,7 +93,7 @@ def private_splits(cfg, tok, progress: bool = True):
     """``(text, train, val, test)``: the private users of ``cfg.corpus`` (at most ``max_clients``,
     drawn with ``split_seed``), split by client and tokenized with the student tokenizer ``tok``
     (``fedpriv.public.vocab.private_datasets``)."""
-    text = lm.LOADERS[cfg.corpus](progress=progress)
+    text = lm.load_corpus(cfg, progress)  # packaged, or the papers' own file (corpus_path)
     if cfg.max_clients is not None and cfg.max_clients < len(text):
         ids = np.random.default_rng(cfg.split_seed).choice(len(text.client_ids), cfg.max_clients,
                                                            replace=False)
@@ -108,8 +107,9 @@ def private_splits(cfg, tok, progress: bool = True):
 
 def prepare(cfg, teacher, cache_dir: str, progress: bool = True, log=print) -> Prepared:
     """Vocabulary from the public pool, private users and the public pool in student ids, the
-    teacher's passes over the pool (log p_pub, top-k corpus; cached in `cache_dir`)."""
-    pub = load_public_pool(progress=progress)
+    teacher's passes over the pool (log p_pub, top-k corpus; cached in `cache_dir`). The pool is
+    ``public_pool_path`` (e.g. the paper's C4 realnewslike as a TFDS directory) or the packaged one."""
+    pub = lm.load_public(cfg, progress)
     rng = np.random.default_rng(cfg.pool_seed)
     if cfg.vocab_kept is None:
         restriction = distill.VocabRestriction.full(teacher)

@@ -61,6 +61,9 @@ def test_stackoverflow_corpus_through_the_recipe_and_the_plan(so_path):
     # the plan's population is counted in the file: the real population, never a packaged count
     assert plans.corpus_clients("stackoverflow", so_path) == 12 == pc.count_users("stackoverflow", so_path)
     assert plans.lm_train_clients(cfg) == plans.split_sizes(12, cfg.split)[0]
+    # Wang et al.'s Table 2 pipeline takes the same file (recipes.public reads lm.load_corpus)
+    pt = common.load_config(f"configs/public_training.py:smoke,corpus=stackoverflow,corpus_path={so_path}")
+    assert lm.load_corpus(pt, progress=False).client_ids == text.client_ids
 
 
 def test_path_corpora_need_their_path_and_packaged_ones_refuse_one():
