@@ -141,7 +141,7 @@ def test_release_noise_std_end_to_end():
     xs = []
     for s in range(25):
         r = F.private_stats(clients, clip=0.5, epsilon=2.0, delta=1e-5, unit="sample",
-                            key=jax.random.key(s))
+                            key=jax.random.key(s), n_public=5 * n_clients)
         xs.append(r.mean * r.n_divisor)
         r0 = r
     x = np.concatenate(xs)
@@ -285,7 +285,7 @@ def test_ledger_charged_once_before_data_and_release_reused():
     clients = [Spy(c, flag) for c in _clients(rng)]
     led = FakeLedger(spy=flag)
     rel = F.private_stats(clients, 1.0, 0.6, 1e-6, "user", jax.random.key(0), ledger=led,
-                          max_samples_per_user=5)
+                          max_samples_per_user=5, n_public=8)
     assert flag.read and len(led.calls) == 1
     name, event, pops = led.calls[0]
     assert name == "fred" and pops == ("users",)
@@ -308,14 +308,16 @@ def test_budget_exceeded_reads_no_data():
     clients = [Spy(c, flag) for c in _clients(rng)]
     led = PrivacyLedger(epsilon=0.5, delta=1e-5)  # two (0.6, 1e-6) releases exceed it
     with pytest.raises(PrivacyBudgetExceeded):
-        F.private_stats(clients, 1.0, 0.6, 1e-6, "user", jax.random.key(0), ledger=led)
+        F.private_stats(clients, 1.0, 0.6, 1e-6, "user", jax.random.key(0), ledger=led,
+                        n_public=8)
     assert not flag.read
 
 
 def test_real_ledger_records_release():
     rng = np.random.default_rng(6)
     led = PrivacyLedger(epsilon=3.0, delta=1e-5)
-    rel = F.private_stats(_clients(rng), 1.0, 0.6, 1e-6, "user", jax.random.key(1), ledger=led)
+    rel = F.private_stats(_clients(rng), 1.0, 0.6, 1e-6, "user", jax.random.key(1), ledger=led,
+                          n_public=8)
     spent = led.spent()
     assert spent == pytest.approx(
         min(M.composed_epsilons(rel.events, led.delta).values()), rel=1e-3)
@@ -324,6 +326,40 @@ def test_real_ledger_records_release():
     led_r = PrivacyLedger(epsilon=3.0, delta=1e-5, neighboring="replace_one")
     rel_r = F.private_stats(_clients(rng), 1.0, 0.6, 1e-6, "user", jax.random.key(1), ledger=led_r)
     assert rel_r.relation == "replace_one" and rel_r.mean_sensitivity == 2.0
+
+
+def test_add_remove_release_never_divides_by_the_exact_count():
+    """Issue 24 item 8. Under add/remove the exact count differs between neighbouring datasets,
+    so it is private: a release without a declared ``n_public`` is refused before the ledger is
+    charged or any value is read; with one, ``n`` is the declared value (not the exact count),
+    the mean is the noisy sum over *it* (zero data: ``mean * n_public ~ N(0, tau_1^2)``, which
+    a division by the exact count would shrink by ``n_public / n``), and the ledger holds
+    exactly the two Gaussian releases the release reports, at its noise multiplier."""
+    rng = np.random.default_rng(11)
+    flag = Flag()
+    clients = [Spy(c, flag) for c in _clients(rng)]
+    led = PrivacyLedger(epsilon=10.0, delta=1e-5)
+    with pytest.raises(ValueError, match="exact count is private.*n_public"):
+        F.private_stats(clients, 1.0, 0.6, 1e-6, "user", jax.random.key(0), ledger=led)
+    assert not flag.read and not led.entries
+    exact, declared = len(clients), 20
+    rel = F.private_stats(clients, 1.0, 0.6, 1e-6, "user", jax.random.key(0), ledger=led,
+                          n_public=declared)
+    assert rel.n == rel.n_divisor == declared != exact and not rel.count_public
+    assert "declared" in rel.privacy_summary()
+    (entry,) = led.entries
+    assert entry.event == dpa.ComposedDpEvent(list(rel.events))
+    assert [e.noise_multiplier for e in rel.events] == [rel.noise_multiplier] * 2
+    assert rel.mean_noise_std == rel.noise_multiplier * rel.mean_sensitivity
+    zeros = [np.zeros((3, 16), np.float32) for _ in range(exact)]
+    x = np.concatenate([F.private_stats(zeros, 1.0, 2.0, 1e-5, "user", jax.random.key(s),
+                                        n_public=declared).mean * declared for s in range(20)])
+    tau = M.gaussian_sigma(2.0, 1e-5) * 1.0
+    assert abs(x.std() - tau) < 4 * tau / np.sqrt(2 * x.size)
+    # replace-one: the exact count is public there (the same on neighbours)
+    rel_r = F.private_stats(_clients(rng), 1.0, 0.6, 1e-6, "user", jax.random.key(1),
+                            relation="replace_one")
+    assert rel_r.n == 8 and rel_r.count_public
 
 
 def test_ledger_mismatches_are_refused():
@@ -343,7 +379,8 @@ def test_private_stats_converge_to_nonprivate():
     rng = np.random.default_rng(8)
     clients = _clients(rng, n=30, d=6, shift=0.1)
     allx = np.concatenate(clients)
-    r = F.private_stats(clients, 5.0, 1e6, 0.5, "sample", jax.random.key(0))
+    # replace-one: the exact count is the same on neighbours, public
+    r = F.private_stats(clients, 5.0, 1e6, 0.5, "sample", jax.random.key(0), relation="replace_one")
     st = F.gaussian_stats(allx)
     assert r.noise_multiplier < 1e-3 and np.isnan(r.epsilon_pld)
     np.testing.assert_allclose(r.mean, st.mean, atol=1e-3)
@@ -351,10 +388,10 @@ def test_private_stats_converge_to_nonprivate():
     pub = rng.normal(size=(200, 6)) * 0.5
     assert F.fred(pub, r) == pytest.approx(F.fred_nonprivate(pub, allx), rel=1e-2)
     # user level estimates the user-weighted mixture
-    ru = F.private_stats(clients, 5.0, 1e6, 0.5, "user", jax.random.key(0))
+    ru = F.private_stats(clients, 5.0, 1e6, 0.5, "user", jax.random.key(0), relation="replace_one")
     np.testing.assert_allclose(ru.mean, np.mean([c.mean(0) for c in clients], 0), atol=1e-3)
     assert ru.n == 30 and r.n == len(allx)
-    # n_public replaces the denominator
+    # add/remove: the declared n_public is the denominator
     rp = F.private_stats(clients, 5.0, 1e6, 0.5, "sample", jax.random.key(0), n_public=2 * len(allx))
     np.testing.assert_allclose(rp.mean, st.mean / 2, atol=1e-3)
     assert not rp.count_public and r.count_public
@@ -381,7 +418,7 @@ def test_error_paths():
     rng = np.random.default_rng(9)
     clients = _clients(rng)
     key = jax.random.key(0)
-    ok = dict(clip=1.0, epsilon=0.6, delta=1e-6, unit="sample", key=key)
+    ok = dict(clip=1.0, epsilon=0.6, delta=1e-6, unit="sample", key=key, n_public=50)
     bad = [c.copy() for c in clients]
     bad[2][0, 1] = np.nan
     with pytest.raises(ValueError, match="NaN"):
@@ -390,7 +427,12 @@ def test_error_paths():
                       (dict(delta=0.0), "delta"), (dict(delta=1.0), "delta"),
                       (dict(delta=1.5), "delta"), (dict(clip=0.0), "clip"),
                       (dict(clip=-2.0), "clip"), (dict(unit="household"), "unit"),
-                      (dict(key=None), "key"), (dict(calibration="classic", epsilon=1.5), "epsilon < 1")]:
+                      (dict(key=None), "key"), (dict(calibration="classic", epsilon=1.5), "epsilon < 1"),
+                      (dict(n_public=None), "add_remove the exact count is private.*n_public"),
+                      (dict(n_public=0), "n_public must be a finite number > 0"),
+                      (dict(n_public=float("nan")), "n_public must be a finite number > 0"),
+                      (dict(n_public=True), "n_public must be a finite number > 0"),
+                      (dict(n_public="12"), "n_public must be a finite number > 0")]:
         with pytest.raises(ValueError, match=match):
             F.private_stats(clients, **{**ok, **kw})
     with pytest.raises(ValueError, match="at least 2"):

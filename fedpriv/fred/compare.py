@@ -28,7 +28,8 @@ def embedding_spaces(candidates: Mapping[str, np.ndarray], pca_dims: int | None,
 
 def table_rows(clients: Sequence[np.ndarray], candidates: Mapping[str, np.ndarray], *,
                epsilon: float, delta: float, clip: float, seeds: int,
-               pca_dims: int | None = None, units: Sequence[str] = ("sample", "user")
+               pca_dims: int | None = None, units: Sequence[str] = ("sample", "user"),
+               n_public: Mapping[str, float] | None = None
                ) -> tuple[list[dict], dict[str, PrivateStats]]:
     """Rows of the FreD table and the last release per unit.
 
@@ -36,10 +37,17 @@ def table_rows(clients: Sequence[np.ndarray], candidates: Mapping[str, np.ndarra
       clients: one ``[n_u, d]`` embedding array per private user.
       candidates: name -> ``[n_c, d]`` public embeddings.
       epsilon, delta: per release; clip: ``c``; seeds: releases ``jax.random.key(0..seeds-1)``.
+      n_public: unit -> declared denominator (samples / users) of that unit's releases. The
+        releases are add/remove, where the exact count is private (``fedpriv.fred.private``
+        module doc), so every unit in ``units`` needs one; the rows' ``n`` is it.
     Returns:
       ``(rows, {unit: PrivateStats})``; one row per (space, unit, candidate) with the private
       FreD's mean/std/min/max over seeds, the privacy figures, and ``nonprivate/`` columns.
     """
+    missing = [u for u in units if n_public is None or u not in n_public]
+    if missing:
+        raise ValueError(f"table_rows: no declared count n_public for unit(s) {missing}; under "
+                         "add/remove the exact count is private and cannot be the denominator")
     pooled = np.concatenate(clients)
     rows, releases = [], {}
     for space, basis in embedding_spaces(candidates, pca_dims, pooled.shape[1]):
@@ -54,7 +62,8 @@ def table_rows(clients: Sequence[np.ndarray], candidates: Mapping[str, np.ndarra
             scores = {name: [] for name in candidates}
             same_order = same_top = 0
             for seed in range(seeds):
-                rel = private_stats(clients_s, clip, epsilon, delta, unit, jax.random.key(seed))
+                rel = private_stats(clients_s, clip, epsilon, delta, unit, jax.random.key(seed),
+                                    n_public=n_public[unit])
                 ranked = rank_candidates(stats, rel)
                 same_order += [n for n, _ in ranked] == order_np
                 same_top += ranked[0][0] == order_np[0]

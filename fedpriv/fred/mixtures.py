@@ -135,12 +135,14 @@ def nonprivate_fred_vs_y(priv_emb: Mapping[str, np.ndarray], pools: Mapping[str,
 def fred_vs_y(priv_emb: Mapping[str, np.ndarray], pools: Mapping[str, np.ndarray],
               y_percents: Sequence[float], total: int, *, trials: int, clip: float,
               epsilon: float, delta: float, unit: str, seed: int, pca_dims: int | None,
-              ledger=None, name: str = RELEASE) -> dict:
+              n_public: float | None = None, ledger=None, name: str = RELEASE) -> dict:
     """Non-private FreD and private FreD (``trials`` releases) of every mixture.
 
     ``priv_emb``: user -> ``[n_u, d]``; ``pools``: ``{HELD_OUT: [n, d], PUBLIC: [n, d]}``.
     Release ``t`` uses ``fold_in(key(seed), t)``; only release 0 is charged to ``ledger`` (the
     others are replicates of the experiment). Every release is reused for every ``Y``.
+    ``n_public``: the declared denominator (required under an add/remove relation, where the
+    exact user count is private: ``fedpriv.fred.private`` module doc); each release's ``n``.
     Returns JSON-able ``{"y", "nonprivate", "nonprivate_full", "private": [trial][y], ...}``.
     """
     basis = _basis(pools, pca_dims)
@@ -154,7 +156,7 @@ def fred_vs_y(priv_emb: Mapping[str, np.ndarray], pools: Mapping[str, np.ndarray
     for t in range(trials):
         rel = private_stats(users, clip, epsilon, delta, unit=unit,
                             key=jax.random.fold_in(jax.random.key(seed), t),
-                            ledger=ledger if t == 0 else None, name=name)
+                            ledger=ledger if t == 0 else None, name=name, n_public=n_public)
         out["private"].append([fred(stats[y], rel) for y in y_percents])
         out["releases"].append({"trial": t, "charged": t == 0, "epsilon_basic": rel.epsilon_basic,
                                 "delta_total": rel.delta_total, "epsilon_rdp": rel.epsilon_rdp,
@@ -291,6 +293,7 @@ def stage_name(y: float, seed: int) -> str:
 
 
 def _fred_stage(cfg, pools, fred_private, progress) -> Callable:
+    from fedpriv.fred.pipeline import fred_declared_users
     from fedpriv.models import bert
 
     def run(ctx) -> dict:
@@ -301,12 +304,13 @@ def _fred_stage(cfg, pools, fred_private, progress) -> Callable:
                                                    progress=progress)
         fr = fred_vs_y(priv_emb, pool_emb, cfg.y_percents, cfg.num_sentences,
                        trials=cfg.fred_trials, clip=cfg.fred_clip, epsilon=cfg.fred_epsilon,
-                       delta=cfg.fred_delta, unit="user", seed=cfg.seed,
-                       pca_dims=cfg.pca_dims, ledger=ctx.ledger, name=RELEASE)
+                       delta=cfg.fred_delta, unit="user", seed=cfg.seed, pca_dims=cfg.pca_dims,
+                       n_public=fred_declared_users(cfg), ledger=ctx.ledger, name=RELEASE)
         return {**fr, "embedder_sentences_per_s": throughput,
                 "embedded_sentences": int(sum(len(v) for v in priv_emb.values())
                                           + sum(len(v) for v in pool_emb.values())),
-                "private_users": len(priv_emb), "ledger_after_fred": ctx.ledger.to_dict(),
+                # the declared count (the exact one is private under the add/remove ledger)
+                "private_users": fred_declared_users(cfg), "ledger_after_fred": ctx.ledger.to_dict(),
                 "wall_s": time.time() - t0}
     return run
 

@@ -86,6 +86,16 @@ def fred_release_event(cfg) -> dpa.DpEvent:
     return moments.release_event(moments.moment_events(sigma))
 
 
+def fred_declared_users(cfg) -> int:
+    """FreD's declared denominator ``n_public`` (user level, the pipeline's add/remove ledger:
+    the exact count is private, ``fedpriv.fred.private`` module doc): the FL training users the
+    config declares, from the config and the corpus' published size alone
+    (``fedpriv.recipes.plans.fred_train_clients``, the population the plans account with); no
+    private data is read. Also used by ``fedpriv.fred.mixtures``."""
+    from fedpriv.recipes.plans import fred_train_clients
+    return fred_train_clients(cfg)
+
+
 def pipeline_events(cfg, num_clients: int) -> tuple[list[dpa.DpEvent], float]:
     """The pipeline ledger's events without running it: ``([FreD release, FL-finetuning], z)``,
     z calibrated (``target_epsilon``) so that both fit the budget, for ``num_clients`` FL users."""
@@ -106,7 +116,7 @@ def _fred_stage(cfg, fred_private, candidates, progress) -> Callable[[StageConte
         proj = (lambda e: np.asarray(e) @ basis) if basis is not None else np.asarray
         release = private_stats([proj(priv_emb[c]) for c in priv_emb], cfg.fred_clip, cfg.fred_epsilon,
                                 cfg.lm.delta, unit=cfg.fred_unit, key=jax.random.key(cfg.seed),
-                                ledger=ctx.ledger, name=RELEASE)
+                                ledger=ctx.ledger, name=RELEASE, n_public=fred_declared_users(cfg))
         ranking = rank_candidates({n: proj(e) for n, e in cand_emb.items()}, release)
         all_priv = np.concatenate([proj(v) for v in priv_emb.values()])
         return {"ranking": [[n, float(s)] for n, s in ranking],

@@ -51,13 +51,29 @@ user          replace_one     2c                   sqrt(2) c_cov^2
   The estimated distribution is the user-weighted mixture (pick a user uniformly, then one of
   their sentences), not the sentence-weighted one of the sample-level release.
 
-The count ``n``: under replace-one it is the same on neighbouring datasets, so dividing by it
-is exact post-processing.  Under add/remove the exact ``n`` is data-dependent; like the paper
-("n_2 known") we treat it as **public** by default (``PrivateStats.count_public = True``), or
-the caller passes ``n_public`` -- a data-independent denominator (e.g. a population size known
-in advance) -- and the server divides by that instead (a fixed-denominator estimator, as in
-DP-FedAvg; McMahan et al. 2018).  Shapes and counts (metadata) are checked before the ledger
-is charged; the *values* (NaN/inf) are checked after, so a bad release still costs its budget.
+The count ``n`` (the mean's and covariance's normalisation) -- fail closed:
+
+* **replace-one**: neighbouring datasets have the same ``n``, so the exact count is public and
+  dividing by it is post-processing of the two DP sums (the paper's Prop. 3.1: "n_2 known",
+  mean sensitivity ``2c/n_2``).  ``PrivateStats.count_public = True``.
+* **add/remove**: neighbouring datasets differ in ``n`` by one, so the exact count is private.
+  Dividing the noisy sum by it would not be post-processing: ``(S + N(0, tau^2)) / n`` has a
+  variance that differs between neighbours, which the Gaussian mechanism's proof (and the
+  ledger's two events) does not cover -- and the release would disclose ``n``.  Marking ``n``
+  "non-private" would not help, since the released mean itself is a function of it.  The
+  caller must therefore declare ``n_public``: a data-independent denominator (the population
+  size the experiment declares, e.g. from the config and the corpus' published size), and the
+  server divides by that -- the fixed-denominator estimator of DP-FedAvg (McMahan et al.
+  2018).  It costs no privacy (the ledger charges exactly the two Gaussian releases); if the
+  real count differs from the declared one the estimate is scaled by ``n / n_public`` (biased,
+  never less private).  Without ``n_public`` an add/remove release is refused.  The exact count
+  is then not part of the release: ``PrivateStats.n`` is the declared denominator.
+
+(A noisy count -- a third Gaussian release charged with the other two -- would also be
+accepted by a reviewer; it was not chosen because it changes the release's event and so every
+stored FreD run's epsilon, while every FreD experiment here has a declared population.)
+Shapes and counts (metadata) are checked before the ledger is charged; the *values* (NaN/inf)
+are checked after, so a bad release still costs its budget.
 
 Noise calibration (:mod:`fedpriv.dp.moments`): ``tau = sigma(eps, delta) * sensitivity`` with
 ``sigma`` from the analytic Gaussian mechanism (Balle & Wang 2018), exact for every ``eps > 0``;
@@ -213,8 +229,10 @@ class PrivateStats:
 
     Attributes:
       mean, cov: float64 ``pmean_2`` and PSD-projected ``pcov_2``; cov_raw: before projection.
-      n: count (samples at sample level, users at user level); n_divisor: the denominator the
-        server used; count_public: True if the exact ``n`` was used as public information.
+      n: the denominator of the release: the exact count (samples at sample level, users at
+        user level) under replace-one, where it is public; the declared ``n_public`` under
+        add/remove, where the exact count is private and not released (module doc);
+        n_divisor: the same as a float; count_public: True iff ``n`` is the exact count.
       epsilon, delta: per release (each of the two releases is (epsilon, delta)-DP).
       unit: "sample" or "user"; relation: "add_remove" or "replace_one".
       clip, cov_clip: clip norms; calibration: "analytic" or "classic".
@@ -224,13 +242,15 @@ class PrivateStats:
       events: the two ``GaussianDpEvent``s (mean, covariance) charged to the ledger.
       epsilon_basic, delta_total: (2 eps, 2 delta) basic composition (Prop. 3.1).
       epsilon_rdp, epsilon_pld: epsilon at ``delta_total`` from the RDP / PLD accountants.
-      num_clients: participating clients m; samples_used: embeddings read.
+      num_clients: participating clients m; samples_used: embeddings read. Both are exact
+        counts of private data (``nonprivate``, for the caller's diagnostics): no output of
+        the FreD experiments writes them.
     """
 
     mean: np.ndarray
     cov: np.ndarray
     cov_raw: np.ndarray
-    n: int
+    n: float
     n_divisor: float
     count_public: bool
     epsilon: float
@@ -264,7 +284,8 @@ class PrivateStats:
             f"{self.delta:g}); both: basic ({self.epsilon_basic:g}, {self.delta_total:g}), "
             f"RDP eps={self.epsilon_rdp:.4g}, PLD eps={self.epsilon_pld:.4g} at "
             f"delta={self.delta_total:g}; noise multiplier {self.noise_multiplier:.4g} "
-            f"({self.calibration}); n={self.n} ({'public' if self.count_public else 'fixed divisor'})"
+            f"({self.calibration}); n={self.n:g} "
+            f"({'exact, public under replace-one' if self.count_public else 'declared'})"
         )
 
 
@@ -308,7 +329,9 @@ def private_stats(
       cov_clip: clip norm of the centred embeddings (default ``clip``).
       calibration: "analytic" (default) or "classic" (Prop. 3.1, eps < 1 only).
       max_samples_per_user: user level only: keep each user's first k embeddings.
-      n_public: a data-independent denominator to use instead of the exact count.
+      n_public: a declared, data-independent denominator (> 0). Required when the relation
+        is "add_remove" (the exact count is private there; see the module doc), optional under
+        "replace_one" (default: the exact count, public there).
       ledger: optional privacy ledger with ``spend(name, event, populations)``; charged with
         ``ComposedDpEvent([mean_event, cov_event])`` before any embedding value is read.
       name, populations: the ledger entry's name and populations.
@@ -344,8 +367,15 @@ def private_stats(
             "a sample-level release cannot be charged to a user-level ledger (a user with k "
             "sentences would only get k*epsilon); use unit='user' or a sample-level ledger"
         )
-    if n_public is not None and not (math.isfinite(n_public) and n_public > 0):
-        raise ValueError(f"n_public must be > 0, got {n_public!r}")
+    if n_public is not None and (isinstance(n_public, bool)
+                                 or not isinstance(n_public, (int, float, np.integer, np.floating))
+                                 or not (math.isfinite(n_public) and n_public > 0)):
+        raise ValueError(f"n_public must be a finite number > 0, got {n_public!r}")
+    if relation == "add_remove" and n_public is None:
+        raise ValueError(
+            "private_stats: under add_remove the exact count is private (it differs between "
+            "neighbouring datasets), so the release cannot divide by it: pass n_public (a "
+            "declared, data-independent denominator) or use relation='replace_one'")
     sigma = moments.gaussian_sigma(epsilon, delta, calibration)
     mean_sens, cov_sens = sensitivities(clip, cov_clip, unit, relation)
     tau1, tau2 = sigma * mean_sens, sigma * cov_sens
@@ -397,7 +427,8 @@ def private_stats(
         mean=pmean,
         cov=pcov,
         cov_raw=cov_raw,
-        n=packed.count,
+        n=(packed.count if n_public is None
+           else int(n_public) if float(n_public).is_integer() else float(n_public)),
         n_divisor=divisor,
         count_public=n_public is None,
         epsilon=float(epsilon),

@@ -79,7 +79,7 @@ def test_fred_covariance_noise_has_its_own_std_and_key():
     first d covariance noises proportional to the mean's (prefixes of one stream)."""
     d, users, clip = 128, 40, 3.0
     clients = [np.zeros((2, d), np.float32) for _ in range(users)]
-    rel = F.private_stats(clients, clip, 1.0, 1e-5, "user", jax.random.key(0))
+    rel = F.private_stats(clients, clip, 1.0, 1e-5, "user", jax.random.key(0), n_public=users)
     assert rel.mean_noise_std == pytest.approx(rel.noise_multiplier * clip)
     assert rel.cov_noise_std == pytest.approx(rel.noise_multiplier * clip ** 2)
     mean_noise = rel.mean * rel.n_divisor
