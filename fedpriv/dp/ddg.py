@@ -148,6 +148,8 @@ class DDGConfig:
                              f"{self.noise_multiplier}")
         if not 2 <= self.bits <= 31:
             raise ValueError(f"bits must be in [2, 31], got {self.bits}")
+        if not 0 <= self.beta < 1:  # (Kairouz et al. 2021, Eq. (5): beta in [0, 1))
+            raise ValueError(f"beta must be in [0, 1), got {self.beta}")
         if not 0 <= self.dropout_rate < 1:
             raise ValueError(f"dropout_rate must be in [0, 1), got {self.dropout_rate}")
         if self.modulus // 2 - 1 - self.num_clients <= 0:
@@ -190,8 +192,10 @@ class DDGConfig:
         2021, Eq. (5)): ``min(sqrt(a^2 + D/4 + sqrt(2 ln(1/beta)) (a + sqrt(D)/2)), a + sqrt(D))``,
         ``a = c / gamma``."""
         a, D = self.clip / self.gamma, self.padded_dim
+        if self.beta == 0:  # no conditioning: only the deterministic bound (log(1/0) is inf)
+            return a + math.sqrt(D)
         b2 = a * a + D / 4 + math.sqrt(2 * math.log(1 / self.beta)) * (a + math.sqrt(D) / 2)
-        return min(math.sqrt(b2), a + math.sqrt(D)) if self.beta > 0 else a + math.sqrt(D)
+        return min(math.sqrt(b2), a + math.sqrt(D))
 
     @property
     def l2_sensitivity(self) -> float:

@@ -1,0 +1,104 @@
+"""Privacy properties that hold for any input (issue 24, "close the test gaps"; hypothesis):
+
+* the amplified cyclic sampler's accounting (``amplified_banded_event``, Choquette-Choo et al.
+  2023, Thm. 4) refuses on its own when a banded strategy has more bands than there are
+  groups, and otherwise is exactly ``ceil(T / b)`` Poisson-sampled Gaussians at the multiplier
+  over the first column norm of ``C``;
+* a user's contribution to the private unigram counts (Koga et al. 2023, Sec. 4.2) never exceeds
+  the per-user L1 bound the Geometric noise is calibrated to.
+
+(The DDG properties are in tests/dp/test_ddg.py and tests/fl/test_ddg_engine.py; the plans' charges
+in tests/experiments/test_plan_charges.py.)
+"""
+from __future__ import annotations
+
+import math
+
+import dp_accounting as dpa
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from fedpriv.dp.matrix import BandedStrategy, MinSeparationError, toeplitz_matrix
+from fedpriv.expansion import unigrams as U
+from fedpriv.fl.participation import AmplifiedCyclicSampler, amplified_banded_event
+
+PROPS = settings(max_examples=60, deadline=None, derandomize=True,
+                 suppress_health_check=[HealthCheck.too_slow])
+
+
+@PROPS
+@given(coeffs=st.lists(st.floats(0.01, 2.0), min_size=1, max_size=8),
+       groups=st.integers(1, 12), rounds=st.integers(1, 60),
+       q=st.floats(0.01, 1.0), z=st.floats(0.1, 20.0))
+def test_amplified_banded_accounting_refuses_more_bands_than_groups(coeffs, groups, rounds, q, z):
+    """More bands than groups: a client's participations ``groups`` rounds apart fall inside one
+    band of ``C``, so Thm. 4 does not apply -- refused by the amplified accounting itself, with
+    a one-line error naming bands and groups (not left to a caller's min-separation check).
+    Otherwise the event is the theorem's, computed here independently: ``ceil(T / groups)``
+    x ``PoissonSampled(q, Gaussian(z / ||C[:, 0]||))``."""
+    strategy = BandedStrategy(tuple(coeffs))
+    if strategy.bands > groups:
+        with pytest.raises(MinSeparationError, match=rf"{strategy.bands}-banded .*groups.*got {groups}") as e:
+            amplified_banded_event(strategy, z, rounds, groups, q)
+        assert "\n" not in str(e.value)
+        return
+    event = amplified_banded_event(strategy, z, rounds, groups, q)
+    col0 = np.linalg.norm(toeplitz_matrix(tuple(coeffs), rounds)[:, 0])
+    want = dpa.SelfComposedDpEvent(
+        dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(z / col0)), math.ceil(rounds / groups))
+    got = event if isinstance(event, dpa.SelfComposedDpEvent) else dpa.SelfComposedDpEvent(event, 1)
+    assert got.count == want.count
+    assert got.event.sampling_probability == pytest.approx(q, rel=1e-12)
+    assert got.event.event.noise_multiplier == pytest.approx(z / col0, rel=1e-9)
+
+
+def test_the_sampler_and_its_accounting_agree_on_the_separation():
+    """The sampler's own guarantee is what the accounting uses: participations exactly
+    ``num_groups`` rounds apart (every client in one group), at most ``ceil(T / b)`` of them."""
+    s = AmplifiedCyclicSampler(num_clients=40, num_groups=4, sampling_rate=1.0, seed=3)
+    seen: dict[int, list[int]] = {}
+    for t in range(13):
+        for c in s.sample(t):
+            seen.setdefault(int(c), []).append(t)
+    assert all(np.all(np.diff(ts) == s.min_separation) for ts in seen.values())
+    assert max(len(ts) for ts in seen.values()) == s.max_participations(13) == 4
+    with pytest.raises(MinSeparationError, match="groups"):
+        amplified_banded_event(BandedStrategy((1.0,) * 5), 1.0, 13, s.min_separation, 1.0)
+
+
+_TOKENS = st.integers(1, 40).flatmap(lambda v: st.tuples(
+    st.just(v), hnp.arrays(np.int64, st.tuples(st.integers(0, 14), st.integers(1, 30)),
+                           elements=st.integers(0, v - 1))))
+
+
+@PROPS
+@given(vt=_TOKENS, max_sequences=st.integers(1, 7), max_tokens=st.integers(1, 12),
+       ignore=st.lists(st.integers(0, 3), max_size=3, unique=True), targets_only=st.booleans(),
+       seed=st.integers(0, 2 ** 32 - 1))
+def test_a_users_unigram_contribution_is_within_its_bound(vt, max_sequences, max_tokens, ignore,
+                                                          targets_only, seed):
+    """For any token rows, caps and ignored ids, one user's count vector is a non-negative
+    integer vector with L1 norm <= ``unigram_sensitivity(max_sequences, max_tokens)`` (the
+    Geometric noise's Delta under add/remove), zero on the ignored ids, and -- when the user has
+    at most ``max_sequences`` counted rows, so no row is drawn at random -- exactly the first
+    ``max_tokens`` counted targets of each row."""
+    vocab, tokens = vt
+    c = U.bounded_user_counts(tokens, vocab, np.random.default_rng(seed), max_sequences=max_sequences,
+                              max_tokens_per_sequence=max_tokens, ignore_ids=ignore,
+                              targets_only=targets_only)
+    assert c.shape == (vocab,) and np.issubdtype(c.dtype, np.integer) and np.all(c >= 0)
+    assert c.sum() <= U.unigram_sensitivity(max_sequences, max_tokens)
+    assert np.all(c[[i for i in ignore if i < vocab]] == 0)
+    x = tokens[:, 1:] if targets_only else tokens
+    counted = ~np.isin(x, ignore)
+    per_row = np.minimum(counted.sum(axis=1), max_tokens)
+    assert c.sum() <= per_row.sum()
+    if (per_row > 0).sum() <= max_sequences:
+        want = np.zeros(vocab, np.int64)
+        for row, m in zip(x, counted):
+            for tok in row[m][:max_tokens]:
+                want[tok] += 1
+        np.testing.assert_array_equal(c, want)
