@@ -15,6 +15,13 @@ default lanes. Both see the same cohorts (the same sampled clients and shuffled 
 their resulting parameters are compared. Engine and loop are timed interleaved, round after
 round, so machine load affects both alike. Tokens are real (non-PAD) target tokens.
 
+``--batching padded,sorted`` (default): the first batching is the engine compared with the
+loop; the others (``trimmed``, ``sorted``: ``fedpriv.fl.cohort`` "Length-aware batches") run
+the same cohorts interleaved with it, and the report gives each one's tokens/s (wall and CPU
+time: the machine may be shared), share of padded target positions, executed/real steps and
+share of the single-model ceiling measured with the same trimming (length-sorted batches of
+256 cut to their bucket width).
+
 Reported (``--json`` prints one object; ``--workdir`` also writes ``round.json`` and
 ``round.md``): ``engine_tokens_per_s``, ``loop_tokens_per_s``, ``engine_over_loop``,
 ``executed_over_real_steps`` (for this cohort size and, when ``--packing-cohorts`` is given, at
@@ -143,16 +150,31 @@ def peak_memory_bytes() -> int | None:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # CPU: process max RSS
 
 
-def ceiling(task, params, data, ids, batch=256, repeats=2) -> float:
-    """Tokens/s of ONE model taking grad+SGD steps on large batches of the same examples."""
+def ceiling(task, params, data, ids, batch=256, repeats=2, trim=False) -> float:
+    """Tokens/s of ONE model taking grad+SGD steps on large batches of the same examples.
+
+    ``trim``: the examples sorted by length, each batch cut to its bucket width
+    (``bucketing.width_buckets``), as the engine's length-aware batches; every width is
+    compiled before timing."""
     tok = np.concatenate([data[c]["tokens"] for c in ids])
     n = len(tok) // batch * batch or len(tok)
     batch = min(batch, n)
     opt = optax.sgd(0.1)
     local = make_local_step(task.loss_fn, opt)
     step = jax.jit(lambda p, b: local(p, opt.init(p), b, jax.random.key(0))[0])
-    batches = [{"tokens": tok[i:i + batch], "mask": np.ones(batch, np.float32)} for i in range(0, n, batch)]
-    p = block(step(params, batches[0]))
+    if trim:
+        from fedpriv.models import bucketing
+        tok = tok[np.argsort(bucketing.row_lengths(tok), kind="stable")][:n]
+        widths = bucketing.width_buckets(tok.shape[1])
+        batches = []
+        for i in range(0, n, batch):
+            t = tok[i:i + batch]
+            w = widths[bucketing.bucket_index(int(bucketing.row_lengths(t).max()), widths)]
+            batches.append({"tokens": t[:, :w], "mask": np.ones(batch, np.float32)})
+    else:
+        batches = [{"tokens": tok[i:i + batch], "mask": np.ones(batch, np.float32)} for i in range(0, n, batch)]
+    for w in {b["tokens"].shape[1]: b for b in batches}.values():
+        p = block(step(params, w))
     best = math.inf
     for _ in range(repeats):
         t = time.perf_counter()
@@ -177,7 +199,11 @@ def measure(args) -> dict:
                        noise_multiplier=z, expected_cohort_size=args.clients, rounds_per_epoch=1 << 20)
 
     alg, alg0 = algorithm(Z), algorithm(0.0)
-    ex = CohortExecutor(alg, data, batch_size=B, capacity=args.clients, lanes=args.lanes)
+    ex = CohortExecutor(alg, data, batch_size=B, capacity=args.clients, lanes=args.lanes,
+                        batching=args.batching[0])
+    # the same engine with the other batchings, timed interleaved with it (same cohorts)
+    ex_b = {b: CohortExecutor(alg, data, batch_size=B, capacity=args.clients, lanes=args.lanes,
+                              batching=b) for b in args.batching[1:]}
     ex0 = CohortExecutor(alg0, data, batch_size=B, capacity=args.clients, lanes=args.lanes)
     ex.set_params_size(params)
     ex0.set_params_size(params)
@@ -207,18 +233,33 @@ def measure(args) -> dict:
             p = e.pack(ids, rng=np.random.default_rng([args.seed, r]))
             block(e.run(e.algorithm.init(params, jax.random.key(1)), p, jax.random.key(r))[0].params)
     warmup = time.perf_counter() - t
-    ex.real_steps = ex.executed_steps = 0
-    times = {"engine": [], "engine_host_pack": [], "loop": [], "engine_z0": []}
+    for b, e in ex_b.items():  # compile every width / lane shape of the other batchings
+        for r, ids in enumerate(cohorts):
+            block(e.run(state, e.pack(ids, rng=np.random.default_rng([args.seed, r])), jax.random.key(r))[0].params)
+    ex.real_steps = ex.executed_steps = ex.executed_positions = ex.real_positions = 0
+    for e in ex_b.values():
+        e.real_steps = e.executed_steps = e.executed_positions = e.real_positions = 0
+    times = {"engine": [], "engine_host_pack": [], "loop": [], "engine_z0": [], "engine_cpu": [],
+             **{f"engine_{b}": [] for b in ex_b}, **{f"engine_{b}_cpu": [] for b in ex_b}}
+    diffs = {b: 0.0 for b in ex_b}
     tokens = 0
-    for r, ids in enumerate(cohorts):  # interleaved: engine, loop, engine without noise
+    for r, ids in enumerate(cohorts):  # interleaved: engine, loop, engine without noise, batchings
         tokens += real_tokens(data, ids)
         rng_seed = [args.seed, r]
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         packed = ex.pack(ids, rng=np.random.default_rng(rng_seed))
         times["engine_host_pack"].append(time.perf_counter() - t)
         s, _ = ex.run(state, packed, jax.random.key(r))
         block(s.params)
         times["engine"].append(time.perf_counter() - t)
+        times["engine_cpu"].append(time.process_time() - c)
+        for b, e in ex_b.items():
+            t, c = time.perf_counter(), time.process_time()
+            sb, _ = e.run(state, e.pack(ids, rng=np.random.default_rng(rng_seed)), jax.random.key(r))
+            block(sb.params)
+            times[f"engine_{b}"].append(time.perf_counter() - t)
+            times[f"engine_{b}_cpu"].append(time.process_time() - c)
+            diffs[b] = max(diffs[b], max_diff(sb.params, s.params))
         t = time.perf_counter()
         block(loop.run(alg, state, data, ids, np.random.default_rng(rng_seed), jax.random.key(r)).params)
         times["loop"].append(time.perf_counter() - t)
@@ -245,6 +286,20 @@ def measure(args) -> dict:
         "max_abs_param_diff_engine_vs_loop": agree,
         "per_round_seconds": times,
     }
+
+    def positions(e):
+        return {"padded_position_share": 1.0 - e.real_positions / e.executed_positions
+                if e.executed_positions else math.nan,
+                "executed_over_real_steps": e.executed_over_real}
+    out["batching"] = {args.batching[0]: {"tokens_per_s": tokens / eng,
+                                          "cpu_seconds_per_round": sum(times["engine_cpu"]) / args.rounds,
+                                          **positions(ex)}}
+    for b, e in ex_b.items():
+        tb, cb = sum(times[f"engine_{b}"]), sum(times[f"engine_{b}_cpu"])
+        out["batching"][b] = {"tokens_per_s": tokens / tb, "cpu_seconds_per_round": cb / args.rounds,
+                              "over_first": eng / tb,
+                              "cpu_over_first": sum(times["engine_cpu"]) / cb,
+                              "max_abs_param_diff_vs_first": diffs[b], **positions(e)}
     pad_steps = []
     for k in args.packing_cohorts:
         s = UniformSampler(population, min(k, population), seed=args.seed)
@@ -264,6 +319,11 @@ def measure(args) -> dict:
         c = ceiling(task, params, data, ids)
         out["ceiling_tokens_per_s"] = c
         out["engine_share_of_ceiling"] = out["engine_tokens_per_s"] / c
+        if any(b != "padded" for b in args.batching):
+            ct = ceiling(task, params, data, ids, trim=True)
+            out["ceiling_trimmed_tokens_per_s"] = ct
+            for b, row in out["batching"].items():
+                row["share_of_ceiling"] = row["tokens_per_s"] / (c if b == "padded" else ct)
     if args.scaling:
         rows = []
         for k in args.scaling:
@@ -313,6 +373,18 @@ def markdown(out: dict) -> str:
     if "ceiling_tokens_per_s" in out:
         lines.append(f"- single-model ceiling (batch 256): {out['ceiling_tokens_per_s']:,.0f} tokens/s; "
                      f"engine at {100 * out['engine_share_of_ceiling']:.0f}%")
+    if out.get("batching"):
+        lines += ["", "| batching (same cohorts, interleaved) | tokens/s | CPU s/round | vs first (wall / CPU) "
+                  "| padded positions | executed/real steps | % of ceiling (same trimming) |",
+                  "|---|---|---|---|---|---|---|"]
+        for b, r in out["batching"].items():
+            lines.append(f"| {b} | {r['tokens_per_s']:,.0f} | {r['cpu_seconds_per_round']:.3f} | "
+                         f"{r.get('over_first', 1.0):.2f}x / {r.get('cpu_over_first', 1.0):.2f}x | "
+                         f"{100 * r['padded_position_share']:.1f}% | {r['executed_over_real_steps']:.3f} | "
+                         + (f"{100 * r['share_of_ceiling']:.0f}% |" if "share_of_ceiling" in r else "- |"))
+        if "ceiling_trimmed_tokens_per_s" in out:
+            lines.append(f"- single-model ceiling, length-sorted batches trimmed to their bucket: "
+                         f"{out['ceiling_trimmed_tokens_per_s']:,.0f} tokens/s")
     if "teacher_topk_tokens_per_s" in out:
         lines.append(f"- teacher top-k: {out['teacher_topk_tokens_per_s']:,.0f} tokens/s")
     if out.get("packing"):
@@ -338,6 +410,9 @@ def main(argv=None):
     ap.add_argument("--population", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=3, help="timed rounds (each a new cohort)")
     ap.add_argument("--lanes", default="auto")
+    ap.add_argument("--batching", type=lambda t: t.split(","), default=["padded", "sorted"],
+                    help="comma list: the first is the engine compared with the loop; the others "
+                         "run the same cohorts interleaved (tokens/s, padded positions, ceiling)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--packing-cohorts", type=_ints, default=[16, 100])
     ap.add_argument("--scaling", type=_ints, default=[])

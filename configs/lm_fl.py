@@ -20,6 +20,7 @@ ARCHS = ("lstm", "transformer")
 ALGORITHMS = ("fedavg", "dp_fedavg", "dp_ftrl", "dp_mf_banded", "dp_mf_blt", "dp_fedavg_fixed",
               "dp_ddg")
 SERVER_OPTIMIZERS = ("sgd", "sgdm", "adam")
+BATCHINGS = ("padded", "trimmed", "sorted")     # fedpriv.fl.cohort.BATCHINGS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +77,11 @@ class LMFLConfig:
     # clients trained concurrently ("lanes", fedpriv.fl.execution): "auto" = one sequential lane
     # per CPU device, balanced vmapped lanes on GPU/TPU; or "balanced" or a number.
     lanes: str = "auto"
+    # local batches (fedpriv.fl.cohort, "Length-aware batches"): "padded" (every step runs all
+    # seq_len positions), "trimmed" (the same batches cut to their longest row: the same numbers
+    # up to float order; needs one lane), "sorted" (each client's examples sorted by length into
+    # batches, batch order shuffled, then trimmed: another local SGD trajectory, less padding)
+    batching: str = "padded"
     seed: int = 0
 
     def __post_init__(self):
@@ -86,7 +92,8 @@ class LMFLConfig:
                               "max_eval_examples", "checkpoint_every"),
               non_negative=("noise_multiplier", "server_momentum", "seed"), open_unit=("delta",),
               choices={"corpus": CORPORA, "tokenizer": TOKENIZERS, "arch": ARCHS,
-                       "algorithm": ALGORITHMS, "server_optimizer": SERVER_OPTIMIZERS},
+                       "algorithm": ALGORITHMS, "server_optimizer": SERVER_OPTIMIZERS,
+                       "batching": BATCHINGS},
               fractions=("split",))
         check_lanes(self.lanes)
         if self.arch == "transformer" and self.hidden_dim % self.num_heads:

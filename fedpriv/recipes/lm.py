@@ -241,6 +241,8 @@ def run_fingerprint(cfg) -> dict:
         d.pop("num_heads", None)  # no effect on an LSTM (and runs from before the field resume)
     if d.get("algorithm") != "dp_ddg":
         d.pop("ddg_bits", None)  # likewise
+    if d.get("batching") == "padded":
+        d.pop("batching")  # runs from before the field were padded, and resume
     return {k: v for k, v in d.items() if k not in _NOT_FINGERPRINTED}
 
 
@@ -274,6 +276,45 @@ def tokenizer_accuracies(task, params, tokens: np.ndarray, tokenizer, batch_size
     return out
 
 
+class PhaseTimer:
+    """Wall and CPU seconds per phase of a run (``time.perf_counter`` / ``time.process_time``),
+    accumulated over calls: ``with phases("data"): ...`` or ``phases.timed(name, fn)``.
+    ``exclude``: phases timed inside this one are subtracted from it (no double counting).
+    ``as_dict()``: ``{phase: {"wall": s, "cpu": s}}`` (this session only; a resumed run's
+    earlier sessions are not included)."""
+
+    def __init__(self):
+        self.wall: dict = {}
+        self.cpu: dict = {}
+
+    def __call__(self, name: str, exclude=()):
+        import contextlib
+
+        @contextlib.contextmanager
+        def phase():
+            before = {k: (self.wall.get(k, 0.0), self.cpu.get(k, 0.0)) for k in exclude}
+            t, c = time.perf_counter(), time.process_time()
+            try:
+                yield
+            finally:
+                dw, dc = time.perf_counter() - t, time.process_time() - c
+                for k, (w0, c0) in before.items():
+                    dw -= self.wall.get(k, 0.0) - w0
+                    dc -= self.cpu.get(k, 0.0) - c0
+                self.wall[name] = self.wall.get(name, 0.0) + dw
+                self.cpu[name] = self.cpu.get(name, 0.0) + dc
+        return phase()
+
+    def timed(self, name: str, fn):
+        def wrapped(*a, **k):
+            with self(name):
+                return fn(*a, **k)
+        return wrapped
+
+    def as_dict(self) -> dict:
+        return {k: {"wall": round(self.wall[k], 3), "cpu": round(self.cpu[k], 3)} for k in self.wall}
+
+
 def run_lm_fl(cfg, workdir: str, *, prepared: Prepared | None = None, init_params=None,
         ledger: PrivacyLedger | None = None, progress: bool = True, log=print,
         stage: str = "fl-training", sp_tokenizer=None) -> dict:
@@ -288,7 +329,9 @@ def run_lm_fl(cfg, workdir: str, *, prepared: Prepared | None = None, init_param
     """
     t0 = time.time()
     os.makedirs(workdir, exist_ok=True)
-    prepared = prepared or prepare_data(cfg, progress)
+    phases = PhaseTimer()
+    with phases("data"):
+        prepared = prepared or prepare_data(cfg, progress)
     task = build_task(cfg, prepared.tokenizer.vocab_size)
     params = init_params if init_params is not None else task.init(jax.random.key(cfg.seed))
     ids = list(prepared.train.client_ids)
@@ -309,7 +352,7 @@ def run_lm_fl(cfg, workdir: str, *, prepared: Prepared | None = None, init_param
                 f"NON-PRIVATE: the top-{cfg.vocab_size - 4} words of the training users' text (Wang "
                 "et al.'s word-tokenizer baseline); the DP epsilon holds only if it is taken as public"))
     val = prepared.val.concat_examples()["tokens"][: cfg.max_eval_examples]
-    eval_fn = lambda p: evaluate(task, p, val, cfg.eval_batch_size)
+    eval_fn = phases.timed("evaluation", lambda p: evaluate(task, p, val, cfg.eval_batch_size))
     round0 = eval_fn(params)["accuracy"]
 
     def log_row(row):
@@ -332,11 +375,12 @@ def run_lm_fl(cfg, workdir: str, *, prepared: Prepared | None = None, init_param
         if pn is not None:
             noise_note += "; paper-noise protocol: " + pn.line()
         log(noise_note)
-    result = train(alg, params, prepared.train, ids, sampler, rounds=cfg.rounds, batch_size=cfg.batch_size,
-                   seed=cfg.seed, workdir=workdir, max_steps=cfg.max_local_steps, eval_fn=eval_fn,
-                   eval_every=cfg.eval_every, checkpoint_every=cfg.checkpoint_every, ledger=ledger,
-                   stage=stage, fingerprint=run_fingerprint(cfg), progress=progress, log_fn=log_row,
-                   lanes=cfg.lanes, log=log)
+    with phases("training (rounds, compile, checkpoints; without evaluation)", exclude=("evaluation",)):
+        result = train(alg, params, prepared.train, ids, sampler, rounds=cfg.rounds, batch_size=cfg.batch_size,
+                     seed=cfg.seed, workdir=workdir, max_steps=cfg.max_local_steps, eval_fn=eval_fn,
+                     eval_every=cfg.eval_every, checkpoint_every=cfg.checkpoint_every, ledger=ledger,
+                     stage=stage, fingerprint=run_fingerprint(cfg), progress=progress, log_fn=log_row,
+                     lanes=cfg.lanes, batching=getattr(cfg, "batching", "padded"), log=log)
     if result.ledger is not None:  # the cost recorded for this run (more if a resume extended it)
         mine = next(e for e in result.ledger.report()["entries"] if e["name"] == stage)
         eps, eps_real = mine["epsilon_alone"], mine.get("epsilon_executed_alone", eps_real)
@@ -353,7 +397,10 @@ def run_lm_fl(cfg, workdir: str, *, prepared: Prepared | None = None, init_param
              else {f"eval_{k}": v for k, v in eval_fn(result.state.params).items()})
     curve = report.metric_curve(workdir, "eval_accuracy")
     test = prepared.test.concat_examples()["tokens"][: cfg.max_eval_examples]
-    test_metrics = evaluate(task, result.state.params, test, cfg.eval_batch_size)
+    with phases("evaluation"):
+        test_metrics = evaluate(task, result.state.params, test, cfg.eval_batch_size)
+        tok_acc = tokenizer_accuracies(task, result.state.params, val, prepared.tokenizer,
+                                       cfg.eval_batch_size, sp_tokenizer)
     train_tokens = prepared.train.concat_examples()["tokens"]
     # a rerun of a finished run trains nothing: keep its recorded training time; a resumed run
     # adds this session's time to what the interrupted session recorded (if it got that far)
@@ -367,11 +414,11 @@ def run_lm_fl(cfg, workdir: str, *, prepared: Prepared | None = None, init_param
         "paper_noise": None if cfg.algorithm == "fedavg" or pn is None else pn.as_dict(),
         "val_accuracy": final.get("eval_accuracy"), "val_loss": final.get("eval_loss"),
         "val_accuracy_round0": round0,
-        **{f"val_{k}": v for k, v in tokenizer_accuracies(task, result.state.params, val, prepared.tokenizer,
-                                                          cfg.eval_batch_size, sp_tokenizer).items()},
+        **{f"val_{k}": v for k, v in tok_acc.items()},
         "test_accuracy": test_metrics["accuracy"], "test_loss": test_metrics["loss"],
         "most_frequent_token_val_accuracy": most_frequent_token_accuracy(train_tokens, val),
         "num_params": count_params(result.state.params), "wall_clock_s": wall,
+        "phase_seconds": phases.as_dict(),
         "resumed_from_round": result.resumed_from, "data": prepared.stats,
         "ledger": result.ledger.report() if result.ledger else None,
         "curve": curve, "outputs": outputs(prepared.stats.get("vocabulary_public", True)),
