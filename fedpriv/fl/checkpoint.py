@@ -37,6 +37,7 @@ import math
 import os
 import re
 import shutil
+import sys
 import threading
 import time
 from typing import Callable, Mapping, Sequence
@@ -95,6 +96,25 @@ class _HoldErrors(logging.Filter):
             self.held.append(record)
             return False
         return True
+
+
+def _drop_closed_loop_reports() -> None:
+    """When a write fails (disk full), tensorstore still completes futures of orbax's event
+    loop after orbax closed it: Python reports each as an unraisable ``RuntimeError: Event loop
+    is closed`` (a 6-line traceback apiece, around the one-line error). Installed by the first
+    commit; only that exact report is dropped, every other unraisable exception goes to the
+    previous hook."""
+    prev = sys.unraisablehook
+    if getattr(prev, "_fedpriv_closed_loop_filter", False):
+        return
+
+    def hook(unraisable):
+        if isinstance(unraisable.exc_value, RuntimeError) and \
+                str(unraisable.exc_value) == "Event loop is closed":
+            return
+        prev(unraisable)
+    hook._fedpriv_closed_loop_filter = True
+    sys.unraisablehook = hook
 
 
 @contextlib.contextmanager
@@ -238,6 +258,7 @@ class Checkpointer:
         meta["digest"] = digest(host, meta)
         last = self.latest()
         step = 0 if last is None else last + 1
+        _drop_closed_loop_reports()
         try:
             with _quiet_orbax_errors():
                 before = set(threading.enumerate())

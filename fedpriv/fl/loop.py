@@ -494,7 +494,9 @@ def train(algorithm: FederatedAlgorithm, init_params, dataset: Mapping, client_i
       algorithm: from ``fedpriv.fl.algorithms``.
       init_params: initial model parameters (round 0).
       dataset: client id -> dict of example arrays; ``client_ids[i]`` is population member i.
-      sampler: host-side sampler over ``range(len(client_ids))``.
+      sampler: host-side sampler over ``range(len(client_ids))``; its ``expected_cohort_size``
+        must equal ``algorithm.expected_cohort_size`` (else ``ConfigError``: the noise and the
+        accounting would assume different cohorts).
       rounds: total rounds (including those done before a resume).
       batch_size, max_steps: local batching (see ``cohort.pack_cohort``).
       seed: root seed; keys are ``tagged_key(seed, stage, "init" | "rounds")``, round r uses

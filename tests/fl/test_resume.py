@@ -327,7 +327,9 @@ def test_fallback_refused_when_the_intact_commit_would_under_report_the_spend(da
     assert [r["round"] for r in _rows(wd)] == list(range(1, 7))  # refusals changed nothing
     assert sorted(n for n in os.listdir(wd / CHECKPOINTS) if n.isdigit()) == ["1", "2"]
     big = led()
-    res = train(alg, init_params(), d, ids, s, rounds=8, ledger=big, **_kw(wd))
+    with pytest.warns(RuntimeWarning, match="commit 2: .* damaged; fell back to the newest intact "
+                                            r"commit 1 \(round 4\)"):
+        res = train(alg, init_params(), d, ids, s, rounds=8, ledger=big, **_kw(wd))  # log=None
     assert res.resumed_from == 4 and res.charged_rounds == 8 and int(res.state.round) == 8
     assert big.spent() == pytest.approx(compute_epsilon(privacy_event(alg.dp, s, 8), 1e-6)[0])
 

@@ -273,3 +273,45 @@ def test_full_disk_is_one_line_and_keeps_what_was_written(setup, tmp_path, capsy
     monkeypatch.undo()
     res = train(alg, init_params(), d, ids, s, rounds=6, checkpoint_every=2, **_kw(wd))
     assert res.resumed_from == 2 and [r["round"] for r in _rows(wd)] == list(range(1, 7))
+
+
+FSIZE_CHILD = textwrap.dedent("""
+    import os, resource, signal, sys
+    sys.path.insert(0, os.environ["FEDPRIV_ROOT"])
+    import optax
+    from experiments import common
+    from fedpriv.dp.ledger import PrivacyLedger
+    from fedpriv.fl.algorithms import dp_ftrl, server_optimizer
+    from fedpriv.fl.loop import train
+    from fedpriv.fl.samplers import ShuffledPassSampler
+    from tests.fl.helpers import init_params, loss_fn, make_dataset
+    DIM = 20000  # the state's arrays (~80 KB each) exceed the file size limit; rows do not
+    data = make_dataset(num_clients=30, seed=2, dim=DIM); ids = list(data)
+    s = ShuffledPassSampler(30, 5, seed=0)
+    alg = dp_ftrl(loss_fn, optax.sgd(0.05), server_optimizer("sgd", 1.0), clip_norm=0.5,
+                  noise_multiplier=1.0, expected_cohort_size=5, rounds_per_epoch=s.rounds_per_epoch)
+
+    def main(argv):
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a too-large write fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20000, 20000))
+        train(alg, init_params(DIM), data, ids, s, rounds=4, batch_size=4, seed=1,
+              workdir=sys.argv[1], checkpoint_every=2, ledger=PrivacyLedger(1e6, 1e-6),
+              progress=False, log=None)
+    common.cli(main)
+""")
+
+
+def test_real_write_failure_in_orbax_is_one_line(tmp_path):
+    """The real path (no monkeypatching): the OS refuses tensorstore's array write (a file size
+    limit: EFBIG, as ENOSPC would) inside orbax's writer threads. Before: ~110 lines of thread
+    tracebacks and 'Event loop is closed' reports; now exactly one line naming the directory."""
+    pytest.importorskip("resource")
+    script, wd = tmp_path / "fsize.py", tmp_path / "wd"
+    script.write_text(FSIZE_CHILD)
+    p = _spawn(script, wd)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 2, err[-3000:]
+    assert err.splitlines() == [f"__main__: error: cannot write checkpoint 0 in {wd / CHECKPOINTS}: "
+                                "File too large (EFBIG); the earlier commits are intact"], err[-3000:]
+    assert [r["round"] for r in read_metrics(str(wd))] == [1, 2]
+    assert load_run(str(wd)) is None and not os.path.exists(wd / wdlock.LOCK_FILE)
