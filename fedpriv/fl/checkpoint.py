@@ -251,8 +251,9 @@ class Checkpointer:
         try:
             os.makedirs(self.directory, exist_ok=True)
         except OSError as err:
+            code = errno.errorcode.get(err.errno or 0, "?")
             raise CheckpointWriteError(f"cannot create the checkpoint directory {self.directory}: "
-                                       f"{err.strerror or err} ({errno.errorcode.get(err.errno, '?')})") from err
+                                       f"{err.strerror or err} ({code})") from err
         host = to_host(state)
         meta = json_safe({**meta, "format": FORMAT})
         meta["digest"] = digest(host, meta)

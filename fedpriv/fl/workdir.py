@@ -194,11 +194,12 @@ def acquire(workdir: str, name: str = LOCK_FILE) -> WorkdirLock:
             except OSError as err:
                 os.close(fd)
                 if err.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    who = _describe_holder(holder(workdir, name))
                     raise WorkdirLocked(
-                        f"workdir {workdir!r} is in use by another run: {_describe_holder(holder(workdir, name))};"
-                        " one writer per workdir: wait for it to finish or use another workdir") from None
-                raise WorkdirError(f"cannot lock workdir {workdir!r}: {describe_os_error(err)} "
-                                   "(a filesystem without flock cannot guard one writer per workdir)") from err
+                        f"workdir {workdir!r} is in use by another run: {who}; one writer per "
+                        "workdir: wait for it to finish or use another workdir") from None
+                raise WorkdirError(f"cannot lock workdir {workdir!r}: {describe_os_error(err)} (a "
+                                   "filesystem without flock cannot guard one writer per workdir)") from err
             try:
                 same = os.fstat(fd).st_ino == os.stat(key).st_ino
             except FileNotFoundError:
