@@ -198,6 +198,28 @@ def test_every_conditionally_rounded_vector_is_within_the_accounted_bound(case, 
     _within_accounted_bound(cfg, ints)
 
 
+@settings(max_examples=25, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(dim=st.sampled_from([4, 16, 64]), seed=st.integers(0, 2 ** 31 - 1),
+       slack=st.floats(0.7, 1.3))
+def test_conditional_round_never_returns_a_vector_above_its_bound(dim, seed, slack):
+    """The rounding's own contract, on inputs built to be rejected often: half-integer
+    coordinates (rounding variance 1/4 each, the most) and a bound around the mean rounded norm
+    ``sqrt(||y||^2 + D/4)``. Whatever it returns (a redrawn vector, or zeros after too many
+    tries) has true L2 norm <= ``bound (1 + norm_error(D))``, what ``l2_sensitivity`` adds to
+    ``l2_bound``."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(-3, 4, dim) + 0.5
+    bound = slack * math.sqrt(float(y @ y) + dim / 4)
+    for i in range(4):
+        ints, ok = _conditional_round(jax.random.key(seed + i), jax.numpy.asarray(y, jax.numpy.float32),
+                                      bound)
+        x = np.asarray(ints, np.float64)
+        assert np.linalg.norm(x) <= bound * (1 + ddg.norm_error(dim)), (np.linalg.norm(x), bound)
+        if bool(ok):
+            assert np.all(np.abs(x - y) < 1)  # a stochastic rounding of y
+
+
 @pytest.mark.parametrize("dim, clip, bits", [(5, 0.5, 16), (64, 3.0, 12), (300, 0.01, 20)])
 def test_encode_sends_a_vector_within_the_accounted_bound(dim, clip, bits):
     """End to end on ``encode`` at noise 0 (its message is then the rounded vector itself), so
