@@ -11,7 +11,29 @@ message naming the field) before any data is loaded:
 - ``float``: a number (``inf`` allowed, ``nan`` refused);
 - tuples: elements separated by ``/``, each parsed like the tuple's elements;
 - ``none``: only for fields annotated ``... | None`` (a ``str`` field takes it as the text);
-- every override is ``field=value`` (``rounds`` alone: "needs a value"), each field at most once.
+- every override is ``field=value`` (``rounds`` alone: "needs a value"), each field at most once;
+  all overrides of one spec are applied together (one ``dataclasses.replace``), so their order
+  never matters.
+
+Conflicting settings are refused, never resolved silently:
+
+- **Exclusive fields** (:data:`EXCLUSIVE`: ``noise_multiplier`` / ``target_epsilon``): at most one
+  may be set. The rule for a scale that sets one of them (``lm_fl.py:smoke`` sets
+  ``target_epsilon=50``): a user override of the *other* one is refused too, naming where each
+  value comes from; the user clears the scale's value explicitly
+  (``smoke,target_epsilon=None,noise_multiplier=0.05``). A scale's privacy target is never
+  dropped behind the user's back. Every config with DP fields follows it (``from_scale`` and
+  ``with_lm_config`` build them all).
+- **DP settings with a non-private algorithm** (:data:`NONPRIVATE_ALGORITHMS`): a user override of
+  a field of :data:`DP_FIELDS` with ``algorithm=fedavg`` is refused ("... are DP settings but
+  algorithm=fedavg is non-private"); a scale's DP defaults are not the user's request and stay.
+- **Derived fields**: a config that sets a field itself (e.g. ``fred_pipeline`` sets the FL
+  stage's ``target_epsilon`` from ``total_epsilon``) refuses a user override of it
+  (``derived=`` of :func:`from_scale` / :func:`with_lm_config`), naming the field to use instead.
+
+Resource limits (:data:`LIMITS`): fields that set memory or time (``seq_len``, ``vocab_size``,
+``rounds``, model widths, seeds, ...) are checked by :func:`check` against a stated maximum, so a
+typo such as ``seq_len=1000000`` is refused in one line before any data is loaded.
 
 Configs validate their values in ``__post_init__`` with :func:`check` (so ``dataclasses.replace``
 is checked too): types, ranges, choices, and fractions that must sum to 1 (never renormalised).
@@ -25,11 +47,51 @@ import numpy as np
 
 from fedpriv.data.errors import ConfigError
 
-__all__ = ["ConfigError", "apply_overrides", "check", "check_types", "from_scale", "parse_value",
-           "split_spec"]
+__all__ = ["ConfigError", "DP_FIELDS", "EXCLUSIVE", "LIMITS", "NONPRIVATE_ALGORITHMS",
+           "apply_overrides", "check", "check_conflicts", "check_limits", "check_types", "from_scale",
+           "parse_value", "refuse_derived", "refuse_nonprivate", "split_spec"]
 _TRUE = ("true", "1", "yes")
 _FALSE = ("false", "0", "no")
 _SCALARS = ("bool", "int", "float", "str")
+
+# At most one of each group may be set (a fixed z, or z calibrated to a target epsilon).
+EXCLUSIVE = (("noise_multiplier", "target_epsilon"),)
+# Algorithms that add no noise: a user's DP setting beside one of them would be ignored.
+NONPRIVATE_ALGORITHMS = ("fedavg",)
+DP_FIELDS = ("noise_multiplier", "target_epsilon", "delta", "noise_cohort_size", "epsilons")
+
+# Largest accepted value of fields that set memory or time (checked by `check` in every config
+# that has the field; names are matched exactly). Each is far beyond the papers' settings and
+# stops a typo before it allocates or loops for hours:
+MAX_SEED = 2**32 - 1  # JAX keys take < 2^64, NumPy's legacy seeds < 2^32: one range for both
+LIMITS = {
+    # tokens per example: the LMs' logits are batch x seq_len x vocab floats (papers: 20-30)
+    "seq_len": (4096, "tokens per example (the papers use 20-30)"),
+    # the output layer and its logits scale with V (papers: 8K-32K; the teacher's BPE 49,152)
+    "vocab_size": (262_144, "the output layer and its logits grow with it"),
+    "vocab_kept": (262_144, "the output layer and its logits grow with it"),
+    "base_vocab": (262_144, "the output layer and its logits grow with it"),
+    "train_vocab": (262_144, "the output layer and its logits grow with it"),
+    # rounds beyond what the accountants can compose (fedpriv.dp.accounting.MAX_ROUNDS)
+    "rounds": (10**6, "accounting for more rounds is not supported"),
+    # model widths: parameters grow with their square (papers: 96-670)
+    "embed_dim": (16_384, "parameters grow with its square"),
+    "hidden_dim": (16_384, "parameters grow with its square"),
+    "num_heads": (1024, "attention heads"),
+    "batch_size": (65_536, "examples per step held in memory"),
+    "eval_batch_size": (65_536, "examples per step held in memory"),
+    "max_examples_per_client": (10**6, "examples per client held in memory"),
+    "seed": (MAX_SEED, "PRNG seeds"),
+    "seeds": (MAX_SEED, "PRNG seeds"),
+    "split_seed": (MAX_SEED, "PRNG seeds"),
+    "pool_seed": (MAX_SEED, "PRNG seeds"),
+    "regime_seeds": (MAX_SEED, "PRNG seeds"),
+}
+# Fields that must be finite where a config has them (inf noise is no release: epsilon 0 is not
+# a budget anyone can be charged; an infinite learning rate or target is a typo).
+FINITE = ("noise_multiplier", "target_epsilon", "total_epsilon", "fred_epsilon", "epsilon",
+          "epsilons", "epsilons0", "base_epsilon0", "delta", "client_lr", "server_lr",
+          "central_lr", "prefinetune_lr")
 
 
 def _kinds(annotation) -> set[str]:
@@ -96,11 +158,63 @@ def parse_value(current, annotation, text: str, name: str = "value"):
     return _scalar(name, _kind_of(kinds, current), text)
 
 
-def apply_overrides(cfg, overrides):
-    """``cfg`` with ``["field=value", ...]`` applied; unknown fields, missing values and repeated
-    fields are errors (:class:`ConfigError`)."""
+def _origin(name: str, user: set | None, scale: str | None, scale_fields) -> str:
+    if user is None:
+        return ""
+    if name in user:
+        return " (your override)"
+    if scale is not None and name in scale_fields:
+        return f" (from scale {scale!r})"
+    return " (the default)"
+
+
+def check_conflicts(values: dict, user: set | None, scale: str | None = None,
+                    scale_fields=()) -> None:
+    """Refuse exclusive fields both set and user-set DP fields beside a non-private algorithm
+    (module docstring). ``values``: the config's final field values; ``user``: the fields the
+    user overrode (None: unknown, e.g. a ``dataclasses.replace``); ``scale_fields``: those
+    ``scale`` set."""
+    for group in EXCLUSIVE:
+        present = [n for n in group if n in values and values[n] is not None]
+        if len(present) > 1:
+            shown = ", ".join(f"{n}={values[n]!r}{_origin(n, user, scale, scale_fields)}"
+                              for n in present)
+            fix = [n for n in present if n not in (user or ())]
+            hint = (f"; add {fix[0]}=None to use {', '.join(n for n in present if n in user)}"
+                    if fix and len(fix) < len(present) else "; set only one of them")
+            raise ConfigError(f"{' and '.join(present)} are both set ({shown}): they are "
+                              f"exclusive{hint}")
+    alg = values.get("algorithm")
+    if user and alg in NONPRIVATE_ALGORITHMS:
+        bad = [n for n in DP_FIELDS if n in user and n in values and values[n] is not None]
+        if bad:
+            raise ConfigError(f"{', '.join(bad)} {'is a DP setting' if len(bad) == 1 else 'are DP settings'}"
+                              f" but algorithm={alg} is non-private (choose a DP algorithm, e.g. "
+                              "algorithm=dp_ftrl, or drop the DP settings)")
+
+
+def refuse_nonprivate(algorithm: str, budget_field: str) -> None:
+    """Refuse a non-private ``algorithm`` in an experiment whose FL stage spends ``budget_field``."""
+    if algorithm in NONPRIVATE_ALGORITHMS:
+        raise ConfigError(f"{budget_field} is a DP setting but algorithm={algorithm} is "
+                          "non-private (this experiment's FL stage is DP: choose a DP algorithm)")
+
+
+def refuse_derived(names, derived: dict | None) -> None:
+    """Refuse a user override of a field the config sets itself (``derived``: field -> why)."""
+    for n in names:
+        if derived and n in derived:
+            raise ConfigError(f"{n} cannot be overridden here: {derived[n]}")
+
+
+def apply_overrides(cfg, overrides, *, scale: str | None = None, scale_fields=()):
+    """``cfg`` with ``["field=value", ...]`` applied together (one ``dataclasses.replace``);
+    unknown fields, missing values, repeated fields and conflicting settings
+    (:func:`check_conflicts`; ``scale``/``scale_fields`` say where ``cfg``'s own values came
+    from) are errors (:class:`ConfigError`)."""
     fields = {f.name: f for f in dataclasses.fields(cfg)}
     seen: set[str] = set()
+    changes = {}
     for ov in overrides:
         key, sep, val = ov.partition("=")
         key = key.strip()
@@ -115,26 +229,34 @@ def apply_overrides(cfg, overrides):
         if key in seen:
             raise ConfigError(f"override {key!r} is given twice")
         seen.add(key)
-        value = parse_value(getattr(cfg, key), fields[key].type, val, key)
-        cfg = dataclasses.replace(cfg, **{key: value})
-    return cfg
+        changes[key] = parse_value(getattr(cfg, key), fields[key].type, val, key)
+    check_conflicts({**{n: getattr(cfg, n) for n in fields}, **changes}, seen, scale, scale_fields)
+    return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
 def split_spec(arg: str | None, default: str) -> tuple[str, list[str]]:
     """``"small,rounds=3"`` -> ``("small", ["rounds=3"])`` (blank parts ignored)."""
+    if arg is not None and not isinstance(arg, str):
+        raise ConfigError(f"a config spec is a string scale[,field=value,...], got {arg!r}")
     parts = [p.strip() for p in (arg or default).split(",") if p.strip()]
     if not parts:
         parts = [default]
+    if "=" in parts[0]:
+        raise ConfigError(f"the spec starts with a scale name, not {parts[0]!r} "
+                          f"(scale[,field=value,...], e.g. {default + ',' + parts[0]!r})")
     return parts[0], parts[1:]
 
 
-def from_scale(base, scales: dict, arg: str, default: str = "small"):
-    """``base`` at scale ``arg.split(',')[0]`` plus the ``field=value`` overrides after it."""
+def from_scale(base, scales: dict, arg: str, default: str = "small", *, derived: dict | None = None):
+    """``base`` at scale ``arg.split(',')[0]`` plus the ``field=value`` overrides after it.
+    ``derived``: fields the config sets itself (field -> why), refused as overrides."""
     scale, overrides = split_spec(arg, default)
     if scale not in scales:
         raise ConfigError(f"unknown scale {scale!r}; choose one of {sorted(scales)} "
                           "(the spec is scale[,field=value,...])")
-    return apply_overrides(dataclasses.replace(base, **scales[scale]), overrides)
+    refuse_derived([o.partition("=")[0].strip() for o in overrides], derived)
+    return apply_overrides(dataclasses.replace(base, **scales[scale]), overrides, scale=scale,
+                           scale_fields=set(scales[scale]))
 
 
 # --------------------------------------------------------------------------------------------
@@ -177,6 +299,31 @@ def check_types(cfg) -> None:
             raise ConfigError(f"{f.name} must be {_ARTICLE[known[0]]}, got {v!r}")
 
 
+def check_limits(cfg) -> None:
+    """Refuse a field of :data:`LIMITS` above its maximum (tuples: each element), and a
+    negative seed."""
+    names = {f.name for f in dataclasses.fields(cfg)}
+    for name, (limit, why) in LIMITS.items():
+        if name not in names:
+            continue
+        v = getattr(cfg, name)
+        for x in (v if isinstance(v, tuple) else (v,)):
+            if isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) \
+                    and x > limit:
+                raise ConfigError(f"{name} = {x} exceeds its limit {limit:,} ({why})")
+            if "seed" in name and isinstance(x, (int, np.integer)) and not isinstance(x, bool) \
+                    and x < 0:
+                raise ConfigError(f"{name} must be in [0, {limit:,}], got {x}")
+    for name in FINITE:
+        v = getattr(cfg, name, None) if name in names else None
+        for x in (v if isinstance(v, tuple) else (v,)):
+            if isinstance(x, (float, np.floating)) and math.isinf(x):
+                raise ConfigError(f"{name} must be finite, got {x}")
+    if "split" in names and isinstance(cfg.split, tuple) and len(cfg.split) != 3:
+        raise ConfigError(f"split must have 3 parts, train/validation/test (e.g. 0.8/0.1/0.1), "
+                          f"got {len(cfg.split)}: {cfg.split}")
+
+
 def check(cfg, *, positive=(), non_negative=(), open_unit=(), choices=None, fractions=()) -> None:
     """Raise :class:`ConfigError` unless ``cfg``'s fields have their types
     (:func:`check_types`) and: ``positive`` fields are ``>= 1`` (ints) / ``> 0`` (floats),
@@ -184,6 +331,8 @@ def check(cfg, *, positive=(), non_negative=(), open_unit=(), choices=None, frac
     hold an allowed value, and ``fractions`` are non-negative tuples summing to 1 with a positive
     first entry. ``None`` passes every range check (fields that allow it mean "off"/"all")."""
     check_types(cfg)
+    check_limits(cfg)
+    check_conflicts({f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}, None)
     for name in positive:
         v = getattr(cfg, name)
         if v is not None and not v > 0:
@@ -212,10 +361,11 @@ def check(cfg, *, positive=(), non_negative=(), open_unit=(), choices=None, frac
 
 
 def with_lm_config(cls, scales: dict, lm_scales: dict, arg: str | None, lm_config,
-                   default: str = "small"):
+                   default: str = "small", *, derived: dict | None = None):
     """A config ``cls(lm=<LM-FL config>, ...)`` at a scale: overrides naming ``cls``'s own fields
     apply to it, every other override goes to the wrapped LM config (``lm_config(spec)`` at
-    ``lm_scales[scale]``); overriding ``lm`` itself is refused."""
+    ``lm_scales[scale]``); overriding ``lm`` itself is refused, and so is overriding a field of
+    ``derived`` (field -> why: set by the experiment itself, e.g. per row)."""
     scale, overrides = split_spec(arg, default)
     if scale not in scales:
         raise ConfigError(f"unknown scale {scale!r}; choose one of {sorted(scales)} "
@@ -223,6 +373,7 @@ def with_lm_config(cls, scales: dict, lm_scales: dict, arg: str | None, lm_confi
     names = [o.partition("=")[0].strip() for o in overrides]
     if "lm" in names:
         raise ConfigError("set the LM fields directly (e.g. rounds=10), not 'lm'")
+    refuse_derived(names, derived)
     own_fields = {f.name for f in dataclasses.fields(cls)}
     own = [o for o, n in zip(overrides, names) if n in own_fields]
     lm_scale, scale_overrides = split_spec(lm_scales[scale], default)
@@ -230,7 +381,8 @@ def with_lm_config(cls, scales: dict, lm_scales: dict, arg: str | None, lm_confi
     named = {o.partition("=")[0].strip() for o in users}  # the user's value wins over the scale's
     kept = [o for o in scale_overrides if o.partition("=")[0].strip() not in named]
     lm = lm_config(",".join([lm_scale, *kept, *users]))
-    return apply_overrides(cls(lm=lm, **scales[scale]), own)
+    return apply_overrides(cls(lm=lm, **scales[scale]), own, scale=scale,
+                           scale_fields=set(scales[scale]))
 
 
 def check_lanes(value) -> None:

@@ -41,7 +41,8 @@ LM_SCALE = {"smoke": "smoke,rounds=3,eval_every=3,target_epsilon=None,noise_mult
 
 
 def get_config(arg: str = "small") -> DDGComparisonConfig:
-    return with_lm_config(DDGComparisonConfig, SCALES, LM_SCALE, arg, lm_config)
+    return with_lm_config(DDGComparisonConfig, SCALES, LM_SCALE, arg, lm_config,
+                          derived={n: "each row sets it: set bits=a/b/..." for n in ("algorithm", "ddg_bits")})
 
 
 def privacy_plan(cfg):

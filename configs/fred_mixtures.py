@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from configs.common import ConfigError, check, with_lm_config
+from configs.common import ConfigError, check, refuse_nonprivate, with_lm_config
 from configs.lm_fl import get_config as lm_config
 
 
@@ -83,13 +83,17 @@ SCALES = {
                   fl_y_percents=(10, 40, 70, 95, 99, 100), prefinetune_steps=20_000, pca_dims=None,
                   embed_max_length=None, total_epsilon=1.26 + 1.2),
 }
+# set here, never by an override: the FL stage's z is calibrated to what FreD left
+DERIVED = {n: "the FL stage's noise is calibrated to what FreD left of total_epsilon (set "
+              "total_epsilon)" for n in ("target_epsilon", "noise_multiplier")}
 LM_SCALE = {"smoke": "smoke,max_clients=80",
             "small": "small,rounds=50,eval_every=25,checkpoint_every=25",
             "paper": "paper,simulated_population=None"}  # FreD spends first: eps on our users
 
 
 def get_config(arg: str = "small") -> FredMixturesConfig:
-    cfg = with_lm_config(FredMixturesConfig, SCALES, LM_SCALE, arg, lm_config)
+    cfg = with_lm_config(FredMixturesConfig, SCALES, LM_SCALE, arg, lm_config, derived=DERIVED)
+    refuse_nonprivate(cfg.lm.algorithm, "total_epsilon")
     from fedpriv.recipes import plans
     plans.check_fred_pools(cfg)  # the paper's 150K mixtures: refused before any data is loaded
     return dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, target_epsilon=cfg.total_epsilon,

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from configs.common import ConfigError, apply_overrides, check, split_spec
+from configs.common import (ConfigError, apply_overrides, check, refuse_derived, refuse_nonprivate,
+                            split_spec)
 from configs.lm_fl import get_config as lm_config
 
 
@@ -51,6 +52,9 @@ SCALES = {
     "paper": dict(max_per_user=256, num_sentences=150_000, prefinetune_steps=20_000, pca_dims=None,
                   total_epsilon=1.26 + 1.2),
 }
+# set here, never by an override: the FL stage's z is calibrated to what FreD left
+DERIVED = {n: "the FL stage's noise is calibrated to what FreD left of total_epsilon (set "
+              "total_epsilon)" for n in ("target_epsilon", "noise_multiplier")}
 LM_SCALE = {"smoke": "smoke,max_clients=80", "small": "small,rounds=60,eval_every=20,checkpoint_every=20",
             "paper": "paper,simulated_population=None"}  # FreD spends first: eps on our users
 
@@ -62,7 +66,10 @@ def get_config(arg: str = "small") -> FredPipelineConfig:
                           "(the spec is scale[,field=value,...])")
     if any(o.partition("=")[0].strip() == "lm" for o in overrides):
         raise ConfigError("set the FL stage through configs/lm_fl.py fields, not 'lm'")
-    cfg = apply_overrides(FredPipelineConfig(lm=lm_config(LM_SCALE[scale]), **SCALES[scale]), overrides)
+    refuse_derived([o.partition("=")[0].strip() for o in overrides], DERIVED)
+    cfg = apply_overrides(FredPipelineConfig(lm=lm_config(LM_SCALE[scale]), **SCALES[scale]), overrides,
+                          scale=scale, scale_fields=set(SCALES[scale]))
+    refuse_nonprivate(cfg.lm.algorithm, "total_epsilon")
     from fedpriv.recipes import plans
     plans.check_fred_pools(cfg, ("wikipedia", "simpsons"))  # the paper's 150K: refused, not shrunk
     return dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, target_epsilon=cfg.total_epsilon,

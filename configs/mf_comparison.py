@@ -34,7 +34,8 @@ LM_SCALE = {"smoke": "smoke,rounds=3,eval_every=3", "small": "small", "paper": "
 
 
 def get_config(arg: str = "small") -> MFComparisonConfig:
-    cfg = with_lm_config(MFComparisonConfig, SCALES, LM_SCALE, arg, lm_config)
+    cfg = with_lm_config(MFComparisonConfig, SCALES, LM_SCALE, arg, lm_config,
+                         derived={"algorithm": "each row sets it: set algorithms=a/b/..."})
     if cfg.lm.target_epsilon is None:
         raise ConfigError("the comparison is at equal epsilon: set target_epsilon")
     return cfg

@@ -45,11 +45,14 @@ class PrivacyUtilityConfig:
 
 
 SCALES = {"smoke": dict(), "small": dict(seeds=(0, 1, 2)), "paper": dict(seeds=(0, 1, 2), tuned=True)}
+# set per row by the experiment (a FedAvg row, one DP-FTRL row per epsilon), never by an override
+DERIVED = {n: "each row sets it (a FedAvg row, then DP-FTRL at each of epsilons=...): set "
+              "epsilons" for n in ("algorithm", "target_epsilon", "noise_multiplier")}
 LM_SCALE = {"smoke": "smoke,rounds=2,eval_every=2", "small": "small", "paper": "paper"}
 
 
 def get_config(arg: str = "small") -> PrivacyUtilityConfig:
-    cfg = with_lm_config(PrivacyUtilityConfig, SCALES, LM_SCALE, arg, lm_config)
+    cfg = with_lm_config(PrivacyUtilityConfig, SCALES, LM_SCALE, arg, lm_config, derived=DERIVED)
     return cfg
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from configs.common import ConfigError, check, check_lanes, from_scale
+from configs.common import ConfigError, check, check_lanes, from_scale, refuse_nonprivate
 
 ROWS = ("none", "pretrain_lm", "pretrain_distill_long", "pretrain_distill", "mid_random_lm",
         "mid_random", "mid_dm", "mid_dm_priv_only")
@@ -166,8 +166,15 @@ SCALES = {
 }
 
 
+# set per run from `epsilons` by the experiment, never by an override
+DERIVED = {n: "each run sets it from epsilons=...: set epsilons" for n in
+           ("target_epsilon", "noise_multiplier")}
+
+
 def get_config(arg: str = "small") -> PublicTrainingConfig:
-    return from_scale(BASE, SCALES, arg)
+    cfg = from_scale(BASE, SCALES, arg, derived=DERIVED)
+    refuse_nonprivate(cfg.algorithm, f"epsilons={'/'.join(f'{e:g}' for e in cfg.epsilons)}")
+    return cfg
 
 
 def privacy_plan(cfg):
