@@ -556,7 +556,7 @@ def test_table1_budget_split_through_the_real_ledger():
         # Stand-in for the engine's DP-FedAvg event (20 Gaussian sums; closed-form RDP, fast).
         make = lambda z: dp_accounting.SelfComposedDpEvent(  # noqa: E731
             dp_accounting.GaussianDpEvent(z), 20)
-        return make(accounting.calibrate_noise_multiplier(make, eps, delta))
+        return make(accounting.calibrate_noise_multiplier(make, eps, delta, accountant="rdp"))
 
     for name in ("T w. C", "IW", "PT", "IWPT"):
         scheme = SCHEMES_BY_NAME[name]

@@ -51,6 +51,8 @@ import dp_accounting as dpa
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from fedpriv.dp.noise import check_int
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_acc
 
 RDP_ORDERS = tuple(float(a) for a in (*range(2, 129), 256, 512))  # integer orders, as the paper
@@ -141,8 +143,9 @@ class DDGConfig:
     rotation_failure: float = 1e-9
 
     def __post_init__(self):
-        if self.dim < 1 or self.num_clients < 1:
-            raise ValueError(f"dim and num_clients must be >= 1, got {self.dim}, {self.num_clients}")
+        check_int("dim", self.dim)
+        check_int("num_clients", self.num_clients)
+        check_int("bits", self.bits, 2)
         if not (self.clip > 0 and self.noise_multiplier >= 0):
             raise ValueError(f"need clip > 0 and noise_multiplier >= 0, got {self.clip}, "
                              f"{self.noise_multiplier}")

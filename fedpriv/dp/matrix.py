@@ -49,6 +49,7 @@ import numpy as np
 import optax
 from flax import struct
 
+from fedpriv.dp.noise import check_int
 from fedpriv.errors import FedprivError
 
 MAX_DENSE_ROUNDS = 4096  # dense Gram sensitivity (BLT): O(rounds^2) memory
@@ -107,7 +108,7 @@ def max_participations(rounds: int, min_separation: int, cap: int | None = None)
     """Most participations of one user in ``rounds`` rounds, ``min_separation`` apart."""
     _check_sep(min_separation, rounds)
     k = -(-int(rounds) // int(min_separation))
-    return k if cap is None else min(k, int(cap))
+    return k if cap is None else min(k, check_int("max_part", cap))
 
 
 def _best_pattern_sum(x: np.ndarray, sep: int, k: int) -> np.ndarray:
@@ -415,6 +416,7 @@ def matrix_event(strategy, noise_multiplier: float, rounds: int, min_separation:
                  max_part: int | None = None) -> dpa.DpEvent:
     """The event of ``rounds`` rounds of ``strategy`` whose users participate at most
     ``max_part`` times, ``min_separation`` apart: ``GaussianDpEvent(z / sens)``."""
+    _check_sep(min_separation, rounds)
     sens = strategy.sensitivity(int(rounds), int(min_separation), max_part)
     return gaussian_mf_event(noise_multiplier, sens)
 
@@ -424,6 +426,8 @@ def matrix_event(strategy, noise_multiplier: float, rounds: int, min_separation:
 def tree_prefix_variance(rounds: int, restart_every: int) -> np.ndarray:
     """Per-coordinate variance ``[rounds]`` (node std 1) of DP-FTRL's prefix sums over the whole
     run: trees of ``restart_every`` leaves, the completed ones adding ``popcount(R)`` nodes."""
+    check_int("rounds", rounds)
+    check_int("restart_every", restart_every)
     t = np.arange(1, int(rounds) + 1)
     done, pos = np.divmod(t, int(restart_every))
     pop = np.vectorize(lambda v: bin(int(v)).count("1"))

@@ -34,10 +34,12 @@ aggregated sum carries exactly ``N(0, std^2)``.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import struct
 
@@ -50,6 +52,18 @@ class NoiseState:
     key: jax.Array          # typed PRNG key of the current tree
     step: jax.Array         # int32: number of leaves already released in the current tree
     tree: jax.Array         # int32: index of the current tree (epoch) since init
+
+
+def check_int(name: str, value, lo: int = 1) -> int:
+    """``value`` as an ``int`` if it is an integer ``>= lo`` (Python or NumPy int, or an
+    integral float such as ``4.0``); ``2.7``, ``True``, NaN and strings are refused
+    (``ValueError`` naming ``name``): an int-valued privacy parameter is never truncated, so
+    the noise and the accounting cannot read it differently."""
+    ok = not isinstance(value, (bool, np.bool_)) and isinstance(value, (int, float, np.integer,
+                                                                         np.floating))
+    if not ok or not math.isfinite(value) or int(value) != value or value < lo:
+        raise ValueError(f"{name} must be an integer >= {lo}, got {value!r}")
+    return int(value)
 
 
 def _gaussian_like(key, tree, std):
@@ -117,10 +131,9 @@ class NoiseMechanism:
     restart_every: int = 1
 
     def __post_init__(self):
-        if not (self.std >= 0):
-            raise ValueError(f"noise std must be >= 0, got {self.std}")
-        if self.restart_every < 1:
-            raise ValueError(f"restart_every must be >= 1, got {self.restart_every}")
+        if not (self.std >= 0 and math.isfinite(self.std)):
+            raise ValueError(f"noise std must be a finite number >= 0, got {self.std}")
+        check_int("restart_every", self.restart_every)
 
     @property
     def num_levels(self) -> int:
@@ -163,7 +176,7 @@ def tree_privatizer(noise_std: float, key, restart_every: int) -> optax.Gradient
 
     The state is a ``NoiseState`` (key, step, tree index): O(1) memory, exactly resumable.
     """
-    mech = NoiseMechanism(float(noise_std), int(restart_every))
+    mech = NoiseMechanism(float(noise_std), check_int("restart_every", restart_every))
 
     def init_fn(params):
         del params
@@ -193,7 +206,7 @@ def gaussian_mechanism(noise_multiplier: float, clip_norm: float) -> NoiseMechan
 def tree_mechanism(noise_multiplier: float, clip_norm: float, restart_every: int) -> NoiseMechanism:
     """DP-FTRL tree aggregation with per-node std ``z * C``, restarting every ``restart_every``."""
     return NoiseMechanism(std=float(noise_multiplier) * float(clip_norm),
-                          restart_every=int(restart_every))
+                          restart_every=check_int("restart_every", restart_every))
 
 
 def distributed_noise_share(key, like: Any, std: float, num_clients):

@@ -79,13 +79,14 @@ def build_task(model: str, cfg, vocab_size: int):
 
 @functools.lru_cache(maxsize=256)
 def calibrate_stage(num_clients: int, rate: float, rounds: int, noise_cohort: int,
-                    clip_norm: float, epsilon: float, delta: float) -> float:
+                    clip_norm: float, epsilon: float, delta: float, accountant: str = "best") -> float:
     """z of a stage: the smallest multiplier whose simulated-run ``privacy_event`` (Poisson
-    DP-FedAvg, ``rounds`` rounds at ``rate``, noise of ``noise_cohort``) meets (epsilon, delta)."""
+    DP-FedAvg, ``rounds`` rounds at ``rate``, noise of ``noise_cohort``) meets (epsilon, delta)
+    under ``accountant`` (the config's, the one its ledger charges with)."""
     sampler = PoissonSampler(num_clients, rate)
     make = lambda z: algs.privacy_event(  # noqa: E731
         algs.DPConfig(clip_norm, z, "gaussian", noise_cohort_size=noise_cohort), sampler, rounds)
-    return accounting.calibrate_noise_multiplier(make, epsilon, delta)
+    return accounting.calibrate_noise_multiplier(make, epsilon, delta, accountant=accountant)
 
 
 def stage_clients(ds: DomainDataset, stage: Stage, u_hat=None, weight_mode="none",
@@ -139,7 +140,8 @@ def plan_stages(scheme: TrainingScheme, ds: DomainDataset, cfg, seed: int,
             raise ConfigError(f"scheme {scheme.name!r} stage {i}: cohort {train_c} exceeds its "
                               f"population of {n} training clients")
         rate = train_c / n
-        z = calibrate_stage(n, rate, rounds, noise_c, cfg.clip_norm, *stage.budget)
+        z = calibrate_stage(n, rate, rounds, noise_c, cfg.clip_norm, *stage.budget,
+                            accountant=cfg.accountant)
         sampler = PoissonSampler(n, rate, seed=_seed_for(seed, scheme.row, i))
         dp = algs.DPConfig(cfg.clip_norm, z, "gaussian", noise_cohort_size=noise_c)
         out.append(StagePlan(stage, rounds, clients, ids, sampler, dp, noise_c,

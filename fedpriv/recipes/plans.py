@@ -336,7 +336,8 @@ def population_expansion_plan(cfg) -> PrivacyPlan:
                     raise ConfigError(f"{dataset} / {scheme.name}: a trained cohort of {train_c:g} exceeds the "
                                       f"{n} training users of {'+'.join(LABELS[p] for p in stage.populations)}")
                 rate = train_c / n
-                z = calibrate_stage(n, rate, rounds, noise_c, cfg.clip_norm, *stage.budget)
+                z = calibrate_stage(n, rate, rounds, noise_c, cfg.clip_norm, *stage.budget,
+                                    accountant=cfg.accountant)
                 sampler = PoissonSampler(n, rate)
                 dp = algs.DPConfig(cfg.clip_norm, z, "gaussian", noise_cohort_size=noise_c)
                 charges.append(Charge(f"{scheme.name}/stage{i}",

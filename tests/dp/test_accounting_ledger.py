@@ -53,7 +53,7 @@ def test_wor_sampling_uses_replace_one_and_half_multiplier():
 @pytest.mark.parametrize("make", [lambda z: acc.dp_ftrl_event(z, 800),
                                   lambda z: acc.dp_fedavg_poisson_event(z, 0.05, 100)])
 def test_calibration_meets_target_tightly(make):
-    z = acc.calibrate_noise_multiplier(make, 3.0, 1e-6)
+    z = acc.calibrate_noise_multiplier(make, 3.0, 1e-6, accountant="rdp")
     eps = acc.compute_epsilon(make(z), 1e-6, accountant="rdp")[0]
     assert eps <= 3.0 + 1e-9
     assert acc.compute_epsilon(make(z * 0.98), 1e-6, accountant="rdp")[0] > 3.0
