@@ -14,9 +14,13 @@ the engine runs unless K divides T, and then it is ``--rounds-per-epoch T/K``.)
 ``--json`` prints one strict JSON object (mechanism, epsilon, delta, noise_multiplier,
 accountant, ...): an infinite epsilon (e.g. noise multiplier 0) is the string ``"inf"``, a NaN
 is ``null`` — never the bare ``Infinity``/``NaN`` that strict parsers reject.
-Bad arguments, and questions the accountants cannot answer (an epsilon too large to calibrate,
-PLD at a tiny noise multiplier, more than ``accounting.MAX_ROUNDS`` rounds), print a one-line
-``error: ...`` and exit with status 2. Unit of privacy: the user.
+Bad arguments (an option given twice included: two conflicting settings, never the last one
+silently), and questions the accountants cannot answer (an epsilon too large to calibrate, PLD at
+a tiny noise multiplier, more than ``accounting.MAX_ROUNDS`` rounds, a noise multiplier above
+``accounting.MAX_NOISE_MULTIPLIER``, ``--accountant pld`` where RDP's epsilon exceeds
+``accounting.MAX_PLD_EPSILON``), print a one-line ``error: ...`` and exit with status 2. With
+the default ``--accountant best`` such a run reports RDP's bound (the JSON's ``accountant``
+says which), in bounded time. Unit of privacy: the user.
 """
 from __future__ import annotations
 
@@ -31,9 +35,42 @@ import dp_accounting as dpa
 from fedpriv.dp import accounting
 
 
+def one_line(message: str) -> str:
+    """``message`` on one printable line: whitespace runs become one space, other unprintable
+    characters (a user's ``\x1e`` or ``\u2028`` splits lines too) are escaped."""
+    text = " ".join(str(message).split())
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _once(base):
+    """``base`` action that refuses its option given twice (``--noise-multiplier 1 ...
+    --noise-multiplier 100`` is two conflicting settings, never the last one silently)."""
+    class Once(base):
+        def __call__(self, parser, namespace, values, option_string=None):
+            seen = namespace.__dict__.setdefault("_options_given", set())
+            if self.dest in seen:
+                parser.error(f"{'/'.join(self.option_strings)} is given twice")
+            seen.add(self.dest)
+            super().__call__(parser, namespace, values, option_string)
+    return Once
+
+
 class _Parser(argparse.ArgumentParser):
+    """One-line errors (status 2); every option at most once."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _once(argparse._StoreAction))
+        self.register("action", "store", _once(argparse._StoreAction))
+        self.register("action", "store_true", _once(argparse._StoreTrueAction))
+
     def error(self, message):  # one line, status 2
-        self.exit(2, f"error: {message}\n")
+        self.exit(2, f"error: {one_line(message)}\n")
+
+    def parse_args(self, args=None, namespace=None):
+        ns = super().parse_args(args, namespace)
+        ns.__dict__.pop("_options_given", None)
+        return ns
 
 
 def _common(p, calibrate: bool, fedavg: bool):
@@ -57,6 +94,9 @@ def _common(p, calibrate: bool, fedavg: bool):
 def build_parser() -> argparse.ArgumentParser:
     ap = _Parser(prog="python -m fedpriv", description="fedpriv command line")
     sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    # dispatched by main() before parsing (its own parser: fedpriv.audit.cli); listed for --help
+    sub.add_parser("audit", help="empirical privacy audit of the FL engine with canary clients "
+                                 "(python -m fedpriv audit --help)", add_help=False)
     priv = sub.add_parser("privacy", help="privacy accounting")
     psub = priv.add_subparsers(dest="what", required=True, parser_class=_Parser)
     _common(psub.add_parser("dp-ftrl", help="epsilon of DP-FTRL (tree aggregation)"), False, False)
@@ -149,7 +189,7 @@ def main(argv=None) -> int:
     try:
         out, as_json = run(argv)
     except (ValueError, dpa.UnsupportedEventError) as err:
-        msg = " ".join(str(err).split()) or type(err).__name__
+        msg = one_line(err) or type(err).__name__
         print(f"error: {msg}", file=sys.stderr)
         return 2
     if as_json:

@@ -135,6 +135,30 @@ def test_cli_json_and_workdir(tmp_path, capsys):
     (["--mechanism", "dp-ftrl", "--sampling-rate", "0.1"], "--sampling-rate applies to dp-fedavg"),
     (["--mechanism", "dp-ftrl", "--cohort-size", "9999"], "needs a cohort size in [1, population=4096]"),
     (["--rounds", "ten"], "invalid int value: 'ten'"),
+    # issue 24: options given twice, resource limits (before anything is allocated), overflow
+    (["--rounds", "3", "--rounds", "4"], "error: --rounds is given twice"),
+    (["--json", "--json"], "error: --json is given twice"),
+    (["--mechanism", "dp-ftrl", "--mechanism", "dp-fedavg"], "error: --mechanism is given twice"),
+    (["--rounds", "100000000"], "rounds = 100,000,000 exceeds its limit 2,000"),
+    (["--dim", "100000000"], "dim = 100,000,000 exceeds its limit 1,000,000"),
+    (["--clients", "100000000"], "num_real (--clients) = 100,000,000 exceeds its limit 1,000,000"),
+    (["--canaries", "100000000"], "num_canaries (--canaries) = 100,000,000 exceeds its limit 1,000,000"),
+    (["--heldout", "100000000"], "num_heldout (--heldout) = 100,000,000 exceeds its limit 1,000,000"),
+    (["--mechanism", "dp-fedavg", "--dim", "200000"],
+     "(clients + canaries + held out) x dim = 800,000,000 exceeds the limit of 250,000,000"),
+    (["--mechanism", "dp-fedavg", "--rounds", "2000", "--dim", "200000", "--clients", "1",
+      "--canaries", "100", "--heldout", "200"], "rounds x dim = 400,000,000 exceeds the limit"),
+    (["--seed", "99999999999999999999"], "seed = 99,999,999,999,999,999,999 exceeds its limit 4,294,967,295"),
+    (["--seed", "-1"], "seed must be an integer >= 0, got -1"),
+    (["--noise-multiplier", "1e300"], "noise multiplier must be a finite number in (0, 1e+06], got 1e+300"),
+    (["--noise-multiplier", "nan"], "noise multiplier must be a finite number in (0, 1e+06], got nan"),
+    (["--clip-norm", "inf"], "clip norm must be a finite number > 0, got inf"),
+    (["--clip-norm", "1e7"], "clip norm = 1e+07 exceeds its limit 1e+06"),
+    (["--canary-norm", "nan"], "canary norm must be > 1"),
+    (["--delta", "nan"], "delta must be in (0, 1), got nan"),
+    (["--dim", "8"], "dim must be an integer >= 16, got 8"),
+    (["--canaries", "10"], "num_canaries (--canaries) must be an integer >= 100, got 10"),
+    (["--mechanism", "dp-fedavg", "--sampling-rate", "nan"], "dp-fedavg needs a sampling rate in (0, 1], got nan"),
 ])
 def test_cli_bad_arguments_exit_2_with_one_line(args, message, capsys):
     from fedpriv.audit import main
@@ -164,7 +188,27 @@ def test_too_little_signal_is_inconclusive_not_a_violation(capsys):
     assert row["accountant_epsilon"] < 0.1
     assert row["null_epsilon"] >= row["accountant_epsilon"]
     assert not row["exceeds_significantly"]
-    assert row["verdict"].startswith(("consistent", "inconclusive"))
+    # below its resolution the audit can support no claim: never "consistent" (issue 24)
+    assert row["verdict"].startswith("inconclusive"), row["verdict"]
+
+
+@pytest.mark.parametrize("brk", ["none", "half-noise"])
+@pytest.mark.parametrize("emp", [0.5, 3.0, 5.0])
+def test_a_null_estimate_at_or_above_the_accountant_is_inconclusive(brk, emp):
+    """Issue 24: null 3.60 above the accountant's 2.86 was reported "consistent (below
+    accountant)". Whatever the estimate, the audit cannot resolve the accountant's epsilon."""
+    above = emp > 2.86
+    verdict = audit.audit_verdict(brk, above, False, 3.60, 2.86)
+    assert verdict.startswith("inconclusive") and "3.60" in verdict and "2.86" in verdict
+    assert audit.audit_verdict(brk, above, False, 2.86, 2.86).startswith("inconclusive")
+
+
+def test_verdicts_below_the_resolution_are_unchanged():
+    assert audit.audit_verdict("none", False, False, 0.5, 2.86) == "consistent (below accountant)"
+    assert audit.audit_verdict("half-noise", False, False, 0.5, 2.86) == "not detected"
+    assert audit.audit_verdict("half-noise", True, True, 0.5, 2.86) == "DETECTED (above accountant)"
+    assert audit.audit_verdict("none", True, True, 0.5, 2.86).startswith("VIOLATION")
+    assert audit.audit_verdict("none", True, False, 0.5, 2.86).startswith("above accountant, not significant")
 
 
 def test_null_epsilon_shrinks_with_more_directions():

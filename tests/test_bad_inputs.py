@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import pathlib
 import sqlite3
@@ -479,3 +480,177 @@ def test_build_cohort_refuses(ids, kw, message):
 def test_samplers_refuse_bad_sizes_and_rates(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 24: silent-wrong settings, resource limits and messages that name the input
+# (configs, the `fedpriv` CLIs, the DP API). Every case: the refusal and its one-line message.
+# --------------------------------------------------------------------------------------------
+
+_SILENT_WRONG_AND_LIMITS = [
+    # (1) exclusive DP fields: both yours, or yours against a scale's
+    (f"{LM}:smoke,noise_multiplier=0.05,target_epsilon=1",
+     r"noise_multiplier and target_epsilon are both set \(noise_multiplier=0\.05 \(your override\), "
+     r"target_epsilon=1\.0 \(your override\)\): they are exclusive; set only one of them"),
+    (f"{LM}:smoke,noise_multiplier=0.05",
+     r"target_epsilon=50\.0 \(from scale 'smoke'\)\): they are exclusive; add target_epsilon=None"),
+    (f"{LM}:paper,target_epsilon=2", r"noise_multiplier=8\.8\d* \(from scale 'paper'\).*add noise_multiplier=None"),
+    ("configs/lm_sweep.py:smoke,noise_multiplier=3", r"add target_epsilon=None to use noise_multiplier"),
+    ("configs/mf_comparison.py:smoke,noise_multiplier=3", r"noise_multiplier and target_epsilon are both set"),
+    # (2) DP settings beside a non-private algorithm
+    (f"{LM}:smoke,algorithm=fedavg,target_epsilon=1",
+     r"target_epsilon is a DP setting but algorithm=fedavg is non-private"),
+    (f"{LM}:smoke,algorithm=fedavg,target_epsilon=None,noise_multiplier=1",
+     r"noise_multiplier is a DP setting but algorithm=fedavg is non-private"),
+    (f"{LM}:smoke,algorithm=fedavg,delta=1e-5", r"delta is a DP setting but algorithm=fedavg"),
+    (f"{LM}:smoke,algorithm=fedavg,noise_cohort_size=100",
+     r"noise_cohort_size is a DP setting but algorithm=fedavg"),
+    (f"{LM}:smoke,delta=1e-5,target_epsilon=2,algorithm=fedavg",
+     r"target_epsilon, delta are DP settings but algorithm=fedavg is non-private"),
+    ("configs/fred_mixtures.py:smoke,algorithm=fedavg",
+     r"total_epsilon is a DP setting but algorithm=fedavg is non-private"),
+    ("configs/public_training.py:smoke,algorithm=fedavg",
+     r"epsilons=18\.71 is a DP setting but algorithm=fedavg is non-private"),
+    # fields an experiment sets itself: an override would be dropped silently
+    ("configs/fred_pipeline.py:smoke,target_epsilon=3", r"target_epsilon cannot be overridden here: "
+     r"the FL stage's noise is calibrated to what FreD left of total_epsilon"),
+    ("configs/fred_pipeline.py:smoke,noise_multiplier=3", r"noise_multiplier cannot be overridden here"),
+    ("configs/fred_mixtures.py:smoke,noise_multiplier=3", r"noise_multiplier cannot be overridden here"),
+    ("configs/fred_mixtures.py:smoke,target_epsilon=3", r"target_epsilon cannot be overridden here"),
+    ("configs/privacy_utility.py:smoke,target_epsilon=3", r"target_epsilon cannot be overridden here: "
+     r"each row sets it"),
+    ("configs/privacy_utility.py:smoke,algorithm=fedavg", r"algorithm cannot be overridden here"),
+    ("configs/privacy_utility.py:smoke,noise_multiplier=1", r"noise_multiplier cannot be overridden here"),
+    ("configs/mf_comparison.py:smoke,algorithm=dp_fedavg", r"algorithm cannot be overridden here: "
+     r"each row sets it: set algorithms="),
+    ("configs/ddg_comparison.py:smoke,ddg_bits=12", r"ddg_bits cannot be overridden here: .*set bits="),
+    ("configs/ddg_comparison.py:smoke,algorithm=dp_ftrl", r"algorithm cannot be overridden here"),
+    ("configs/public_training.py:smoke,target_epsilon=3", r"target_epsilon cannot be overridden here: "
+     r"each run sets it from epsilons"),
+    ("configs/public_training.py:smoke,noise_multiplier=1", r"noise_multiplier cannot be overridden here"),
+    ("configs/wang_ablations.py:smoke,target_epsilon=3", r"target_epsilon cannot be overridden here"),
+    # resource limits (stated maxima, checked before any data is loaded)
+    (f"{LM}:smoke,seed=99999999999999999999",
+     r"seed = 99999999999999999999 exceeds its limit 4,294,967,295 \(PRNG seeds\)"),
+    (f"{LM}:smoke,seed=-1", r"seed must be in \[0, 4,294,967,295\], got -1"),
+    (f"{LM}:smoke,seq_len=1000000", r"seq_len = 1000000 exceeds its limit 4,096"),
+    (f"{LM}:smoke,vocab_size=10000000", r"vocab_size = 10000000 exceeds its limit 262,144"),
+    (f"{LM}:smoke,rounds=10000000", r"rounds = 10000000 exceeds its limit 1,000,000"),
+    (f"{LM}:smoke,hidden_dim=100000", r"hidden_dim = 100000 exceeds its limit 16,384"),
+    (f"{LM}:smoke,embed_dim=100000", r"embed_dim = 100000 exceeds its limit 16,384"),
+    (f"{LM}:smoke,num_heads=100000", r"num_heads = 100000 exceeds its limit 1,024"),
+    (f"{LM}:smoke,batch_size=10000000", r"batch_size = 10000000 exceeds its limit 65,536"),
+    (f"{LM}:smoke,eval_batch_size=10000000", r"eval_batch_size = 10000000 exceeds its limit 65,536"),
+    (f"{LM}:smoke,max_examples_per_client=100000000",
+     r"max_examples_per_client = 100000000 exceeds its limit 1,000,000"),
+    ("configs/public_training.py:smoke,seq_len=100000", r"seq_len = 100000 exceeds its limit 4,096"),
+    ("configs/public_training.py:smoke,seeds=0/99999999999", r"seeds = 99999999999 exceeds its limit"),
+    ("configs/population_expansion.py:smoke,seeds=0/99999999999", r"seeds = 99999999999 exceeds its limit"),
+    ("configs/privacy_utility.py:smoke,seq_len=100000", r"seq_len = 100000 exceeds its limit 4,096"),
+    # values whose old errors did not name the input
+    (f"{LM}:smoke,split=0.8/0.2", r"split must have 3 parts, train/validation/test \(e\.g\. "
+     r"0\.8/0\.1/0\.1\), got 2: \(0\.8, 0\.2\)"),
+    (f"{LM}:smoke,split=0.5/0.2/0.2/0.1", r"split must have 3 parts.*got 4"),
+    ("configs/population_expansion.py:smoke,split=0.5/0.5", r"split must have 3 parts"),
+    ("configs/wang_figure3.py:smoke,split=0.5/0.5", r"split must have 3 parts"),
+    ("configs/public_training.py:smoke,split=1.0", r"split must have 3 parts"),
+    (f"{LM}:smoke,target_epsilon=None,noise_multiplier=inf", r"noise_multiplier must be finite, got inf"),
+    (f"{LM}:smoke,target_epsilon=inf", r"target_epsilon must be finite, got inf"),
+    (f"{LM}:smoke,delta=inf", r"delta must be finite, got inf"),
+    (f"{LM}:smoke,client_lr=inf", r"client_lr must be finite, got inf"),
+    (f"{LM}:smoke,server_lr=-inf", r"server_lr must be finite, got -inf"),
+    ("configs/fred_pipeline.py:smoke,total_epsilon=inf", r"total_epsilon must be finite, got inf"),
+    ("configs/fred_table.py:smoke,epsilon=inf", r"epsilon must be finite, got inf"),
+    (f"{LM}:rounds=3", r"the spec starts with a scale name, not 'rounds=3' \(scale\[,field=value,\.\.\.\]"),
+    (f"{LM}:smoke,=3", r"unknown config field ''"),
+]
+
+
+@pytest.mark.parametrize("spec, message", _SILENT_WRONG_AND_LIMITS)
+def test_config_conflicts_and_limits_are_refused(spec, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        common.load_config(spec)
+    assert "\n" not in str(err.value)
+
+
+def test_a_scale_value_cleared_explicitly_is_accepted_in_any_order():
+    """The documented rule (configs/common.py): a scale's target_epsilon is cleared by the user
+    explicitly; all overrides are applied together, so their order does not matter."""
+    for spec in ("smoke,target_epsilon=None,noise_multiplier=0.05",
+                 "smoke,noise_multiplier=0.05,target_epsilon=None"):
+        cfg = common.load_config(f"{LM}:{spec}")
+        assert cfg.noise_multiplier == 0.05 and cfg.target_epsilon is None
+    # a scale's DP defaults are not the user's request: plain FedAvg at smoke is fine
+    assert common.load_config(f"{LM}:smoke,algorithm=fedavg").algorithm == "fedavg"
+
+
+def _api_cases():
+    from fedpriv.dp import accounting as acc, ddg, matrix, noise
+    key = jax.random.key(0)
+    dpa = pytest.importorskip("dp_accounting")
+    big = acc.dp_fedavg_poisson_event(1.0, 0.5, 10_000)  # RDP epsilon ~2e3: beyond PLD's limit
+    return [
+        # (5) int-valued privacy parameters are never truncated
+        (lambda: noise.tree_privatizer(1.0, key, restart_every=2.7),
+         r"restart_every must be an integer >= 1, got 2\.7"),
+        (lambda: noise.tree_privatizer(1.0, key, restart_every=True),
+         r"restart_every must be an integer >= 1, got True"),
+        (lambda: noise.tree_privatizer(1.0, key, restart_every=0), r"restart_every must be an integer >= 1, got 0"),
+        (lambda: noise.tree_privatizer(1.0, key, restart_every="4"), r"restart_every must be an integer >= 1, got '4'"),
+        (lambda: noise.tree_mechanism(1.0, 1.0, 2.5), r"restart_every must be an integer >= 1, got 2\.5"),
+        (lambda: noise.NoiseMechanism(std=1.0, restart_every=3.5), r"restart_every must be an integer"),
+        (lambda: noise.NoiseMechanism(std=math.inf), r"noise std must be a finite number >= 0, got inf"),
+        (lambda: noise.gaussian_privatizer(float("nan"), key), r"noise std must be a finite number >= 0, got nan"),
+        (lambda: ddg.DDGConfig(dim=10, num_clients=5, clip=1.0, noise_multiplier=1.0, bits=12.5),
+         r"bits must be an integer >= 2, got 12\.5"),
+        (lambda: ddg.DDGConfig(dim=10.5, num_clients=5, clip=1.0, noise_multiplier=1.0, bits=16),
+         r"dim must be an integer >= 1, got 10\.5"),
+        (lambda: ddg.DDGConfig(dim=10, num_clients=True, clip=1.0, noise_multiplier=1.0, bits=16),
+         r"num_clients must be an integer >= 1, got True"),
+        (lambda: matrix.max_participations(10, 2, cap=2.5), r"max_part must be an integer >= 1, got 2\.5"),
+        (lambda: matrix.tree_prefix_variance(10, 2.5), r"restart_every must be an integer >= 1, got 2\.5"),
+        (lambda: matrix.matrix_event(matrix.banded_strategy(2), 1.0, 2.5, 1),
+         r"rounds must be an integer >= 1, got 2\.5"),
+        (lambda: matrix.banded_strategy(2.5), r"bands must be an integer >= 1"),
+        (lambda: acc.dp_ftrl_event(1.0, 10, rounds_per_epoch=2.5), r"rounds_per_epoch must be an integer >= 1, got 2\.5"),
+        (lambda: acc.dp_ftrl_event(1.0, 10.5), r"rounds must be an integer >= 1, got 10\.5"),
+        (lambda: acc.dp_ftrl_event(1.0, float("nan")), r"rounds must be an integer >= 1, got nan"),
+        (lambda: acc.dp_ftrl_event(1.0, "10"), r"rounds must be an integer >= 1, got '10'"),
+        (lambda: acc.dp_ftrl_event(1.0, 10**7), r"rounds must be <= 1,000,000"),
+        (lambda: acc.dp_ftrl_event(1e300, 10), r"noise multiplier must be a number in \[0, 1e\+06\], got 1e\+300"),
+        (lambda: acc.dp_ftrl_event(True, 10), r"noise multiplier must be a number in \[0, 1e\+06\], got True"),
+        (lambda: acc.dp_ftrl_event(float("nan"), 10), r"noise multiplier must be a number .* got nan"),
+        (lambda: acc.dp_fedavg_poisson_event(1.0, True, 10), r"sampling rate must be in \(0, 1\], got True"),
+        (lambda: acc.dp_fedavg_poisson_event(1.0, float("nan"), 10), r"sampling rate must be in \(0, 1\], got nan"),
+        (lambda: acc.compute_epsilon(dpa.GaussianDpEvent(1.0), True), r"delta must be in \(0, 1\), got True"),
+        (lambda: acc.compute_epsilon(dpa.GaussianDpEvent(1.0), 1e-6, accountant="moments"),
+         r"accountant must be rdp, pld or best, got 'moments'"),
+        (lambda: acc.compute_epsilon(dpa.GaussianDpEvent(1.0), 1e-6, neighboring="swap"),
+         r"neighboring must be one of"),
+        (lambda: acc.compute_epsilon(big, 1e-6, accountant="pld"),
+         r"the PLD accountant is limited to epsilon <= 1000 \(RDP gives"),
+        (lambda: acc.calibrate_noise_multiplier(lambda z: acc.dp_ftrl_event(z, 10), math.inf, 1e-6),
+         r"epsilon must be a finite number > 0, got inf"),
+        (lambda: acc.calibrate_noise_multiplier(lambda z: acc.dp_ftrl_event(z, 10), 0.0, 1e-6),
+         r"epsilon must be a finite number > 0, got 0\.0"),
+        (lambda: acc.calibrate_noise_multiplier(lambda z: acc.dp_ftrl_event(z, 10), True, 1e-6),
+         r"epsilon must be a finite number > 0, got True"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(32))
+def test_dp_api_refuses_with_a_message_naming_the_input(case):
+    make, message = _api_cases()[case]
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_dp_api_case_count():
+    assert len(_api_cases()) == 32  # keep the parametrization above in step
+
+
+def test_integral_floats_are_still_accepted():
+    """``4.0`` rounds per tree is 4 (a config's float from arithmetic), never truncated."""
+    from fedpriv.dp import noise
+    assert noise.tree_mechanism(1.0, 1.0, 4.0).restart_every == 4
+    assert noise.check_int("x", np.int64(3)) == 3

@@ -137,3 +137,93 @@ def test_strict_json_maps_every_non_finite_number():
     out = strict_json({"a": math.nan, "b": [-math.inf, 1.5], "c": {"d": math.inf}, "e": "x"})
     assert out == {"a": None, "b": ["-inf", 1.5], "c": {"d": "inf"}, "e": "x"}
     json.dumps(out, allow_nan=False)  # strict
+
+
+# ----------------------------------------------------------------------------- issue 24
+_FTRL = ["privacy", "dp-ftrl", "--noise-multiplier", "1", "--rounds", "10", "--delta", "1e-6"]
+_FEDAVG = ["privacy", "dp-fedavg", "--noise-multiplier", "1", "--sampling-rate", "0.1", "--rounds", "10",
+           "--delta", "1e-6"]
+
+
+@pytest.mark.parametrize("args, msg", [
+    # (4) a flag given twice is two conflicting settings: refused, never the last one silently
+    ([*_FTRL, "--noise-multiplier", "100"], "error: --noise-multiplier is given twice"),
+    ([*_FTRL, "--noise-multiplier=100"], "error: --noise-multiplier is given twice"),
+    ([*_FTRL, "--rounds", "20"], "error: --rounds is given twice"),
+    ([*_FTRL, "--delta", "1e-5"], "error: --delta is given twice"),
+    ([*_FTRL, "--json", "--json"], "error: --json is given twice"),
+    ([*_FTRL, "--accountant", "rdp", "--accountant", "pld"], "error: --accountant is given twice"),
+    ([*_FTRL, "--rounds-per-epoch", "2", "--rounds-per-epoch", "5"], "error: --rounds-per-epoch is given twice"),
+    ([*_FEDAVG, "--sampling-rate", "0.2"], "error: --sampling-rate is given twice"),
+    (["privacy", "calibrate", "dp-ftrl", "--epsilon", "1", "--epsilon", "2", "--rounds", "10", "--delta", "1e-6"],
+     "error: --epsilon is given twice"),
+    # bounded time and memory; values that overflowed the accountants
+    (["privacy", "dp-fedavg", "--noise-multiplier", "1", "--sampling-rate", "0.5", "--rounds", "10000",
+      "--delta", "1e-6", "--accountant", "pld"], "error: the PLD accountant is limited to epsilon <= 1000"),
+    (["privacy", "dp-ftrl", "--noise-multiplier", "1e300", "--rounds", "10", "--delta", "1e-6"],
+     "error: noise multiplier must be a number in [0, 1e+06], got 1e+300"),
+    (["privacy", "dp-fedavg", "--noise-multiplier", "1e300", "--sampling-rate", "0.5", "--rounds", "10",
+      "--delta", "1e-6"], "error: noise multiplier must be a number in [0, 1e+06], got 1e+300"),
+    (["privacy", "dp-ftrl", "--noise-multiplier", "nan", "--rounds", "10", "--delta", "1e-6"],
+     "error: noise multiplier must be a number in [0, 1e+06], got nan"),
+    (["privacy", "dp-ftrl", "--noise-multiplier", "inf", "--rounds", "10", "--delta", "1e-6"],
+     "error: noise multiplier must be a number in [0, 1e+06], got inf"),
+    (["privacy", "dp-ftrl", "--noise-multiplier", "1", "--rounds", "10", "--delta", "nan"],
+     "error: delta must be in (0, 1), got nan"),
+    (["privacy", "dp-fedavg", "--noise-multiplier", "1", "--sampling-rate", "nan", "--rounds", "10",
+      "--delta", "1e-6"], "error: sampling rate must be in (0, 1], got nan"),
+    (["privacy", "calibrate", "dp-ftrl", "--epsilon", "inf", "--rounds", "10", "--delta", "1e-6"],
+     "error: epsilon must be a finite number > 0, got inf"),
+    (["privacy", "calibrate", "dp-ftrl", "--epsilon", "nan", "--rounds", "10", "--delta", "1e-6"],
+     "error: epsilon must be a finite number > 0, got nan"),
+    (["privacy", "dp-ftrl", "--noise-multiplier", "1", "--rounds", "99999999999999999999", "--delta", "1e-6"],
+     "error: rounds must be <= 1,000,000"),
+    (["privacy", "dp-ftrl", "--noise-multiplier", "1", "--rounds", "2.5", "--delta", "1e-6"],
+     "error: argument --rounds: invalid int value: '2.5'"),
+    (["privacy", "dp-ftrl", "--noise-multiplier", "1", "--rounds", "10", "--rounds-per-epoch", "-3",
+      "--delta", "1e-6"], "error: rounds_per_epoch must be an integer >= 1, got -3"),
+    ([*_FTRL, "--accountant", "moments"], "error: argument --accountant: invalid choice: 'moments'"),
+    (["privacy"], "error: the following arguments are required: what"),
+    (["privacy", "dp-sgd"], "error: argument what: invalid choice: 'dp-sgd'"),
+    (["nothing"], "error: argument command: invalid choice: 'nothing'"),
+])
+def test_issue24_bad_arguments_one_line_exit_2(args, msg, capsys):
+    p = _call(args, capsys)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    assert len(lines) == 1 and lines[0].startswith(msg), p.stderr
+
+
+def test_documented_maximum_rounds_finish_in_bounded_time(capsys):
+    """`--rounds 1000000` (MAX_ROUNDS) at q = 0.5 ran > 240 s and 10.5 GB under PLD: its RDP
+    epsilon is far above MAX_PLD_EPSILON, so "best" reports RDP's (valid) bound and says so."""
+    import time
+    from fedpriv.dp import accounting
+    t0 = time.perf_counter()
+    assert main(["privacy", "dp-fedavg", "--noise-multiplier", "1", "--sampling-rate", "0.5",
+                 "--rounds", str(accounting.MAX_ROUNDS), "--delta", "1e-6", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["accountant"] == "rdp" and out["epsilon"] > accounting.MAX_PLD_EPSILON
+    assert time.perf_counter() - t0 < 120  # RDP: a few seconds; PLD here did not finish in 240
+
+
+def test_help_lists_every_command():
+    p = _run(["--help"])
+    assert p.returncode == 0 and "audit" in p.stdout and "privacy" in p.stdout, p.stdout
+
+
+@pytest.mark.parametrize("make", [
+    lambda z: __import__("fedpriv.dp.accounting", fromlist=["x"]).dp_fedavg_poisson_event(z, 0.05, 100),
+    lambda z: __import__("fedpriv.dp.accounting", fromlist=["x"]).dp_ftrl_event(z, 200),
+])
+def test_calibration_defaults_match_the_charging_defaults(make):
+    """Issue 24: ``calibrate_noise_multiplier`` defaulted to RDP while ``compute_epsilon`` (the
+    ledger, the CLI) defaults to "best": DP-FedAvg calibrated to 8 was charged 6.81 (~8% more
+    noise than needed). With both defaults, the charged epsilon is the target to within the
+    bisection's tolerance (tol 1e-4 on z: a relative epsilon change of ~1e-4 / z per unit)."""
+    from fedpriv.dp import accounting
+    target = 3.0
+    z = accounting.calibrate_noise_multiplier(make, target, 1e-6)
+    charged = accounting.compute_epsilon(make(z), 1e-6)[0]
+    assert charged <= target * (1 + 1e-9)
+    assert charged > target * (1 - 5e-3), (z, charged)

@@ -70,13 +70,14 @@ from fedpriv.audit.cli import build_parser, main, markdown_table, plan, report_m
 from fedpriv.audit.core import (  # noqa: F401 (_build, _sampler: for the tests)
                                 BREAK_LABELS, BREAKS, MECHANISMS, PRESETS, AuditError,
                                 AuditSettings, CanaryPopulation, TwicePerEpochSampler, _build,
-                                _sampler, accountant_epsilon, canary_statistics, directions,
+                                _sampler, accountant_epsilon, audit_verdict, canary_statistics,
+                                directions,
                                 linear_loss, run_audit, run_engine)
 from fedpriv.audit.epsilon import (bootstrap_interval, estimate_epsilon, gaussian_pair_epsilon,
                                    null_epsilon)
 
 __all__ = ["build_parser", "main", "markdown_table", "plan", "report_markdown", "BREAK_LABELS",
            "BREAKS", "MECHANISMS", "PRESETS", "AuditError", "AuditSettings", "CanaryPopulation",
-           "TwicePerEpochSampler", "accountant_epsilon", "canary_statistics", "directions",
+           "TwicePerEpochSampler", "accountant_epsilon", "audit_verdict", "canary_statistics", "directions",
            "linear_loss", "run_audit", "run_engine", "bootstrap_interval", "estimate_epsilon",
            "gaussian_pair_epsilon", "null_epsilon"]

@@ -8,6 +8,7 @@ import sys
 
 from fedpriv.audit.core import BREAKS, MECHANISMS, PRESETS, AuditSettings, run_audit
 from fedpriv.audit.epsilon import AuditError
+from fedpriv.cli import _Parser, one_line  # one-line errors (status 2), every option at most once
 
 # ----------------------------------------------------------------------------- report
 def _fmt(x: float) -> str:
@@ -64,11 +65,6 @@ def report_markdown(rows: list[dict], command: str) -> str:
         seen.add(key)
         head.append(f"- {r['mechanism']}: " + ", ".join(f"{k}={v}" for k, v in st.items() if v is not None))
     return "\n".join(head) + "\n"
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, status 2
-        self.exit(2, f"error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -148,7 +144,7 @@ def main(argv=None) -> int:
             os.makedirs(args.workdir, exist_ok=True)
         rows = [run_audit(s, v) for s, v in runs]
     except (AuditError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {one_line(err)}", file=sys.stderr)
         return 2
     except OSError as err:
         print(f"error: cannot use --workdir {args.workdir!r}: {err.strerror}", file=sys.stderr)

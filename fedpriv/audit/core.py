@@ -31,6 +31,18 @@ BREAK_LABELS = {
 }
 _UNCLIPPED = 1e6  # clip norm (in units of C) of the no-clip variant: nothing is ever clipped
 
+# Resource limits of one audit run, checked before anything is allocated (the presets use
+# T <= 100, d = 1e4, <= 10K clients). The statistics take the thin SVD of the T x d update
+# matrix (~d T^2 flops: 2,000 rounds at d = 1e4 is ~4e10) and hold T x d and (clients +
+# canaries + held out) x d float32 arrays: at most MAX_AUDIT_ELEMENTS entries each (1 GB).
+MAX_AUDIT_ROUNDS = 2000
+MAX_AUDIT_DIM = 10**6
+MAX_AUDIT_CLIENTS = 10**6       # each of clients, canaries, held-out directions
+MAX_AUDIT_ELEMENTS = 250_000_000
+MAX_AUDIT_SEED = 2**32 - 1      # NumPy seeds and JAX keys
+MAX_AUDIT_NOISE = 1e6           # fedpriv.dp.accounting.MAX_NOISE_MULTIPLIER
+MAX_AUDIT_NORM = 1e6            # clip / canary norm: x 1e6 (the no-clip variant) stays in float32
+
 
 # ----------------------------------------------------------------------------- settings
 @dataclasses.dataclass(frozen=True)
@@ -70,19 +82,36 @@ class AuditSettings:
     def __post_init__(self):
         if self.mechanism not in MECHANISMS:
             raise AuditError(f"mechanism must be one of {', '.join(MECHANISMS)}, got {self.mechanism!r}")
-        if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier > 0):
-            raise AuditError(f"noise multiplier must be a finite number > 0, got {self.noise_multiplier}")
-        for name, flag, lo in (("rounds", "rounds", 1), ("dim", "dim", 16), ("num_real", "clients", 1),
-                               ("num_canaries", "canaries", 100), ("num_heldout", "heldout", 200)):
+        if not (math.isfinite(self.noise_multiplier) and 0 < self.noise_multiplier <= MAX_AUDIT_NOISE):
+            raise AuditError(f"noise multiplier must be a finite number in (0, {MAX_AUDIT_NOISE:g}], "
+                             f"got {self.noise_multiplier}")
+        for name, flag, lo, hi in (("rounds", "rounds", 1, MAX_AUDIT_ROUNDS),
+                                   ("dim", "dim", 16, MAX_AUDIT_DIM),
+                                   ("num_real", "clients", 1, MAX_AUDIT_CLIENTS),
+                                   ("num_canaries", "canaries", 100, MAX_AUDIT_CLIENTS),
+                                   ("num_heldout", "heldout", 200, MAX_AUDIT_CLIENTS),
+                                   ("seed", "seed", 0, MAX_AUDIT_SEED)):
             v = getattr(self, name)
-            if int(v) != v or v < lo:
-                label = name if name == flag else f"{name} (--{flag})"
+            label = name if name == flag else f"{name} (--{flag})"
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                    or int(v) != v or v < lo:
                 raise AuditError(f"{label} must be an integer >= {lo}, got {v}")
+            if v > hi:
+                raise AuditError(f"{label} = {v:,} exceeds its limit {hi:,}")
+        for what, n in (("rounds x dim", self.rounds * self.dim),
+                        ("(clients + canaries + held out) x dim",
+                         (self.num_real + self.num_canaries + self.num_heldout) * self.dim)):
+            if n > MAX_AUDIT_ELEMENTS:
+                raise AuditError(f"{what} = {n:,} exceeds the limit of {MAX_AUDIT_ELEMENTS:,} float32 "
+                                 "entries (1 GB) per array: lower --rounds/--dim/--clients")
         if not (math.isfinite(self.clip_norm) and self.clip_norm > 0):
             raise AuditError(f"clip norm must be a finite number > 0, got {self.clip_norm}")
         if not (math.isfinite(self.canary_norm) and self.canary_norm > 1):
             raise AuditError(f"canary norm must be > 1 (in units of C) so canaries are clipped, "
                              f"got {self.canary_norm}")
+        for label, v in (("clip norm", self.clip_norm), ("canary norm", self.canary_norm)):
+            if v > MAX_AUDIT_NORM:
+                raise AuditError(f"{label} = {v:g} exceeds its limit {MAX_AUDIT_NORM:g}")
         if not (0 < self.delta < 1):
             raise AuditError(f"delta must be in (0, 1), got {self.delta}")
         if self.mechanism == "dp-fedavg":
@@ -304,6 +333,22 @@ def accountant_epsilon(claimed: algorithms.DPConfig, sampler, rounds: int, delta
     return accounting.compute_epsilon(event, delta, algorithms.neighboring_for(sampler))
 
 
+def audit_verdict(brk: str, above: bool, significant: bool, eps_null: float, eps_acc: float) -> str:
+    """The verdict of one row. The audit cannot tell apart anything below its resolution (the
+    null estimate between two sets of held-out directions): when that is not below the
+    accountant's epsilon, neither "consistent" nor "detected" is supported -- inconclusive
+    (BUILD.md), whether the estimate is above or below the accountant's epsilon."""
+    if eps_null >= eps_acc:
+        return (f"inconclusive (the audit's resolution, null estimate {eps_null:.2f}, "
+                f"is not below the accountant's epsilon {eps_acc:.2f})")
+    if not above:
+        return "consistent (below accountant)" if brk == "none" else "not detected"
+    if not significant:
+        return "above accountant, not significant (bootstrap 5% bound below it)"
+    return ("VIOLATION (unexpected: correct mechanism)" if brk == "none"
+            else "DETECTED (above accountant)")
+
+
 def run_audit(s: AuditSettings, brk: str = "none") -> dict:
     """One row of the audit table: the accountant's and the empirical epsilon of variant ``brk``."""
     t0 = time.time()
@@ -316,16 +361,7 @@ def run_audit(s: AuditSettings, brk: str = "none") -> dict:
     ci_low, ci_high = bootstrap_interval(stats, s.delta, s.seed)
     eps_null = null_epsilon(stats, s.delta, s.seed)
     above, significant = eps_emp > eps_acc, ci_low > eps_acc and eps_null < eps_acc
-    if not above:
-        verdict = "consistent (below accountant)" if brk == "none" else "not detected"
-    elif eps_null >= eps_acc:
-        verdict = (f"inconclusive (the audit's resolution, null estimate {eps_null:.2f}, "
-                   f"is not below the accountant's epsilon)")
-    elif not significant:
-        verdict = "above accountant, not significant (bootstrap 5% bound below it)"
-    else:
-        verdict = ("VIOLATION (unexpected: correct mechanism)" if brk == "none"
-                   else "DETECTED (above accountant)")
+    verdict = audit_verdict(brk, above, significant, eps_null, eps_acc)
     canary_part = part[s.num_real:].sum(axis=1)
     return {
         "mechanism": s.mechanism, "variant": brk, "label": BREAK_LABELS[brk],
