@@ -1,0 +1,372 @@
+"""The contract every fedpriv privatizer inherits (issue 25 item 6; as jax_privacy parametrizes
+one contract over all its privatizers).
+
+A privatizer is an ``optax.GradientTransformation`` whose ``update(x_t, state)`` releases
+``x_t + w_t`` (``x_t`` a pytree, e.g. a round's sum of clipped updates) with its PRNG key in
+``state`` (docs/design.md, principle 2). Each case below states the mechanism's prescribed
+per-coordinate covariance ``Sigma [n, n]`` of the noise ``w_1..w_n`` it releases at zero input,
+computed in this file from the mechanism's definition (not from fedpriv's helpers), and the
+contract checks, for every case:
+
+* **noise scale**: each step's empirical variance over ``D`` i.i.d. coordinates is within
+  ``5 sqrt(2 / D)`` (5 standard deviations of a chi-square mean) of ``Sigma[t, t]``, and the
+  standardised last step passes a seeded Kolmogorov-Smirnov test against N(0, 1) (p > 1e-4);
+* **fresh noise per step**: no two steps release the same noise, and every step pair's sample
+  correlation is within ``5 / sqrt(D)`` of the prescribed one (0 for Gaussian and DDG, the
+  tree's and ``C^{-1} C^{-T}``'s for tree, banded and BLT);
+* **state and keys**: the state is a pytree that ``jax.lax.scan`` carries (type-stable) under
+  ``jit`` with the same result as stepping the jitted ``update``; ``update`` is pure and the
+  state advances; the same key gives the same noise, a different key different, uncorrelated
+  noise (the key is an argument of the jitted stream: it lives in the state, not the trace);
+* **prefix sums at zero noise**: with noise std 0 the released prefix sums equal the true ones
+  (exactly; DDG up to its granularity: stochastic rounding moves each coordinate by at most
+  ``gamma sqrt(D)`` per round).
+
+``test_broken_privatizers_fail_the_contract`` shows the contract catches broken privatizers
+(noise reused across steps, wrong scale, key ignored, a bias), and
+``test_every_fedpriv_privatizer_is_under_contract`` that no privatizer of ``fedpriv.dp``
+escapes it.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import importlib
+import inspect
+import pkgutil
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.flatten_util import ravel_pytree
+from scipy import stats
+
+import fedpriv.dp
+from fedpriv.dp import ddg
+from fedpriv.dp import matrix as M
+from fedpriv.dp import noise
+
+N, D, STD = 8, 16384, 1.3          # steps, i.i.d. coordinates per step, noise std
+EPS32 = float(np.finfo(np.float32).eps)
+
+
+# ----------------------------------------------------------------------------- covariances
+def tree_increment_covariance(n: int, restart_every: int) -> np.ndarray:
+    """``[n, n]`` covariance (node std 1) of DP-FTRL's released increments ``n(t) - n(t-1)``
+    (Kairouz et al. 2021, Alg. 1): ``n(t)`` sums the i.i.d. nodes of the dyadic decomposition of
+    ``t`` (node (h, i) covers leaves ``(i 2^h, (i+1) 2^h]``), one fresh tree every
+    ``restart_every`` steps (the increment at a restart is the new tree's ``n(1)``)."""
+    def prefix(tree, t):
+        return collections.Counter({(tree, h, (t >> h) - 1): 1 for h in range(t.bit_length())
+                                    if (t >> h) & 1})
+
+    rows = []
+    for s in range(n):
+        tree, t = divmod(s, restart_every)
+        inc = prefix(tree, t + 1)
+        inc.subtract(prefix(tree, t))
+        rows.append(inc)
+    nodes = sorted({k for r in rows for k in r})
+    m = np.array([[r.get(k, 0) for k in nodes] for r in rows], np.float64)
+    return m @ m.T
+
+
+def mf_covariance(strategy, n: int) -> np.ndarray:
+    """``C^{-1} C^{-T}`` (noise std 1): the increments are ``C^{-1} Z`` (Denisov et al. 2022)."""
+    cinv = np.linalg.inv(strategy.matrix(n))
+    return cinv @ cinv.T
+
+
+# ----------------------------------------------------------------------------- DDG as a privatizer
+DDG_CLIENTS, DDG_BITS, DDG_CLIP = 4, 20, 1.0
+
+
+def _ddg_cfg(dim: int, std: float) -> ddg.DDGConfig:
+    return ddg.DDGConfig(dim, DDG_CLIENTS, DDG_CLIP, std / DDG_CLIP, DDG_BITS)
+
+
+def ddg_test_privatizer(std: float, key) -> optax.GradientTransformation:
+    """The distributed discrete Gaussian (``fedpriv.dp.ddg.encode``/``decode``, Kairouz et al.
+    2021) behind the privatizer interface, *in this test*: the round's sum ``x`` is carried by
+    client 0 of ``DDG_CLIENTS`` (the others contribute 0), every client adds its discrete
+    Gaussian share (``z c / gamma / sqrt(n)``), the server decodes the modular sum. The state
+    is ``(key, step)``; the round key is ``fold_in(key, step)`` (signs, client keys). The
+    engine's DDG path (``fl.algorithms``) is not an optax transformation; this checks the
+    noise of its ``encode``/``decode``."""
+    def init_fn(params):
+        del params
+        return key, jnp.zeros((), jnp.int32)
+
+    def update_fn(updates, state, params=None):
+        del params
+        k, step = state
+        flat, unravel = ravel_pytree(updates)
+        cfg = _ddg_cfg(flat.size, std)
+        k_signs, k_clients = jax.random.split(jax.random.fold_in(k, step))
+        signs = ddg.round_signs(cfg, k_signs)
+        contrib = jnp.zeros((DDG_CLIENTS, flat.size), jnp.float32).at[0].set(flat)
+        raw, _ = jax.vmap(lambda v, kk: ddg.encode(cfg, v, kk, signs))(
+            contrib, jax.random.split(k_clients, DDG_CLIENTS))
+        total = jnp.sum(ddg.message(cfg, raw), axis=0, dtype=jnp.uint32)
+        return unravel(ddg.decode(cfg, total, signs).astype(flat.dtype)), (k, step + 1)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+def _ddg_zero_noise_atol(dim: int, xs: np.ndarray) -> float:
+    """Per-round bound of DDG at z = 0: the rounding error ``e`` (``|e_i| < 1``) rotated back
+    and scaled, ``|gamma (H^T e)_i| <= gamma ||e|| <= gamma sqrt(D)``, plus float32 rounding."""
+    cfg = _ddg_cfg(dim, 0.0)
+    return cfg.gamma * np.sqrt(cfg.padded_dim) + 16 * EPS32 * float(np.abs(xs).max())
+
+
+# ----------------------------------------------------------------------------- the cases
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """A privatizer under contract.
+
+    Attributes:
+      name: test id.
+      make: ``(std, key) -> GradientTransformation``.
+      covariance: ``n -> [n, n]`` prescribed covariance of the released noise per coordinate
+        at zero input, for noise std 1 (scaled by ``STD^2``).
+      covers: the ``fedpriv.dp`` factories this case exercises (module.function).
+        zero_noise_atol: ``(dim, xs) -> float`` per-round tolerance at std 0 (0: exact).
+      dim: i.i.d. coordinates per step in the statistical checks.
+    """
+    name: str
+    make: Callable
+    covariance: Callable
+    covers: tuple = ()
+    zero_noise_atol: Callable = lambda dim, xs: 0.0
+    dim: int = D
+
+
+BANDED, BLT, TREE_R = M.banded_strategy(3), M.blt_strategy(16, 3), 4
+CASES = [
+    Case("gaussian", lambda std, key: noise.gaussian_privatizer(std, key), np.eye,
+         ("noise.gaussian_privatizer",)),
+    Case("tree", lambda std, key: noise.tree_privatizer(std, key, TREE_R),
+         lambda n: tree_increment_covariance(n, TREE_R), ("noise.tree_privatizer",)),
+    Case("banded", lambda std, key: M.banded_privatizer(std, key, BANDED),
+         lambda n: mf_covariance(BANDED, n), ("matrix.banded_privatizer", "matrix.privatizer")),
+    Case("blt", lambda std, key: M.blt_privatizer(std, key, BLT),
+         lambda n: mf_covariance(BLT, n), ("matrix.blt_privatizer", "matrix.privatizer")),
+    Case("ddg", ddg_test_privatizer, np.eye, (), _ddg_zero_noise_atol, dim=4096),
+]
+
+
+# ----------------------------------------------------------------------------- helpers
+def _zeros(d: int):
+    """A zero update pytree with ``d`` coordinates in two leaves (``[d - 6]`` and ``[2, 3]``)."""
+    return {"a": jnp.zeros((d - 6,), jnp.float32), "b": jnp.zeros((2, 3), jnp.float32)}
+
+
+def _flat(tree) -> np.ndarray:
+    """Leaves ``[n, ...]`` of a stacked pytree as one ``[n, d]`` float64 array."""
+    return np.concatenate([np.asarray(v, np.float64).reshape(v.shape[0], -1)
+                           for v in jax.tree_util.tree_leaves(tree)], axis=1)
+
+
+@functools.lru_cache(maxsize=None)
+def _stream_fn(case, std: float, n: int, d: int):
+    """jit of ``key -> [n, ...]`` pytree of noise released on ``n`` zero inputs (``_zeros(d)``):
+    the privatizer is built from the (traced) key and scanned with its state as the carry."""
+    def run(key):
+        tx = case.make(std, key)
+        x = _zeros(d)
+
+        def body(s, _):
+            out, s = tx.update(x, s)
+            return s, out
+        return jax.lax.scan(body, tx.init(x), None, length=n)[1]
+    return jax.jit(run)
+
+
+def stream(case: Case, seed: int, std: float = STD, n: int = N) -> np.ndarray:
+    """``[n, case.dim]`` noise the privatizer keyed by ``key(seed)`` releases at zero input."""
+    return _stream(case, seed, std, n)
+
+
+@functools.lru_cache(maxsize=None)
+def _stream(case, seed, std, n):
+    return _flat(_stream_fn(case, std, n, case.dim)(jax.random.key(seed)))
+
+
+def _tols(w):
+    """(chi-square, correlation) tolerances for ``w`` ``[n, d]``: 5 sd of the mean of ``d``
+    squared standard normals, 5 sd of a sample correlation (``(1 - rho^2) / sqrt(d)``)."""
+    d = w.shape[1]
+    return 5 * np.sqrt(2 / d), 5 / np.sqrt(d)
+
+
+def _raw(v):
+    """An array's values (a typed PRNG key's key data)."""
+    return np.asarray(jax.random.key_data(v) if jnp.issubdtype(v.dtype, jax.dtypes.prng_key) else v)
+
+
+def _corr(cov):
+    s = np.sqrt(np.diag(cov))
+    return cov / np.outer(s, s)
+
+
+# ----------------------------------------------------------------------------- the contract
+def check_noise_scale(case: Case):
+    w, var = stream(case, 0), STD ** 2 * np.diag(case.covariance(N))
+    ratio = (w ** 2).mean(1) / var
+    assert np.all(np.abs(ratio - 1) < _tols(w)[0]), f"{case.name}: variance / stated {ratio}"
+    p = stats.kstest(w[-1] / np.sqrt(var[-1]), "norm").pvalue
+    assert p > 1e-4, f"{case.name}: KS p = {p}"
+
+
+def check_fresh_noise(case: Case):
+    w = stream(case, 0)
+    assert len({r.tobytes() for r in w}) == N, f"{case.name}: two steps released the same noise"
+    emp, want = np.corrcoef(w), _corr(case.covariance(N))
+    err = np.abs(emp - want)
+    assert err.max() < _tols(w)[1], (f"{case.name}: step correlations off by {err.max():.3g} "
+                                  f"at {np.unravel_index(err.argmax(), err.shape)}")
+
+
+def check_keys(case: Case):
+    a, b = stream(case, 0), stream(case, 1)
+    again = _flat(_stream_fn(case, STD, N, case.dim)(jax.random.key(0)))
+    np.testing.assert_array_equal(again, a, f"{case.name}: same key, other noise")
+    corr = np.array([np.corrcoef(a[t], b[t])[0, 1] for t in range(N)])
+    assert np.all(np.abs(corr) < _tols(a)[1]) and not np.array_equal(a, b), (
+        f"{case.name}: different keys give correlated noise {corr}")
+
+
+def check_state_and_jit(case: Case):
+    tx = case.make(STD, jax.random.key(0))   # built outside the stream's trace
+    x = _zeros(case.dim)
+    s0 = tx.init(x)
+    leaves, treedef = jax.tree_util.tree_flatten(s0)
+    assert leaves and all(isinstance(v, jax.Array) for v in leaves), f"{case.name}: state leaves"
+    update = jax.jit(tx.update)
+    o1, s1 = update(x, s0)
+    o1b, _ = update(x, s0)
+    assert all(np.array_equal(u, v) for u, v in zip(jax.tree_util.tree_leaves(o1),
+                                                    jax.tree_util.tree_leaves(o1b))), \
+        f"{case.name}: update is not a pure function of (updates, state)"
+    assert jax.tree_util.tree_structure(s1) == treedef, f"{case.name}: state structure changed"
+    assert any(not np.array_equal(_raw(u), _raw(v))
+               for u, v in zip(leaves, jax.tree_util.tree_leaves(s1))), f"{case.name}: state did not advance"
+    # stepping the jitted update gives the scan's stream (a type-stable carry, same key)
+    stepped, s = [], s0
+    for _ in range(N):
+        o, s = update(x, s)
+        stepped.append(o)
+    stepped = _flat(jax.tree_util.tree_map(lambda *v: jnp.stack(v), *stepped))
+    scanned = stream(case, 0)
+    np.testing.assert_allclose(stepped, scanned, rtol=0,
+                               atol=64 * EPS32 * max(1.0, np.abs(scanned).max()),
+                               err_msg=f"{case.name}: stepped updates != scanned stream")
+
+
+def check_zero_noise_prefix_sums(case: Case):
+    rng = np.random.default_rng(4)
+    xs = (0.1 * rng.normal(size=(N, 8))).astype(np.float32)  # norm < DDG's clip
+    tx = case.make(0.0, jax.random.key(5))
+    like = {"a": jnp.zeros((5,), jnp.float32), "b": jnp.zeros((3,), jnp.float32)}
+    state, out = tx.init(like), []
+    update = jax.jit(tx.update)
+    for x in xs:
+        o, state = update({"a": jnp.asarray(x[:5]), "b": jnp.asarray(x[5:])}, state)
+        out.append(np.concatenate([np.asarray(o["a"]), np.asarray(o["b"])]))
+    got, want = np.cumsum(np.stack(out), 0), np.cumsum(xs, 0)
+    atol = case.zero_noise_atol(8, xs) * np.arange(1, N + 1)[:, None]
+    assert np.all(np.abs(got - want) <= atol), f"{case.name}: prefix sums off by {np.abs(got - want).max()}"
+
+
+CHECKS = {"noise_scale": check_noise_scale, "fresh_noise": check_fresh_noise,
+          "keys": check_keys, "state_and_jit": check_state_and_jit,
+          "zero_noise_prefix_sums": check_zero_noise_prefix_sums}
+
+
+@pytest.mark.parametrize("check", sorted(CHECKS))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_privatizer_contract(case, check):
+    CHECKS[check](case)
+
+
+def test_prescribed_covariances_match_the_mechanisms_own_formulas():
+    """The contract's covariances (built here from the definitions) are fedpriv's documented ones:
+    the tree's prefix variance is popcount(t) per tree (``matrix.tree_prefix_variance``) and the
+    MF covariance ``matrix.noise_covariance``."""
+    cov = tree_increment_covariance(3 * TREE_R, TREE_R)
+    prefix_var = np.array([np.tril(np.ones((t + 1, t + 1)))[-1] @ cov[:t + 1, :t + 1]
+                           @ np.tril(np.ones((t + 1, t + 1)))[-1] for t in range(3 * TREE_R)])
+    per_tree = np.array([bin(t % TREE_R + 1).count("1") for t in range(3 * TREE_R)])
+    np.testing.assert_array_equal(prefix_var - np.array([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]),
+                                  per_tree)
+    for s in (BANDED, BLT):
+        np.testing.assert_allclose(mf_covariance(s, N), M.noise_covariance(s, N), rtol=1e-12)
+
+
+# ----------------------------------------------------------------------------- broken privatizers
+def _reuses_noise(std, key):
+    """Never advances its state: every step releases the same noise."""
+    tx = noise.gaussian_privatizer(std, key)
+    return optax.GradientTransformation(tx.init, lambda u, s, p=None: (tx.update(u, s)[0], s))
+
+
+def _reuses_z_in_banded(std, key):
+    """Banded MF whose Z_t is drawn from the initial key every step (correlated, not C^{-1} Z)."""
+    tx = M.banded_privatizer(std, key, BANDED)
+
+    def update(u, s, p=None):
+        out, s2 = tx.update(u, s.replace(step=jnp.zeros_like(s.step)))
+        return out, s2.replace(step=s.step + 1)
+    return optax.GradientTransformation(tx.init, update)
+
+
+def _wrong_scale(std, key):
+    """Noise 5% larger than stated."""
+    return noise.gaussian_privatizer(1.05 * std, key)
+
+
+def _ignores_key(std, key):
+    """Always keyed by key(0), whatever it is given."""
+    return noise.gaussian_privatizer(std, jax.random.key(0))
+
+
+def _biased(std, key):
+    """Adds a constant 1e-3 to every release (a leak into the prefix sums)."""
+    return optax.chain(noise.gaussian_privatizer(std, key),
+                       optax.GradientTransformation(lambda p: optax.EmptyState(),
+                                                    lambda u, s, p=None: (
+                                                        jax.tree_util.tree_map(lambda v: v + 1e-3, u), s)))
+
+
+BROKEN = [
+    (Case("reuses_noise", _reuses_noise, np.eye), "fresh_noise"),
+    (Case("reuses_noise", _reuses_noise, np.eye), "state_and_jit"),
+    (Case("banded_reuses_z", _reuses_z_in_banded, lambda n: mf_covariance(BANDED, n)), "fresh_noise"),
+    (Case("wrong_scale", _wrong_scale, np.eye), "noise_scale"),
+    (Case("ignores_key", _ignores_key, np.eye), "keys"),
+    (Case("biased", _biased, np.eye), "zero_noise_prefix_sums"),
+]
+
+
+@pytest.mark.parametrize("case,check", BROKEN, ids=lambda v: v if isinstance(v, str) else v.name)
+def test_broken_privatizers_fail_the_contract(case, check):
+    with pytest.raises(AssertionError):
+        CHECKS[check](case)
+
+
+def test_every_fedpriv_privatizer_is_under_contract():
+    """Every public ``*privatizer`` factory defined in a ``fedpriv.dp`` module is covered by a
+    case above: a new privatizer inherits the contract by adding its ``Case``."""
+    found = set()
+    for info in pkgutil.iter_modules(fedpriv.dp.__path__):
+        mod = importlib.import_module(f"fedpriv.dp.{info.name}")
+        for name, fn in inspect.getmembers(mod, inspect.isfunction):
+            if name.endswith("privatizer") and not name.startswith("_") and fn.__module__ == mod.__name__:
+                found.add(f"{info.name}.{name}")
+    covered = {c for case in CASES for c in case.covers}
+    assert found and found <= covered, sorted(found - covered)
