@@ -88,7 +88,10 @@ def test_fred_pipeline_paper_with_the_inherited_fixed_z_is_refused():
     pipeline ledger (FreD + FL within total_epsilon = 2.46) refused it before training."""
     cfg = common.load_config("configs/fred_pipeline.py:paper,num_sentences=19782")  # 150K: refused
     assert cfg.lm.noise_multiplier is None  # the fix: z is calibrated to what FreD left
-    broken = dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, noise_multiplier=8.83))
+    with pytest.raises(ConfigError, match="both set"):  # z beside the target: refused (issue 24)
+        dataclasses.replace(cfg.lm, noise_multiplier=8.83)
+    broken = dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, noise_multiplier=8.83,
+                                                             target_epsilon=None))
     with pytest.raises(PrivacyBudgetExceeded, match="would raise epsilon"):
         account(privacy_plan("fred_pipeline", broken))
 
