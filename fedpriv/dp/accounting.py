@@ -455,6 +455,14 @@ def calibrate_noise_multiplier(make_event: Callable[[float], dpa.DpEvent], epsil
             return compute_epsilon(self.events, target_delta, neighboring, accountant)[0]
 
     lowest = 0.1
+    # a target that even the smallest multiplier meets has no answer: say so before the search
+    # (which would otherwise walk z past MAX_NOISE_MULTIPLIER looking for a bracket)
+    eps_low = compute_epsilon(make_event(lowest), delta, neighboring,
+                              "rdp" if accountant == "best" else accountant)[0]
+    if eps_low <= epsilon:
+        raise CalibrationError(
+            f"epsilon {epsilon:g} is too large to calibrate: even the smallest noise "
+            f"multiplier tried ({lowest}) gives epsilon {eps_low:.4g}")
     bracket = dpa.LowerEndpointAndGuess(lowest, 1.0)
     if accountant == "best":
         # RDP's z is an upper end (best <= RDP); where PLD does not apply at it, "best" is RDP
