@@ -135,10 +135,12 @@ def test_ledger_records_a_nonprivate_choice_reports_inf_and_the_epsilon_if_publi
 
 
 def test_vocabularies_default_to_public_data():
+    from configs.common import from_scale
     from configs.lm_fl import get_config as lm_config
-    from configs.population_expansion import get_config as pe_config
+    from configs.population_expansion import BASE, SCALES
     for scale in ("smoke", "small", "paper"):
-        assert pe_config(scale).vocabulary == "public"
+        # from_scale: the paper scale's settings (get_config refuses it on the packaged data)
+        assert from_scale(BASE, SCALES, scale).vocabulary == "public"
         assert lm_config(scale).tokenizer == "sentencepiece"
 
 

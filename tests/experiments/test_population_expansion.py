@@ -10,6 +10,8 @@ import numpy as np
 import pytest
 from absl import logging
 
+from configs import population_expansion as pe_config
+from configs.common import ConfigError, from_scale
 from configs.population_expansion import SCHEMES_BY_NAME, TOTAL_BUDGET, TRAINING_SCHEMES
 from experiments import common
 from experiments import population_expansion as pe
@@ -57,16 +59,19 @@ def e2e(tmp_path_factory, smoke_cfg):
 
 def test_configs_scale_and_override():
     small = common.load_config(f"{CONFIG}:small")
-    paper = common.load_config(f"{CONFIG}:paper")
     assert set(small.datasets) == {"spoken_vs_typed", "topics"}
     assert len(small.schemes) == 8 and len(small.seeds) >= 2
+    assert small.alpha == 0.1
+    # the paper scale is Table 1's setting (its datasets at alpha 0.1, C = 400 of 5000): the
+    # packaged target populations cannot hold a trained cohort of 400, so it refuses in one line
+    # before any data is loaded (issue 23 item 1) instead of running another setting
+    with pytest.raises(ConfigError, match="exceeds the 76 training users"):
+        common.load_config(f"{CONFIG}:paper")
+    paper = from_scale(pe_config.BASE, pe_config.SCALES, "paper")  # what it declares
     assert (paper.noise_cohort, paper.train_cohort, paper.rounds, paper.vocab_words) == (
         5000, 400, 2000, 10_000)
     assert (paper.clip_norm, paper.client_lr, paper.server_lr) == (0.5, 0.5, 0.1)
-    # the paper scale trains C = 400 on T only ("T w. C"): only chat_target's target population
-    # holds it (alpha = 0.25: ~403 T training users); the default pair has 76 / 52
-    assert paper.datasets == ("chat_target",) and paper.alpha == 0.25
-    assert small.alpha == 0.1
+    assert set(paper.datasets) == {"spoken_vs_typed", "topics"} and paper.alpha == 0.1
     cfg = common.load_config(f"{CONFIG}:smoke,seeds=3/4,schemes=PT/T w. C")
     assert cfg.seeds == (3, 4) and cfg.schemes == ("PT", "T w. C")
     with pytest.raises(ValueError):
