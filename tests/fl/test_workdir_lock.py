@@ -10,6 +10,7 @@ the problem, with no traceback, and keep what was written.
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -263,8 +264,12 @@ def test_full_disk_is_one_line_and_keeps_what_was_written(setup, tmp_path, capsy
         assert f"error: cannot write {wd / METRICS}: No space left on device (ENOSPC)" in err, err
         kept = [1, 2]  # round 3's row is the write that failed
     else:
-        assert (f"error: cannot write checkpoint 1 in {wd / CHECKPOINTS}: No space left on device "
-                "(ENOSPC); the earlier commits are intact") in err, err
+        # orbax writes the commit's items concurrently: when the failed item's temporary
+        # directory is cleaned up first, the error it surfaces can be the follow-on ENOENT of the
+        # other item (seen once in a fresh-clone CI run); either way one line names the directory
+        assert re.search(rf"error: cannot write checkpoint 1 in {re.escape(str(wd / CHECKPOINTS))}: "
+                         r"(No space left on device \(ENOSPC\)|No such file or directory \(ENOENT\)); "
+                         r"the earlier commits are intact", err), err
         kept = [1, 2, 3, 4]
     assert load_run(str(wd)).round == 2  # the commit before the failure
     assert [r["round"] for r in read_metrics(str(wd))] == kept
