@@ -21,7 +21,9 @@ def test_chitchat_real(chitchat):
     corpus, _ = chitchat
     _assert_clean(corpus)
     st = corpus.stats
-    assert st.records == 258_145 and st.malformed == 0 and not st.cache_hit
+    # records/malformed are the parse's counts, kept in the cache entry; whether this load parsed
+    # or hit the session cache depends on which test of this xdist worker loaded chitchat first
+    assert st.records == 258_145 and st.malformed == 0
     assert 1_200 <= len(corpus) <= 1_315
     # The heavy senders (one has ~25K messages) are capped at 1000 by default.
     assert corpus.examples_per_client().max() == 1000
@@ -37,7 +39,9 @@ def test_chitchat_cache_hit_does_not_reparse(chitchat, monkeypatch):
 
     monkeypatch.setattr(corpora_mod, "tqdm", boom)  # only the parser iterates with tqdm
     again = load_chitchat(progress=False)
-    assert again.stats.cache_hit and again.stats.seconds < cold
+    assert again.stats.cache_hit
+    if not corpus.stats.cache_hit:  # timed against a real parse only
+        assert again.stats.seconds < cold
     assert again.client_ids == corpus.client_ids
     assert all(again[c] == corpus[c] for c in corpus.client_ids)
     # Other options -> another cache key -> a parse (which here fails loudly).
@@ -104,7 +108,9 @@ def test_public_pool_real(public_pool, simpsons):
     by_doc = pool.as_federated("doc")
     assert by_doc.total_examples == len(pool)
     again = load_public_pool(progress=False)
-    assert again.stats.cache_hit and again.stats.seconds < cold
+    assert again.stats.cache_hit
+    if not pool.stats.cache_hit:  # timed against a real parse only (see test_chitchat_real)
+        assert again.stats.seconds < cold
     assert again.texts == pool.texts and again.sources == pool.sources
 
 
