@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 DATA   := $(VENV)/share/fedpriv
 STAMP  := $(VENV)/.fedpriv-setup
 
-.PHONY: setup demo test bench clean-venv lock
+.PHONY: setup demo test bench bench-gpu clean-venv lock
 
 setup: $(STAMP)
 
@@ -34,6 +34,11 @@ bench: setup
 	    --teacher --workdir runs/bench/so
 	$(PY) -m benchmarks.round --workload tiny --clients 16 --rounds 2 --no-ceiling \
 	    --scaling 100,400,1000 --workdir runs/bench/tiny
+
+# On a machine with a GPU (issue 27's cases: cohorts 16/100/1000, 100 x 256 full clients, LSTM and
+# Transformer, float32 and bfloat16 client compute); results: benchmarks/results/gpu_h100.md.
+bench-gpu: setup
+	OUT=runs/bench/gpu PY=$(PY) bash benchmarks/gpu_suite.sh
 
 clean-venv:
 	rm -rf $(VENV)

@@ -53,6 +53,7 @@ from fedpriv.fl.execution import CohortExecutor
 from fedpriv.fl.samplers import UniformSampler
 from fedpriv.models.lm import LMConfig, count_params, make_lm, make_lm_task
 
+DTYPES = {"float32": None, "bfloat16": jnp.bfloat16}
 WORKLOADS = {
     "so": dict(vocab_size=10_004, embed_dim=96, hidden_dim=670),
     "tiny": dict(vocab_size=2_000, embed_dim=96, hidden_dim=128),
@@ -60,10 +61,13 @@ WORKLOADS = {
 B, L, CLIP, Z = 16, 20, 0.5, 1.0
 
 
-def make_population(num_clients: int, vocab: int, seed: int = 0) -> dict:
-    """Synthetic StackOverflow-like clients: log-normal sizes, geometric sentence lengths."""
+def make_population(num_clients: int, vocab: int, seed: int = 0, client_size: int | None = None) -> dict:
+    """Synthetic StackOverflow-like clients: log-normal sizes (or all ``client_size`` examples:
+    "full" clients), geometric sentence lengths."""
     rng = np.random.default_rng(seed)
     sizes = np.clip(np.round(rng.lognormal(3.5, 1.0, num_clients)), 1, 256).astype(int)
+    if client_size:
+        sizes = np.full(num_clients, client_size)
     data = {}
     for i, n in enumerate(sizes):
         words = np.minimum(rng.geometric(1 / 12.3, n), L - 1)
@@ -83,9 +87,9 @@ def real_tokens(data, ids) -> int:
 class Loop:
     """A per-client Python loop over real batches (one jitted grad+SGD step per batch)."""
 
-    def __init__(self, task, client_lr, server_lr, z, rounds_per_epoch):
+    def __init__(self, task, client_lr, server_lr, z, rounds_per_epoch, compute_dtype=None):
         opt = optax.sgd(client_lr)
-        local = make_local_step(task.loss_fn, opt)
+        local = make_local_step(task.loss_fn, opt, compute_dtype)
         self.step = jax.jit(lambda p, b, k: local(p, opt.init(p), b, k)[0])
         self.clip = jax.jit(clip_update)
         self.add = jax.jit(lambda t, c: jax.tree_util.tree_map(jnp.add, t, c))
@@ -132,6 +136,11 @@ def finish_round(alg, state, total):
     return _finish_cache[id(alg)](state, total)
 
 
+def log(msg: str) -> None:
+    """Progress on stderr (a timed-out run still shows where its time went)."""
+    print(f"[benchmarks.round {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
 def block(x):
     jax.block_until_ready(x)
     return x
@@ -150,7 +159,7 @@ def peak_memory_bytes() -> int | None:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # CPU: process max RSS
 
 
-def ceiling(task, params, data, ids, batch=256, repeats=2, trim=False) -> float:
+def ceiling(task, params, data, ids, batch=256, repeats=2, trim=False, compute_dtype=None) -> float:
     """Tokens/s of ONE model taking grad+SGD steps on large batches of the same examples.
 
     ``trim``: the examples sorted by length, each batch cut to its bucket width
@@ -160,7 +169,7 @@ def ceiling(task, params, data, ids, batch=256, repeats=2, trim=False) -> float:
     n = len(tok) // batch * batch or len(tok)
     batch = min(batch, n)
     opt = optax.sgd(0.1)
-    local = make_local_step(task.loss_fn, opt)
+    local = make_local_step(task.loss_fn, opt, compute_dtype)
     step = jax.jit(lambda p, b: local(p, opt.init(p), b, jax.random.key(0))[0])
     if trim:
         from fedpriv.models import bucketing
@@ -190,13 +199,15 @@ def measure(args) -> dict:
     task = make_lm_task(make_lm(cfg))
     params = task.init(jax.random.key(0))
     population = max(args.population, args.clients)
-    data = make_population(population, cfg.vocab_size, seed=args.seed)
+    data = make_population(population, cfg.vocab_size, seed=args.seed, client_size=args.client_size)
+    dtype = DTYPES[args.compute_dtype]
     ids_all = list(data)
     sampler = UniformSampler(population, args.clients, seed=args.seed)
 
     def algorithm(z):
         return dp_ftrl(task.loss_fn, optax.sgd(0.1), server_optimizer("sgd", 1.0), clip_norm=CLIP,
-                       noise_multiplier=z, expected_cohort_size=args.clients, rounds_per_epoch=1 << 20)
+                       noise_multiplier=z, expected_cohort_size=args.clients, rounds_per_epoch=1 << 20,
+                       compute_dtype=dtype)
 
     alg, alg0 = algorithm(Z), algorithm(0.0)
     ex = CohortExecutor(alg, data, batch_size=B, capacity=args.clients, lanes=args.lanes,
@@ -207,7 +218,7 @@ def measure(args) -> dict:
     ex0 = CohortExecutor(alg0, data, batch_size=B, capacity=args.clients, lanes=args.lanes)
     ex.set_params_size(params)
     ex0.set_params_size(params)
-    loop = Loop(task, 0.1, 1.0, Z, None)
+    loop = Loop(task, 0.1, 1.0, Z, None, compute_dtype=dtype)
     state = alg.init(params, jax.random.key(1))
     cohorts = [[ids_all[i] for i in sampler.sample(r)] for r in range(args.rounds)]
 
@@ -221,6 +232,7 @@ def measure(args) -> dict:
     s_loop = block(loop.run(alg, state, data, cohorts[0], np.random.default_rng([args.seed, 0]),
                             jax.random.key(5)).params)
     compile_loop = time.perf_counter() - t
+    log(f"compiled: engine {compile_engine:.1f} s, loop {compile_loop:.1f} s")
     agree = max_diff(s_eng.params, s_loop)
     s0, _ = ex0.run(alg0.init(params, jax.random.key(1)), packed, jax.random.key(5))
     block(s0.params)
@@ -233,6 +245,7 @@ def measure(args) -> dict:
             p = e.pack(ids, rng=np.random.default_rng([args.seed, r]))
             block(e.run(e.algorithm.init(params, jax.random.key(1)), p, jax.random.key(r))[0].params)
     warmup = time.perf_counter() - t
+    log(f"warm-up (other lane shapes, z=0): {warmup:.1f} s")
     for b, e in ex_b.items():  # compile every width / lane shape of the other batchings
         for r, ids in enumerate(cohorts):
             block(e.run(state, e.pack(ids, rng=np.random.default_rng([args.seed, r])), jax.random.key(r))[0].params)
@@ -268,10 +281,13 @@ def measure(args) -> dict:
                        jax.random.key(r))
         block(s.params)
         times["engine_z0"].append(time.perf_counter() - t)
+        log(f"round {r}: engine {times['engine'][-1]:.3f} s, loop {times['loop'][-1]:.3f} s")
     eng, lp, e0 = (sum(times[k]) for k in ("engine", "loop", "engine_z0"))
     out = {
         "workload": args.workload, "arch": args.arch, "params": count_params(params),
         "clients": args.clients, "rounds_timed": args.rounds, "lanes": ex.lanes,
+        "client_size": args.client_size or "lognormal(3.5, 1) clipped to [1, 256]",
+        "compute_dtype": args.compute_dtype, "jax": jax.__version__,
         "device": str(jax.devices()[0]), "backend": jax.default_backend(),
         "real_tokens_per_round": tokens / args.rounds,
         "engine_seconds_per_round": eng / args.rounds, "loop_seconds_per_round": lp / args.rounds,
@@ -316,11 +332,11 @@ def measure(args) -> dict:
     out["packing"] = pad_steps
     if args.ceiling:
         ids = cohorts[0]
-        c = ceiling(task, params, data, ids)
+        c = ceiling(task, params, data, ids, compute_dtype=dtype)
         out["ceiling_tokens_per_s"] = c
         out["engine_share_of_ceiling"] = out["engine_tokens_per_s"] / c
         if any(b != "padded" for b in args.batching):
-            ct = ceiling(task, params, data, ids, trim=True)
+            ct = ceiling(task, params, data, ids, trim=True, compute_dtype=dtype)
             out["ceiling_trimmed_tokens_per_s"] = ct
             for b, row in out["batching"].items():
                 row["share_of_ceiling"] = row["tokens_per_s"] / (c if b == "padded" else ct)
@@ -329,7 +345,7 @@ def measure(args) -> dict:
         for k in args.scaling:
             s = UniformSampler(population, min(k, population), seed=args.seed + 1)
             a = algorithm(Z)
-            e = CohortExecutor(a, data, batch_size=B, capacity=k, lanes=args.lanes)
+            e = CohortExecutor(a, data, batch_size=B, capacity=k, lanes=args.lanes, batching=args.batching[0])
             e.set_params_size(params)
             ids = [ids_all[i] for i in s.sample(0)]
             st = a.init(params, jax.random.key(1))
@@ -361,6 +377,7 @@ def measure(args) -> dict:
 def markdown(out: dict) -> str:
     lines = [f"# Round benchmark: {out['workload']} ({out['arch']}, {out['params']:,} params), "
              f"cohort {out['clients']}, {out['device']}", "",
+             f"client sizes: {out['client_size']}; client compute {out['compute_dtype']}; jax {out['jax']}", "",
              "| path | s/round | tokens/s |", "|---|---|---|",
              f"| engine (lanes={out['lanes']}) | {out['engine_seconds_per_round']:.3f} | {out['engine_tokens_per_s']:,.0f} |",
              f"| per-client loop | {out['loop_seconds_per_round']:.3f} | {out['loop_tokens_per_s']:,.0f} |", "",
@@ -414,6 +431,11 @@ def main(argv=None):
                     help="comma list: the first is the engine compared with the loop; the others "
                          "run the same cohorts interleaved (tokens/s, padded positions, ceiling)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--client-size", type=int, default=None,
+                    help="every client holds this many examples (e.g. 256: full clients); "
+                         "default log-normal sizes")
+    ap.add_argument("--compute-dtype", choices=sorted(DTYPES), default="float32",
+                    help="client forward/backward precision (engine, loop and ceiling alike)")
     ap.add_argument("--packing-cohorts", type=_ints, default=[16, 100])
     ap.add_argument("--scaling", type=_ints, default=[])
     ap.add_argument("--no-ceiling", dest="ceiling", action="store_false")
@@ -422,8 +444,8 @@ def main(argv=None):
     ap.add_argument("--workdir")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    if args.clients < 1 or args.rounds < 1:
-        print("error: --clients and --rounds must be >= 1", file=sys.stderr)
+    if args.clients < 1 or args.rounds < 1 or (args.client_size is not None and not 1 <= args.client_size <= 256):
+        print("error: --clients and --rounds must be >= 1, --client-size in [1, 256]", file=sys.stderr)
         return 2
     out = measure(args)
     md = markdown(out)

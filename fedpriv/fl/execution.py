@@ -11,9 +11,11 @@ Backend-aware defaults (``lanes="auto"``):
   real steps. Vmapping clients on XLA:CPU is slower per client than running them one after
   the other (measured: 141 vs 89 ms per step for the 4M-parameter LSTM), so nothing is padded.
 * **GPU/TPU**: vmapped lanes, ``W = 2^floor(log2(real steps / largest client's steps))`` per
-  round (so lanes stay balanced: the longest lane is close to the average), at least one per
-  device, at most ``max_lanes`` (memory: each lane holds a copy of the model, its optimizer
-  state and a running sum). Lanes are a multiple of the device count.
+  round (so lanes stay balanced: the longest lane is close to the average), or one client per
+  lane (W = the cohort capacity K) where that executes fewer steps (clients of equal size;
+  :func:`balanced_lanes`), at least one per device, at most ``max_lanes`` (memory: each lane
+  holds a copy of the model, its optimizer state and a running sum). Lanes are a multiple of
+  the device count. Measured on an H100 (benchmarks/results/gpu_h100.md).
 
 Optionally (``first_steps=True``) the clients' FIRST local steps run as one batch with the
 shared server weights (every client starts from the same model) and the lanes continue from
@@ -34,6 +36,7 @@ compiles at most ``log2(max lanes) x log2(max depth) x log2(max capacity)`` shap
 """
 from __future__ import annotations
 
+import heapq
 import math
 from typing import Mapping, Sequence
 
@@ -51,13 +54,35 @@ def default_lanes(backend: str | None = None) -> str | int:
     return jax.local_device_count() if backend == "cpu" else "balanced"
 
 
-def balanced_lanes(steps: Sequence[int], multiple: int = 1, max_lanes: int = 256) -> int:
-    """Power-of-two lane count keeping LPT lanes balanced: ``real / largest`` lanes at most."""
+def lpt_depth(steps: Sequence[int], lanes: int) -> int:
+    """The longest lane's load when ``steps`` are assigned longest-first to ``lanes`` lanes
+    (``cohort.assign_lanes``' rule, computed with a heap)."""
+    loads = [0] * lanes
+    for s in sorted(steps, reverse=True):
+        heapq.heapreplace(loads, loads[0] + s)
+    return max(loads, default=0)
+
+
+def balanced_lanes(steps: Sequence[int], multiple: int = 1, max_lanes: int = 256,
+                   capacity: int | None = None) -> int:
+    """Lane count W for one round: of ``2^floor(log2(real / largest))`` (balanced LPT lanes,
+    the longest close to the average) and ``capacity`` (one client per lane: the cohort's K,
+    already a compiled dimension), the one executing fewer steps ``W x next_pow2(depth)``
+    (ties: fewer lanes). Clients of equal size (e.g. 100 x 256 examples) thus run 100 lanes of
+    16 steps (executed/real 1.00) instead of 64 lanes of 32 (1.28). At most one lane count
+    beyond the powers of two is compiled."""
     if not len(steps):
         return multiple
     ratio = max(1, sum(steps) // max(max(steps), 1))
-    w = prev_pow2(ratio)
-    return max(multiple, round_up(min(w, max_lanes), multiple))
+    w = max(multiple, round_up(min(prev_pow2(ratio), max_lanes), multiple))
+    if capacity is None:
+        return w
+    k = round_up(int(capacity), multiple)
+    if k == w or k > max_lanes or k < len(steps):
+        return w
+    cost_w = w * next_pow2(max(lpt_depth(steps, w), 1))
+    cost_k = k * next_pow2(max(max(steps), 1))
+    return k if cost_k < cost_w else w
 
 
 def _put(tree, mesh: Mesh | None, spec):
@@ -133,7 +158,7 @@ class CohortExecutor:
         self._template = None
         self.param_bytes = 0
 
-    def _num_lanes(self, ids) -> int:
+    def _num_lanes(self, ids, capacity: int | None = None) -> int:
         if self.lanes != "balanced":
             return round_up(int(self.lanes), self.devices)
         bs, cap = self.batch_size, self.max_steps
@@ -141,7 +166,8 @@ class CohortExecutor:
         for cid in ids:
             n = len(next(iter(self.dataset[cid].values())))
             steps.append(min(-(-n // bs), cap) if cap is not None else -(-n // bs))
-        return balanced_lanes([s * self.algorithm.local_epochs for s in steps], self.devices, self.max_lanes)
+        return balanced_lanes([s * self.algorithm.local_epochs for s in steps], self.devices, self.max_lanes,
+                              capacity)
 
     def pack(self, ids: Sequence, rng: np.random.Generator | None = None) -> PackedCohort:
         """Pack the cohort ``ids`` (may be empty: the round then releases only noise)."""
@@ -150,7 +176,7 @@ class CohortExecutor:
             self._template = {k: np.asarray(v[:1]) for k, v in first.items()}
         cap = min(next_pow2(max(len(ids), 1)), self.capacity) if self.variable else self.capacity
         cap = max(cap, len(ids))
-        lanes = self._num_lanes(ids)
+        lanes = self._num_lanes(ids, cap)
         subset = None
         if self.mesh is not None and jax.process_count() > 1:
             per = lanes // jax.process_count()

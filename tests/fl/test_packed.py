@@ -9,7 +9,7 @@ from fedpriv.fl.aggregate import cohort_sum, packed_sum
 from fedpriv.fl.algorithms import dp_fedavg, server_optimizer
 from fedpriv.fl.client import make_client_update, make_local_step
 from fedpriv.fl.cohort import assign_lanes, build_cohort, pack_cohort
-from fedpriv.fl.execution import CohortExecutor, balanced_lanes
+from fedpriv.fl.execution import CohortExecutor, balanced_lanes, lpt_depth
 from fedpriv.fl.samplers import PoissonSampler
 from tests.fl.helpers import init_params, loss_fn, make_dataset
 
@@ -78,6 +78,35 @@ def test_lpt_lanes_are_balanced_within_one_client():
         assert max(loads) - min(loads) <= max(steps)
     w = balanced_lanes(steps)
     assert w & (w - 1) == 0 and w <= sum(steps) // max(steps)
+
+
+def test_lpt_depth_matches_assign_lanes():
+    rng = np.random.default_rng(1)
+    for lanes in (1, 3, 8, 64):
+        steps = [int(s) for s in np.clip(np.round(rng.lognormal(1.5, 1.0, 50)), 1, 16)]
+        loads = [sum(steps[i] for i in m) for m in assign_lanes(steps, lanes)]
+        assert lpt_depth(steps, lanes) == max(loads)
+
+
+def test_equal_clients_get_one_lane_each_when_that_executes_fewer_steps():
+    """100 clients of 16 steps: 64 balanced lanes would run 2 clients on 36 lanes (depth 32:
+    2048 executed for 1600 real, the 1.28 measured on an H100); one client per lane runs
+    exactly the real steps. Log-normal cohorts keep the power-of-two balanced count."""
+    steps = [16] * 100
+    assert balanced_lanes(steps) == 64                       # without the capacity candidate
+    assert balanced_lanes(steps, capacity=100) == 100
+    assert balanced_lanes(steps, capacity=100, max_lanes=64) == 64   # memory cap wins
+    assert balanced_lanes(steps, multiple=8, capacity=100) == 104    # device multiple
+    rng = np.random.default_rng(0)
+    logn = [int(s) for s in np.clip(np.round(rng.lognormal(1.0, 1.0, 100)), 1, 16)]
+    w = balanced_lanes(logn, capacity=100)
+    assert w & (w - 1) == 0 and w == balanced_lanes(logn)
+    data = {f"c{i}": {"x": np.zeros((16 * B, 3), np.float32), "y": np.zeros(16 * B, np.float32)}
+            for i in range(100)}
+    alg = dp_fedavg(loss_fn, optax.sgd(0.05), server_optimizer("sgd", 1.0), clip_norm=1.0,
+                    noise_multiplier=1.0, expected_cohort_size=100)
+    packed = CohortExecutor(alg, data, batch_size=B, capacity=100, lanes="balanced").pack(list(data))
+    assert packed.executed_steps == packed.real_steps == 1600
 
 
 def _executor(data, z, cohort=6):
