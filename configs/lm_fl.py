@@ -21,6 +21,7 @@ ALGORITHMS = ("fedavg", "dp_fedavg", "dp_ftrl", "dp_mf_banded", "dp_mf_blt", "dp
               "dp_ddg")
 SERVER_OPTIMIZERS = ("sgd", "sgdm", "adam")
 BATCHINGS = ("padded", "trimmed", "sorted")     # fedpriv.fl.cohort.BATCHINGS
+CLIENT_COMPUTE = ("float32", "bfloat16")        # fedpriv.fl.client.make_local_step compute_dtype
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +83,10 @@ class LMFLConfig:
     # up to float order; needs one lane), "sorted" (each client's examples sorted by length into
     # batches, batch order shuffled, then trimmed: another local SGD trajectory, less padding)
     batching: str = "padded"
+    # client forward/backward precision: "bfloat16" casts the parameters for the local pass
+    # (mixed precision); gradients, clipping, sums and noise stay float32 (the DP release is
+    # unchanged). For accelerators: on a CPU bfloat16 is emulated and slower.
+    client_compute: str = "float32"
     seed: int = 0
 
     def __post_init__(self):
@@ -93,7 +98,7 @@ class LMFLConfig:
               non_negative=("noise_multiplier", "server_momentum", "seed"), open_unit=("delta",),
               choices={"corpus": CORPORA, "tokenizer": TOKENIZERS, "arch": ARCHS,
                        "algorithm": ALGORITHMS, "server_optimizer": SERVER_OPTIMIZERS,
-                       "batching": BATCHINGS},
+                       "batching": BATCHINGS, "client_compute": CLIENT_COMPUTE},
               fractions=("split",))
         check_lanes(self.lanes)
         if self.arch == "transformer" and self.hidden_dim % self.num_heads:

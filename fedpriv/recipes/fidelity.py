@@ -9,7 +9,8 @@ cohort, noise and the two epsilons of the paper-noise protocol (:mod:`fedpriv.dp
 simulated for the paper's population / spent on our users, from the config's privacy plan). A
 ``paper`` scale that refuses (``ConfigError``) shows its one-line reason.
 
-GPU time is NOT measured here (no accelerator was lent when this was written): each FL row has a
+GPU time of a whole paper run is NOT measured (one H100 was lent for 30 minutes once:
+:data:`MEASURED_GPU` gives what it measured, 40 rounds of ``lm_fl:paper``); each FL row has a
 FLOP-count *estimate*, labelled as such: ``6 x parameters x tokens`` per round (forward +
 backward, the usual dense-training count; an upper bound on tokens: every client at its example
 cap), times rounds, at an assumed 2-40 % of one H100's dense BF16 peak (989 TFLOP/s). Small
@@ -27,6 +28,13 @@ from fedpriv.data.errors import ConfigError
 
 __all__ = ["PAPER_SETTINGS", "FIELDS", "artefact_rows", "render", "gpu_estimate"]
 
+# what the one GPU lease measured (issue 27; benchmarks/results/gpu_h100.md)
+MEASURED_GPU = ("Measured once, on one H100 (2026-11-25, jax 0.11.2): `lm_fl:paper` (chitchat, "
+                "LSTM 670-d, SentencePiece 32K, cohort 100) for 40 rounds: ~0.28 s/round float32 "
+                "and ~0.20 s/round bfloat16 client compute in steady state, 43.8 s of training "
+                "with compiles, 5 s per evaluation of 10,000 messages: a 1,600-round LSTM run is "
+                "~8 min of rounds (benchmarks/results/gpu_h100.md). The Transformer's GPU compile "
+                "did not finish in 170 s: not measured.")
 FIELDS = ("data", "population", "model", "rounds", "cohort", "noise", "epsilon", "GPU time")
 H100_PEAK = 989e12            # dense BF16 FLOP/s, one H100 SXM
 UTILIZATION = (0.02, 0.40)    # assumed sustained fraction of peak (an assumption, not a measurement)
@@ -228,8 +236,8 @@ def render(rows, commit: str | None = None) -> str:
         "charges). With the papers' own data (`corpus=stackoverflow`, `corpus_path=...`) they coincide.",
         "- **REFUSED**: the `paper` scale cannot be the paper's setting on the packaged data; the "
         "reason is the config's one-line error.",
-        "- **GPU time**: not measured (no GPU was lent); the figures are FLOP-count ESTIMATES "
-        "(`fedpriv.recipes.fidelity.gpu_estimate`), not measurements.",
+        "- **GPU time**: no whole paper run was measured; the figures are FLOP-count ESTIMATES "
+        "(`fedpriv.recipes.fidelity.gpu_estimate`), not measurements. " + MEASURED_GPU,
         "",
     ]
     body = []

@@ -159,6 +159,12 @@ def paper_noise(cfg, z: float, event, num_clients: int, neighboring: str = "add_
     return population.paper_noise(pop, z, cfg.rounds, event, ours, num_clients, cfg.delta, neighboring)
 
 
+def client_compute_dtype(cfg):
+    """The client pass's ``compute_dtype`` (None: float32) of ``cfg.client_compute``."""
+    name = getattr(cfg, "client_compute", "float32")
+    return None if name == "float32" else jax.numpy.dtype(name)
+
+
 def build_algorithm(cfg, num_clients: int, loss_fn, prior_events=(), num_params: int | None = None):
     """Algorithm, sampler, the run's privacy event(s) and its noise multiplier.
 
@@ -174,7 +180,7 @@ def build_algorithm(cfg, num_clients: int, loss_fn, prior_events=(), num_params:
     if cfg.algorithm == "fedavg":
         sampler = ShuffledPassSampler(num_clients, cfg.cohort_size, seed=cfg.seed)
         alg = algs.build_algorithm(loss_fn, client_opt, server_opt, algs.DPConfig(clip_norm=cfg.clip_norm),
-                                   sampler.expected_cohort_size)
+                                   sampler.expected_cohort_size, compute_dtype=client_compute_dtype(cfg))
         return alg, sampler, None, 0.0
     if cfg.algorithm == "dp_ftrl":
         sampler = ShuffledPassSampler(num_clients, cfg.cohort_size, seed=cfg.seed)
@@ -224,7 +230,8 @@ def build_algorithm(cfg, num_clients: int, loss_fn, prior_events=(), num_params:
     else:
         raise ValueError("a DP algorithm needs noise_multiplier or target_epsilon")
     dp = dp_of(z)
-    alg = algs.build_algorithm(loss_fn, client_opt, server_opt, dp, sampler.expected_cohort_size)
+    alg = algs.build_algorithm(loss_fn, client_opt, server_opt, dp, sampler.expected_cohort_size,
+                               compute_dtype=client_compute_dtype(cfg))
     return alg, sampler, algs.privacy_event(alg.dp, sampler, cfg.rounds), z  # what the loop charges
 
 
@@ -243,6 +250,8 @@ def run_fingerprint(cfg) -> dict:
         d.pop("ddg_bits", None)  # likewise
     if d.get("batching") == "padded":
         d.pop("batching")  # runs from before the field were padded, and resume
+    if d.get("client_compute") == "float32":
+        d.pop("client_compute")  # likewise
     return {k: v for k, v in d.items() if k not in _NOT_FINGERPRINTED}
 
 
