@@ -469,7 +469,7 @@ def calibrate_noise_multiplier(make_event: Callable[[float], dpa.DpEvent], epsil
         # and the search would be the same. Else bracket [z/2, z] when eps(z/2) > target:
         # PLD at a handful of points instead of the open-ended bracket search (~3x faster).
         z_rdp = calibrate_noise_multiplier(make_event, epsilon, delta, neighboring, "rdp", tol)
-        if _pld_epsilon([make_event(z_rdp)], delta, neighboring) is None:
+        if _pld_epsilon([make_event(z_rdp)], delta, neighboring, dry_run=True) is None:
             return z_rdp
         low = z_rdp / 2
         if low >= lowest and compute_epsilon(make_event(low), delta, neighboring, accountant)[0] > epsilon:
