@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import numbers
 
-__all__ = ["next_pow2", "prev_pow2", "check_int", "check_positive", "check_probability"]
+__all__ = ["next_pow2", "prev_pow2", "check_int", "check_positive"]
 
 
 def next_pow2(n: int) -> int:
@@ -38,11 +38,3 @@ def check_positive(value, name: str, allow_zero: bool = False) -> float:
         raise ValueError(f"{name} must be a finite number {'>=' if allow_zero else '>'} 0, got {value!r}")
     return float(value)
 
-
-def check_probability(value, name: str, closed: bool = False) -> float:
-    """``value`` as a float in (0, 1) (or [0, 1] with ``closed``)."""
-    ok = (not isinstance(value, bool) and isinstance(value, numbers.Real) and math.isfinite(value)
-          and ((0 <= value <= 1) if closed else (0 < value < 1)))
-    if not ok:
-        raise ValueError(f"{name} must be in {'[0, 1]' if closed else '(0, 1)'}, got {value!r}")
-    return float(value)

@@ -49,7 +49,7 @@ import numpy as np
 import optax
 from flax import struct
 
-from fedpriv.dp.noise import check_int
+from fedpriv.dp.noise import _gaussian_like, check_int
 from fedpriv.errors import FedprivError
 
 MAX_DENSE_ROUNDS = 4096  # dense Gram sensitivity (BLT): O(rounds^2) memory
@@ -271,10 +271,10 @@ class MatrixNoiseState:
 
 
 def _normal_like(key, tree, std):
-    leaves, treedef = jax.tree_util.tree_flatten(tree)
-    keys = jax.random.split(key, len(leaves))
-    return jax.tree_util.tree_unflatten(
-        treedef, [std * jax.random.normal(k, x.shape, jnp.float32) for k, x in zip(keys, leaves)])
+    """float32 ``N(0, std^2)`` noise like ``tree``: the tree mechanism's ``_gaussian_like``
+    (one key per leaf from ``split``), at float32 whatever the leaves' dtype."""
+    f32 = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), jnp.float32), tree)
+    return _gaussian_like(key, f32, std)
 
 
 def _privatizer(noise_std, key, num_buffers, step_fn):

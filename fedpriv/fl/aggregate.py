@@ -15,7 +15,7 @@ whose L2 sensitivity to one client is the clip norm C (each contribution has nor
 with w_i <= 1) — plus summed metrics and clipping statistics. With ``chunk_size`` the cohort
 is processed as a ``lax.scan`` over vmapped chunks that accumulates running sums, so memory
 holds ``chunk_size`` updates instead of the whole cohort. When the cohort arrays are sharded
-over devices along their leading axis (``shard_cohort``), XLA partitions the vmap and turns
+over devices along their leading axis (``fedpriv.fl.execution``), XLA partitions the vmap and turns
 the sum into an all-reduce: the same code on 1 CPU, several GPUs or a TPU slice.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh
 
 from fedpriv.dp.clipping import clip_update
 from fedpriv.fl.cohort import FirstSteps, Lanes
@@ -269,15 +269,3 @@ def client_mesh(devices=None) -> Mesh:
     """A 1-D mesh named ``clients`` over ``devices`` (default: all)."""
     devices = np.asarray(jax.devices() if devices is None else devices)
     return Mesh(devices, ("clients",))
-
-
-def shard_cohort(tree, mesh: Mesh):
-    """Place every array of ``tree`` with its leading (cohort) axis split over ``mesh``."""
-    n = mesh.devices.size
-
-    def put(a):
-        if a.shape[0] % n:
-            raise ValueError(f"cohort axis {a.shape[0]} is not divisible by {n} devices; "
-                             f"pad the cohort capacity to a multiple of the device count")
-        return jax.device_put(a, NamedSharding(mesh, P("clients")))
-    return jax.tree_util.tree_map(put, tree)

@@ -25,9 +25,8 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
-import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import flax.linen as nn
 import jax
@@ -366,14 +365,3 @@ def load_embedder(
         buckets=buckets,
         pad_id=0 if pad_id is None else pad_id,
     )
-
-
-def measure_throughput(
-    embed: Callable[[list[str]], np.ndarray], sentences: list[str], repeats: int = 1
-) -> float:
-    """Sentences per second of ``embed`` on ``sentences`` (after one warm-up call)."""
-    embed(sentences)
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        embed(sentences)
-    return repeats * len(sentences) / (time.perf_counter() - t0)

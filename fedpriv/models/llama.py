@@ -290,28 +290,6 @@ def teacher_logits(teacher: Teacher, token_ids, mask=None) -> jax.Array:
                         jnp.asarray(mask, jnp.float32))
 
 
-def measure_throughput(teacher: Teacher, *, batch_size: int = 32, length: int = 32,
-                       repeats: int = 3, seed: int = 0) -> dict[str, float]:
-    """Teacher-forcing speed on this machine: tokens/second of the jitted forward (full logits).
-
-    Random token ids (host NumPy generator seeded by `seed`) of shape [batch_size, length]; the
-    first call (compilation) is timed separately and excluded from the rate.
-    """
-    import time
-
-    rng = np.random.default_rng(seed)
-    ids = rng.integers(0, teacher.config.vocab_size, size=(batch_size, length)).astype(np.int32)
-    t0 = time.perf_counter()
-    teacher_logits(teacher, ids).block_until_ready()
-    first = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        teacher_logits(teacher, ids).block_until_ready()
-    per_batch = (time.perf_counter() - t0) / repeats
-    return {"tokens_per_second": batch_size * length / per_batch, "seconds_per_batch": per_batch,
-            "compile_and_first_batch_seconds": first, "batch_size": batch_size, "length": length}
-
-
 def _as_id_sequences(teacher: Teacher, texts_or_ids: Iterable) -> list[list[int]]:
     out = []
     for item in texts_or_ids:
