@@ -46,14 +46,15 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from configs.lm_fl import CLIENT_COMPUTE
 from fedpriv.dp.clipping import clip_update
 from fedpriv.fl.algorithms import dp_ftrl, server_optimizer
 from fedpriv.fl.client import make_local_step
 from fedpriv.fl.execution import CohortExecutor
 from fedpriv.fl.samplers import UniformSampler
 from fedpriv.models.lm import LMConfig, count_params, make_lm, make_lm_task
+from fedpriv.recipes.lm import client_compute_dtype
 
-DTYPES = {"float32": None, "bfloat16": jnp.bfloat16}
 WORKLOADS = {
     "so": dict(vocab_size=10_004, embed_dim=96, hidden_dim=670),
     "tiny": dict(vocab_size=2_000, embed_dim=96, hidden_dim=128),
@@ -200,7 +201,7 @@ def measure(args) -> dict:
     params = task.init(jax.random.key(0))
     population = max(args.population, args.clients)
     data = make_population(population, cfg.vocab_size, seed=args.seed, client_size=args.client_size)
-    dtype = DTYPES[args.compute_dtype]
+    dtype = client_compute_dtype(args.compute_dtype)
     ids_all = list(data)
     sampler = UniformSampler(population, args.clients, seed=args.seed)
 
@@ -434,7 +435,7 @@ def main(argv=None):
     ap.add_argument("--client-size", type=int, default=None,
                     help="every client holds this many examples (e.g. 256: full clients); "
                          "default log-normal sizes")
-    ap.add_argument("--compute-dtype", choices=sorted(DTYPES), default="float32",
+    ap.add_argument("--compute-dtype", choices=CLIENT_COMPUTE, default="float32",
                     help="client forward/backward precision (engine, loop and ceiling alike)")
     ap.add_argument("--packing-cohorts", type=_ints, default=[16, 100])
     ap.add_argument("--scaling", type=_ints, default=[])

@@ -61,6 +61,7 @@ clients are masked after clipping.
 from __future__ import annotations
 
 import dataclasses
+import heapq
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -227,13 +228,13 @@ def assign_lanes(steps: Sequence[int], lanes: int) -> list[list[int]]:
     cohort's order). Lane loads differ by at most the largest client. Clients with 0 steps
     are left out.
     """
-    loads = [0] * lanes
+    heap = [(0, w) for w in range(lanes)]      # (load, lane): the least-loaded, lowest lane first
     members: list[list[int]] = [[] for _ in range(lanes)]
     for i in sorted(range(len(steps)), key=lambda i: (-steps[i], i)):
         if steps[i] == 0:
             continue
-        lane = min(range(lanes), key=lambda w: (loads[w], w))
-        loads[lane] += steps[i]
+        load, lane = heap[0]
+        heapq.heapreplace(heap, (load + steps[i], lane))
         members[lane].append(i)
     return [sorted(m) for m in members]
 

@@ -36,7 +36,6 @@ compiles at most ``log2(max lanes) x log2(max depth) x log2(max capacity)`` shap
 """
 from __future__ import annotations
 
-import heapq
 import math
 from typing import Mapping, Sequence
 
@@ -44,7 +43,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from fedpriv.fl.cohort import BATCHINGS, PackedCohort, pack_cohort, round_up
+from fedpriv.fl.cohort import BATCHINGS, PackedCohort, assign_lanes, pack_cohort, round_up
 from fedpriv.util import next_pow2, prev_pow2
 
 
@@ -55,12 +54,8 @@ def default_lanes(backend: str | None = None) -> str | int:
 
 
 def lpt_depth(steps: Sequence[int], lanes: int) -> int:
-    """The longest lane's load when ``steps`` are assigned longest-first to ``lanes`` lanes
-    (``cohort.assign_lanes``' rule, computed with a heap)."""
-    loads = [0] * lanes
-    for s in sorted(steps, reverse=True):
-        heapq.heapreplace(loads, loads[0] + s)
-    return max(loads, default=0)
+    """The longest lane's load under ``cohort.assign_lanes`` (longest-first to ``lanes`` lanes)."""
+    return max((sum(steps[i] for i in m) for m in assign_lanes(steps, lanes)), default=0)
 
 
 def balanced_lanes(steps: Sequence[int], multiple: int = 1, max_lanes: int = 256,

@@ -159,9 +159,10 @@ def paper_noise(cfg, z: float, event, num_clients: int, neighboring: str = "add_
     return population.paper_noise(pop, z, cfg.rounds, event, ours, num_clients, cfg.delta, neighboring)
 
 
-def client_compute_dtype(cfg):
-    """The client pass's ``compute_dtype`` (None: float32) of ``cfg.client_compute``."""
-    name = getattr(cfg, "client_compute", "float32")
+def client_compute_dtype(cfg_or_name):
+    """The client pass's ``compute_dtype`` (None: float32) of ``cfg.client_compute`` (or of the
+    name itself, e.g. "bfloat16")."""
+    name = cfg_or_name if isinstance(cfg_or_name, str) else getattr(cfg_or_name, "client_compute", "float32")
     return None if name == "float32" else jax.numpy.dtype(name)
 
 
