@@ -157,7 +157,7 @@ class PaperNoise:
             return (f"epsilon {self.epsilon_executed:.3g} (delta {self.delta:g}, user level) on "
                     f"{self.our_users}: the paper's population itself (z = {self.noise_multiplier:.4g})")
         return (f"epsilon {self.epsilon_simulated:.3g} SIMULATED for {self.population} | epsilon "
-                f"{self.epsilon_executed:.3g} SPENT on {self.our_users} (the ledger's charge; "
+                f"{self.epsilon_executed:.3g} SPENT on {self.our_users} (the run executed on them; "
                 f"z = {self.noise_multiplier:.4g}, delta {self.delta:g}, user level)")
 
 
@@ -181,18 +181,32 @@ def check_protocol(pop: SimulatedPopulation, *, algorithm: str, cohort_size: int
                    noise_cohort_size: int | None, name: str = "") -> None:
     """Refuse (``ConfigError``) a run whose per-round noise on the averaged update is not the
     population's, or whose mechanism is another: the simulated epsilon would then describe
-    some other run. The cohort must be the population's and trained as such (no
-    ``noise_cohort_size``: the ledger then charges the run executed on our users)."""
+    some other run. Two ways match the population's noise ``z * C / m`` on the average:
+
+    * train the population's cohort ``m`` (``cohort_size == m``, no ``noise_cohort_size``);
+    * train a smaller cohort with the noise of ``m`` (``noise_cohort_size == m``,
+      ``cohort_size <= m``; McMahan et al. 2018): the noise std on the cohort's *sum* is
+      ``z * C * cohort / m``, so on the average it is the population's ``z * C / m``, while the
+      average itself is over fewer clients (more sampling variance, the same expectation).
+      The epsilon SPENT on our users is then that of the run executed (multiplier
+      ``z * cohort / m``), reported beside the simulated one."""
     where = f"{name}: " if name else ""
     if algorithm != pop.algorithm:
         raise ConfigError(f"{where}simulated population {pop.name!r} runs {pop.algorithm}, not {algorithm}")
     if noise_cohort_size is not None:
-        raise ConfigError(f"{where}a simulated population ({pop.name}) and noise_cohort_size are two "
-                          "simulations: set cohort_size to the population's cohort and no noise_cohort_size")
+        if noise_cohort_size != pop.cohort:
+            raise ConfigError(
+                f"{where}a simulated population ({pop.name}, cohort {pop.cohort}) and noise_cohort_size="
+                f"{noise_cohort_size} are two simulations: the noise cohort must be the population's "
+                f"({pop.cohort}), or none with cohort_size={pop.cohort}")
+        if cohort_size > pop.cohort:
+            raise ConfigError(f"{where}cohort_size={cohort_size} exceeds the simulated population's "
+                              f"cohort {pop.cohort} (its noise cohort)")
+        return
     if cohort_size != pop.cohort:
         raise ConfigError(f"{where}simulated population {pop.name!r} has cohort {pop.cohort}: the "
-                          f"per-round noise on the average matches only at cohort_size={pop.cohort}, "
-                          f"got {cohort_size}")
+                          f"per-round noise on the average matches only at cohort_size={pop.cohort} "
+                          f"(or a smaller cohort with noise_cohort_size={pop.cohort}), got {cohort_size}")
 
 
 def paper_noise(pop: SimulatedPopulation, noise_multiplier: float, rounds: int,

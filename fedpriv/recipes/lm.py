@@ -220,7 +220,9 @@ def build_algorithm(cfg, num_clients: int, loss_fn, prior_events=(), num_params:
         if list(prior_events):
             raise ConfigError("a simulated population's epsilon cannot be targeted after earlier "
                               "releases on the same users (set noise_multiplier, or no simulated_population)")
-        z = pop.noise_multiplier(cfg.target_epsilon, cfg.delta, cfg.rounds)
+        # calibrated over the paper's rounds (or the run's, if longer): the paper's per-round
+        # noise; a shorter run's simulated epsilon (reported) is then below the target
+        z = pop.noise_multiplier(cfg.target_epsilon, cfg.delta, max(cfg.rounds, pop.rounds))
     elif cfg.target_epsilon is not None:
         prior = list(prior_events)
         total = (lambda z: dpa.ComposedDpEvent(prior + [make(z)])) if prior else make
@@ -381,7 +383,9 @@ def run_lm_fl(cfg, workdir: str, *, prepared: Prepared | None = None, init_param
                            f"{cfg.noise_cohort_size}: the epsilon is that of the simulated population "
                            f"{len(ids) * cfg.noise_cohort_size // cfg.cohort_size}; the run actually "
                            f"executed has epsilon = {eps_real:.3g}")
-        pn = paper_noise(cfg, z, event, len(ids), algs.neighboring_for(sampler))
+        # the paper-noise pair's "spent" side is the run executed on our users
+        pn = paper_noise(cfg, z, event if cfg.noise_cohort_size is None else real, len(ids),
+                         algs.neighboring_for(sampler))
         if pn is not None:
             noise_note += "; paper-noise protocol: " + pn.line()
         log(noise_note)

@@ -126,7 +126,7 @@ def lm_run(cfg, num_clients: int, name: str, *, prior: tuple[Charge, ...] = (),
     executed = (algs.privacy_event(alg.dp, sampler, cfg.rounds, simulated=False)
                 if cfg.noise_cohort_size is not None else None)
     charges = (*prior, Charge(stage, event, ("users",), executed))
-    pn = lm.paper_noise(cfg, z, event, num_clients, rel)  # the paper-noise protocol
+    pn = lm.paper_noise(cfg, z, executed or event, num_clients, rel)  # the paper-noise protocol
     if budget is None:
         # with a simulated population, target_epsilon is the population's (simulated) epsilon:
         # the ledger's budget is what the run spends on our users
@@ -137,7 +137,8 @@ def lm_run(cfg, num_clients: int, name: str, *, prior: tuple[Charge, ...] = (),
     if budget is None:  # fixed z, no target: the ledger's budget is the run's own epsilon
         budget = accounting.compute_epsilon([c.event for c in charges], cfg.delta, rel)[0] * (1 + 1e-6)
         what += ("; z fixed, no target epsilon: budget = its own epsilon" if pn is None else
-                 "; budget = its own epsilon on our users")
+                 "; budget = its own epsilon on our users" if cfg.noise_cohort_size is None else
+                 "; budget = its own epsilon (the noise-cohort simulation's)")
     if pn is not None:
         what += "; paper-noise protocol: " + pn.line()
     return PlannedRun(name, budget, cfg.delta, charges, _nonprivate_vocabulary(cfg), copies=copies,

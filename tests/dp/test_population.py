@@ -64,3 +64,18 @@ def test_bad_population_is_refused(kw, match):
                 mechanism="tree", algorithm="dp_ftrl", source="test")
     with pytest.raises(ConfigError, match=match):
         SimulatedPopulation(**{**base, **kw})
+
+
+def test_protocol_accepts_the_populations_noise_cohort_only():
+    """The per-round noise on the average is the population's z C / m either with its cohort m,
+    or with a smaller cohort trained at the noise of m; any other combination is refused."""
+    from fedpriv.dp.population import check_protocol
+    ok = dict(algorithm="dp_ftrl")
+    check_protocol(WANG, cohort_size=100, noise_cohort_size=None, **ok)
+    check_protocol(WANG, cohort_size=16, noise_cohort_size=100, **ok)
+    for cohort, noise, match in ((16, None, "cohort_size=100"), (16, 200, "two simulations"),
+                                 (100, 50, "two simulations"), (120, 100, "exceeds")):
+        with pytest.raises(ConfigError, match=match):
+            check_protocol(WANG, cohort_size=cohort, noise_cohort_size=noise, **ok)
+    with pytest.raises(ConfigError, match="not dp_fedavg"):
+        check_protocol(WANG, cohort_size=16, noise_cohort_size=100, algorithm="dp_fedavg")

@@ -72,6 +72,10 @@ def test_a_simulation_with_another_cohort_or_mechanism_is_refused():
         common.load_config("configs/lm_fl.py:paper,cohort_size=50")
     with pytest.raises(ConfigError, match="two simulations"):
         common.load_config("configs/lm_fl.py:paper,cohort_size=100,noise_cohort_size=200")
+    with pytest.raises(ConfigError, match="two simulations"):  # a smaller cohort, another noise
+        common.load_config("configs/lm_fl.py:paper,cohort_size=16,noise_cohort_size=50")
+    with pytest.raises(ConfigError, match="must be >= cohort_size"):
+        common.load_config("configs/lm_fl.py:paper,cohort_size=120,noise_cohort_size=100")
     with pytest.raises(ConfigError, match="runs dp_ftrl, not dp_fedavg"):
         common.load_config("configs/lm_fl.py:paper,algorithm=dp_fedavg")
     with pytest.raises(ConfigError, match="unknown simulated population"):
@@ -88,3 +92,33 @@ def test_no_config_comment_labels_wang_epsilon_on_chitchat_as_spent():
         lm = getattr(cfg, "lm", cfg)
         if getattr(lm, "noise_multiplier", None) == 8.83:
             assert getattr(lm, "simulated_population", None) in PAPER_POPULATIONS, name
+
+
+def test_small_cohort_with_the_papers_noise_cohort_reports_the_run_it_executed():
+    """privacy_utility:small trains cohorts of 16 with the noise of Wang et al.'s 100 (paper-noise
+    protocol): z is the paper's for eps 1.77 over its 1,600 rounds (8.83 as printed), the noise
+    std on the averaged update is z C / 100 (the paper's), the simulated epsilon is that of the
+    800 rounds run (< 1.77), and the SPENT epsilon is the run executed on chitchat's users at
+    multiplier z * 16 / 100 -- not the noise-cohort simulation's (a mutant passing that event
+    as the executed one reports ~5.6 and fails here)."""
+    from fedpriv.dp import accounting
+    from fedpriv.recipes import plans
+    cfg = common.load_config("configs/privacy_utility.py:small")
+    lm = cfg.lm
+    assert (lm.cohort_size, lm.noise_cohort_size, lm.rounds) == (16, 100, 800)
+    wang = PAPER_POPULATIONS["wang_stackoverflow"]
+    runs = {a.name: a for a in account(plans.privacy_utility_plan(cfg))}
+    strong = runs["sentencepiece: DP-FTRL eps~1.77 (SIMULATED population's epsilon)"]
+    pn = strong.paper_noise
+    z = pn.noise_multiplier
+    assert z == pytest.approx(8.83, abs=0.02) and wang.epsilon(z) == pytest.approx(1.77, rel=1e-3)
+    # the per-round noise on the average: z * (16 / 100) * C on the sum of 16, over 16
+    assert z * (lm.cohort_size / lm.noise_cohort_size) * lm.clip_norm / lm.cohort_size == \
+        pytest.approx(z * lm.clip_norm / wang.cohort, rel=1e-12)
+    assert pn.epsilon_simulated == pytest.approx(wang.epsilon(z, rounds=800), rel=1e-9)
+    assert pn.epsilon_simulated < 1.77
+    n = plans.lm_train_clients(lm)
+    executed = accounting.dp_ftrl_event(z * lm.cohort_size / lm.noise_cohort_size, 800, n // lm.cohort_size)
+    assert pn.epsilon_executed == pytest.approx(accounting.compute_epsilon(executed, lm.delta)[0], rel=1e-9)
+    assert pn.epsilon_executed > 10 * pn.epsilon_simulated
+    assert "SIMULATED" in strong.note and "SPENT on chitchat (1,053" in strong.note
