@@ -66,7 +66,10 @@ def run(cfg, workdir: str, progress: bool = True) -> list[dict]:
                                       stage=f"fl-training ({vcfg.algorithm} eps={vcfg.target_epsilon}{tag})",
                                       sp_tokenizer=sp))
                     rows.append({"tokenizer": tok, "seed": seed, "method": name, "server_lr": lr,
-                                 **{k: s[k] for k in SUMMARY_KEYS if k in s}})
+                                 **{k: s[k] for k in SUMMARY_KEYS if k in s},
+                                 # the paper-noise protocol's simulated epsilon (paper population)
+                                 **({"epsilon_paper_population": s["paper_noise"]["epsilon_simulated"]}
+                                    if s.get("paper_noise") else {})})
             rows.append({"tokenizer": tok, "seed": seed, "method": "most frequent token",
                          "val_accuracy": s["most_frequent_token_val_accuracy"]})
     return rows
@@ -82,7 +85,8 @@ def aggregate(rows: list[dict]) -> list[dict]:
     for (tok, method, slr), rs in groups.items():
         (vm, vs, n), (tm, _, _) = (common.mean_std(r.get(k) for r in rs) for k in ("val_accuracy", "test_accuracy"))
         table.append({"tokenizer": tok, "method": method, "server_lr": slr,
-                      **{k: rs[0][k] for k in SUMMARY_KEYS[:5] if k in rs[0]}, "seeds": n,
+                      **{k: rs[0][k] for k in ("epsilon_paper_population", *SUMMARY_KEYS[:5]) if k in rs[0]},
+                      "seeds": n,
                       "val_accuracy_mean": vm, "val_accuracy_std": vs, "test_accuracy_mean": tm,
                       **{f"{k}_mean": common.mean_std(r.get(k) for r in rs)[0] for k in
                          ("val_accuracy_round0", "val_token_accuracy", "val_token_accuracy_with_oov")}})
@@ -106,16 +110,19 @@ def notes(cfg) -> list[str]:
         out.append("tokenizer 'word': the top-k words of the training users' text, a NON-PRIVATE release: its "
                    "epsilon is inf; epsilon_if_vocabulary_public is the epsilon if it is taken as public")
     if c.noise_cohort_size:
-        out.append(f"noise calibrated for a cohort of {c.noise_cohort_size} (simulated population scaled by "
-                   f"{c.noise_cohort_size}/{c.cohort_size}); epsilon_executed_run is the run actually executed")
+        out.append(f"noise calibrated for a cohort of {c.noise_cohort_size} while training {c.cohort_size} clients "
+                   f"per round (McMahan et al. 2018): epsilon_executed_run is the epsilon SPENT on our users by the run "
+                   f"actually executed; epsilon is the noise-cohort simulation's (population scaled by "
+                   f"{c.noise_cohort_size}/{c.cohort_size}: the ledger's budget), a simulated figure")
     if cfg.server_lrs:
         out.append(f"server learning rate grid for the DP rows: {list(cfg.server_lrs)} (every point shown)")
     if getattr(c, "simulated_population", None):  # the paper-noise protocol (fedpriv.dp.population)
         from fedpriv.dp.population import get_population
-        out.append(f"paper-noise protocol: the DP rows' epsilons are SIMULATED for "
-                   f"{get_population(c.simulated_population).describe(c.rounds)} (z = the paper's noise for "
-                   "that epsilon); the column epsilon is what each run SPENT on our users (its ledger), "
-                   "and each run's summary.json has both (paper_noise)")
+        out.append(f"paper-noise protocol: the DP rows' labels and epsilon_paper_population are SIMULATED for "
+                   f"{get_population(c.simulated_population).describe(c.rounds)} (z = the paper's per-round noise "
+                   "for that epsilon over its 1,600 rounds; this run's rounds give the epsilon_paper_population "
+                   "shown); epsilon_executed_run (or epsilon without a noise cohort) is what each run SPENT on "
+                   "our users; each run's summary.json has both (paper_noise)")
     return out
 
 

@@ -15,4 +15,23 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = os.path.join(
         tempfile.gettempdir(), f"fedpriv-test-xla-cache-{getpass.getuser()}")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+
+# XLA's CPU backend at optimisation level 0 (LLVM without its expensive passes) for the test
+# process and every subprocess it starts (they inherit os.environ; tests that set XLA_FLAGS for
+# a subprocess append to it: tests/conftest.xla_flags). The suite is dominated by compiling many
+# small programs once each, not by running them: measured from a cold cache on this 2-core CPU,
+# tests/models/test_length_buckets.py + tests/fl/test_engine.py 81 s -> 29 s, and
+# tests/experiments/test_lm_experiments.py + tests/dp/test_ddg.py 251 s -> 71 s, all passing.
+# Results differ from the default level only by float rounding (fusion, no FMA contraction):
+# tolerances come from the numerics, and every "bit-identical" test compares two runs under the
+# same flags. FEDPRIV_TEST_XLA_OPT=default runs the suite at XLA's default level instead.
+TEST_XLA_FLAGS = ("" if os.environ.get("FEDPRIV_TEST_XLA_OPT") == "default"
+                  else "--xla_backend_optimization_level=0")
+if TEST_XLA_FLAGS and TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + TEST_XLA_FLAGS).strip()
+
+
+def xla_flags(*extra: str) -> str:
+    """``XLA_FLAGS`` for a test's subprocess: the suite's (above) plus ``extra``."""
+    return " ".join(f for f in (TEST_XLA_FLAGS, *extra) if f)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")

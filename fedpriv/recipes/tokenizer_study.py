@@ -28,12 +28,19 @@ def _pick(rows, tok, method):
 def table1(cfg, rows, variants) -> list[dict]:
     """Table 1's layout for the first tokenizer: rows epsilon, round 0 / round T (%)."""
     tok, out = cfg.tokenizers[0], []
+    trivial = [r["val_accuracy"] for r in rows if r["tokenizer"] == tok and r["method"] == "most frequent token"]
     for eps, (name, _) in zip(cfg.epsilons, variants[1:]):
         rs = _pick(rows, tok, name)
         paper = {k: v.get(round(eps, 2)) for k, v in PAPER_TABLE1.items()}
         fmt = lambda p: "–" if p is None else f"{p:.2f}"
-        out.append({"epsilon": f"{eps:g}", "round 0 (%)": report.pm([r.get("val_accuracy_round0") for r in rs], 100),
+        sim = [r["epsilon_paper_population"] for r in rs if r.get("epsilon_paper_population") is not None]
+        spent = [r.get("epsilon_executed_run") or r.get("epsilon") for r in rs]
+        out.append({"epsilon": f"{eps:g}",
+                    "epsilon simulated (paper population)": f"{sim[0]:.3g}" if sim else "–",
+                    "epsilon spent (our users)": f"{spent[0]:.3g}" if spent and spent[0] is not None else "–",
+                    "round 0 (%)": report.pm([r.get("val_accuracy_round0") for r in rs], 100),
                     f"round {cfg.lm.rounds} (%)": report.pm([r["val_accuracy"] for r in rs], 100),
+                    "most frequent token (%)": report.pm(trivial, 100) if trivial else "–",
                     **{f"paper {k} (round 0 / 1600)": " / ".join(map(fmt, v)) if v else "–"
                        for k, v in paper.items()}})
     return out

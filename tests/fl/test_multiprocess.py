@@ -12,6 +12,8 @@ import textwrap
 
 import numpy as np
 
+from tests.conftest import xla_flags
+
 SCRIPT = textwrap.dedent("""
     import os, sys, json
     sys.path.insert(0, os.getcwd())
@@ -54,7 +56,7 @@ def test_two_processes_equal_one(tmp_path):
     script.write_text(SCRIPT)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     port = str(_free_port())
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu")
+    env = dict(os.environ, XLA_FLAGS=xla_flags("--xla_force_host_platform_device_count=2"), JAX_PLATFORMS="cpu")
     procs = [subprocess.Popen([sys.executable, str(script), str(i), "2", port], cwd=root, env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for i in range(2)]

@@ -11,6 +11,8 @@ import numpy as np
 import optax
 import pytest
 
+from tests.conftest import xla_flags
+
 from fedpriv.dp.adaptive import AdaptiveClipping
 from fedpriv.dp.ledger import PrivacyBudgetExceeded, PrivacyLedger
 from fedpriv.fl.algorithms import dp_fedavg, dp_ftrl, privacy_event, server_optimizer
@@ -173,7 +175,7 @@ def test_sharded_over_4_devices_equals_single_device(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = {}
     for mode, flags in [("sharded", "--xla_force_host_platform_device_count=4"), ("single", "")]:
-        env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
+        env = dict(os.environ, XLA_FLAGS=xla_flags(flags), JAX_PLATFORMS="cpu")
         p = subprocess.run([sys.executable, str(script), mode], cwd=root, env=env,
                            capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, p.stderr[-2000:]
