@@ -154,7 +154,10 @@ def t_interval(a, b, *, level: float = LEVEL, paired: bool | None = None):
     se = math.sqrt(va + vb)
     if se == 0.0:  # both sides constant over seeds: the interval is the point
         return gap, (gap, gap), "Welch t", float("inf")
-    df = (va + vb) ** 2 / (va ** 2 / (len(xa) - 1) + vb ** 2 / (len(xb) - 1))
+    den = va ** 2 / (len(xa) - 1) + vb ** 2 / (len(xb) - 1)
+    # Welch-Satterthwaite; where the squares underflow (variances ~1e-160 and below) its
+    # lower bound min(n_a, n_b) - 1, the conservative (wider) choice
+    df = (va + vb) ** 2 / den if den > 0 else float(min(len(xa), len(xb)) - 1)
     half = _t(level, df) * se
     return gap, (gap - half, gap + half), "Welch t", df
 

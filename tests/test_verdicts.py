@@ -238,3 +238,12 @@ def test_table3_at_weak_privacy_is_an_equivalence():
     assert "1.77" in strong.claim and strong.status == V.REPRODUCED
     assert all(v.status == V.NOT_TESTABLE for c, v in vs.items() if "1% of the public data" in c)
     assert any(v.status == V.NOT_RUN and "Transformer" in c for c, v in vs.items())
+
+
+def test_welch_df_survives_underflowing_variances():
+    """Found by the property test above: variances whose squares underflow to 0 (a side
+    [0, 1.5e-117]) divided by zero in the Welch-Satterthwaite df; now its lower bound."""
+    gap, ci, method, df = V.t_interval([0.0, 0.0], [0.0, 1.5054866444168255e-117])
+    assert method == "Welch t" and df == 1.0 and ci[0] <= gap <= ci[1]
+    v = V.compare("c", [0.0, 0.0], [0.0, 1.5054866444168255e-117], higher_is_better=False, trivial=0.0)
+    assert v.status == V.BELOW_TRIVIAL
