@@ -83,8 +83,8 @@ def register_mechanism(name: str, factory: type) -> type:
 
 
 def get_mechanism(name: str) -> type:
-    """The mechanism class registered under ``name``; ``UnknownMechanism`` (a ``ValueError``) naming it
-    and the registered names otherwise."""
+    """The mechanism class registered under ``name``; ``UnknownMechanism`` (a ``ValueError``)
+    naming it and the registered names otherwise."""
     try:
         return _REGISTRY[name]
     except (KeyError, TypeError):
@@ -205,7 +205,9 @@ class DPConfig:
 
     def privacy_event(self, sampler, rounds: int, simulated: bool = True) -> dpa.DpEvent:
         """The event of ``rounds`` rounds (``fedpriv.fl.algorithms.privacy_event``): the sampler
-        must know its amplification (``amplified_event``); ``NonPrivateDpEvent`` if not private
+        must know its amplification (``amplified_event``) and declare a neighbouring relation
+        the mechanism's accounting holds under (``neighboring``), if it declares one;
+        ``NonPrivateDpEvent`` if not private
         (or with an exact adaptive clip count); z is scaled to the executed run's ``z s`` when
         ``noise_cohort_size`` is set and not ``simulated``; the adaptive clip count's Gaussian
         (``2 sigma_b``) rides along as ``fresh``."""
@@ -213,6 +215,10 @@ class DPConfig:
         if not callable(amplify):
             raise ValueError(f"no privacy accounting for sampler {type(sampler).__name__}: it has no "
                              "amplified_event(release, rounds)")
+        rel = getattr(sampler, "neighboring", None)
+        if rel is not None and rel not in self.neighboring:
+            raise ValueError(f"{self.mechanism} is accounted under {self.neighboring}, but "
+                             f"{type(sampler).__name__}'s neighbours are {rel!r}")
         if not self.is_private:
             return dpa.NonPrivateDpEvent()
         z = float(self.noise_multiplier)
@@ -237,8 +243,8 @@ class GaussianMechanism(DPConfig):
         return tree_privatizer(noise_multiplier, key, 1)
 
     def release_event(self, sampler, rounds, noise_multiplier, fresh=None):
-        release = accounting.RoundRelease(
-            fresh=_one([dpa.GaussianDpEvent(noise_multiplier)] + ([fresh] if fresh is not None else [])))
+        events = [dpa.GaussianDpEvent(noise_multiplier)] + ([fresh] if fresh is not None else [])
+        release = accounting.RoundRelease(fresh=_one(events))
         return sampler.amplified_event(release, rounds)
 
 

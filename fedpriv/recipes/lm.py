@@ -54,7 +54,7 @@ ALGORITHM_SPECS = {
     "fedavg": (None, "shuffled"),
     "dp_fedavg": ("gaussian", "poisson"),            # DP-FedAvg, Poisson cohorts
     "dp_ftrl": ("tree", "shuffled"),                 # DP-FTRL, one tree per shuffled pass
-    "dp_mf_banded": ("banded", "cyclic"),            # matrix-factorization DP-FTRL over cyclic cohorts
+    "dp_mf_banded": ("banded", "cyclic"),            # matrix-factorization DP-FTRL, cyclic cohorts
     "dp_mf_blt": ("blt", "cyclic"),
     "dp_fedavg_fixed": ("gaussian", "uniform"),      # central Gaussian, fixed-size cohorts (replace-one)
     "dp_ddg": ("ddg", "uniform"),                    # noise added by the clients (no amplification)

@@ -183,3 +183,12 @@ def test_lm_configs_check_their_algorithm_s_mechanism_against_the_registry(monke
         lm.algorithm_spec("dp_new")
     with pytest.raises(ConfigError, match="unknown algorithm 'nope'"):
         lm.algorithm_spec("nope")
+
+
+def test_a_sampler_outside_the_mechanism_s_neighbouring_relations_is_refused():
+    @dataclasses.dataclass(frozen=True)
+    class ReplaceOneOnly(UnamplifiedGaussian):
+        neighboring = ("replace_one",)  # (a ClassVar: inherited annotation)
+    mech = ReplaceOneOnly(clip_norm=0.5, noise_multiplier=1.0)
+    with pytest.raises(ValueError, match="accounted under .*'add_remove'"):
+        privacy_event(mech, PoissonSampler(N, COHORT / N, seed=1), ROUNDS)
