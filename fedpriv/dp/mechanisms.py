@@ -207,10 +207,9 @@ class DPConfig:
         """The event of ``rounds`` rounds (``fedpriv.fl.algorithms.privacy_event``): the sampler
         must know its amplification (``amplified_event``) and declare a neighbouring relation
         the mechanism's accounting holds under (``neighboring``), if it declares one;
-        ``NonPrivateDpEvent`` if not private
-        (or with an exact adaptive clip count); z is scaled to the executed run's ``z s`` when
-        ``noise_cohort_size`` is set and not ``simulated``; the adaptive clip count's Gaussian
-        (``2 sigma_b``) rides along as ``fresh``."""
+        ``NonPrivateDpEvent`` if not private (or with an exact adaptive clip count); z is scaled
+        to the executed run's ``z s`` when ``noise_cohort_size`` is set and not ``simulated``;
+        the adaptive clip count's Gaussian (``2 sigma_b``) rides along as ``fresh``."""
         amplify = getattr(sampler, "amplified_event", None)
         if not callable(amplify):
             raise ValueError(f"no privacy accounting for sampler {type(sampler).__name__}: it has no "

@@ -5,9 +5,11 @@ One round (McMahan et al. 2018 DP-FedAvg; Kairouz et al. 2021 DP-FTRL):
 1. every sampled client runs local SGD from the server model (``client.make_local_step``, run over packed lanes of real steps);
 2. its delta is clipped to C_t (``dp.clipping``), weighted by w_i in [0, 1] and masked;
 3. the cohort sum (L2 sensitivity C_t) is divided by C_t, so its sensitivity is 1, and
-   noised by the mechanism: fresh Gaussian noise (DP-FedAvg) or the tree increment
-   (DP-FTRL), std ``z * s`` per coordinate, ``s = expected_cohort / noise_cohort_size`` (1
-   unless simulating a larger noise cohort, McMahan et al. 2018 §4);
+   noised by the mechanism's privatizer (``fedpriv.dp.mechanisms``: fresh Gaussian noise for
+   DP-FedAvg, the tree increment for DP-FTRL, ``C^{-1} Z`` for banded / BLT MF), at multiplier
+   ``z * s``, ``s = expected_cohort / noise_cohort_size`` (1 unless simulating a larger noise
+   cohort, McMahan et al. 2018 §4) — or, for DDG, encoded and noised by the clients and
+   decoded from the secure sum by the server (the mechanism's ``codec``);
 4. the result is multiplied back by C_t and divided by the *public* expected cohort size
    (the fixed-denominator estimator): the noisy average ``Delta_t``;
 5. the server optimizer (optax) takes ``-Delta_t`` as its gradient: FedAvg = SGD (lr 1),

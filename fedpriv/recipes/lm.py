@@ -214,8 +214,9 @@ def build_algorithm(cfg, num_clients: int, loss_fn, prior_events=(), num_params:
                                    sampler.expected_cohort_size, compute_dtype=client_compute_dtype(cfg))
         return alg, sampler, None, 0.0
     # the registered mechanism (fedpriv.dp.mechanisms), its run-dependent fields from the sampler
-    fields = factory.run_fields(sampler, cfg.rounds, {"mf_bands": cfg.mf_bands, "ddg_bits": cfg.ddg_bits,
-                                                      "num_params": num_params})
+    options = {"mf_bands": getattr(cfg, "mf_bands", None), "ddg_bits": getattr(cfg, "ddg_bits", None),
+               "num_params": num_params}  # (configs without MF or DDG lack the first two)
+    fields = factory.run_fields(sampler, cfg.rounds, options)
     dp_of = lambda z: factory(clip_norm=cfg.clip_norm, noise_multiplier=z,  # noqa: E731
                               noise_cohort_size=cfg.noise_cohort_size, **fields)
     make = lambda z: algs.privacy_event(dp_of(z), sampler, cfg.rounds)  # noqa: E731
