@@ -176,7 +176,10 @@ def test_unknown_and_conflicting_names_fail_closed():
 
 def test_lm_configs_check_their_algorithm_s_mechanism_against_the_registry(monkeypatch):
     from configs.common import ConfigError
+    from configs.lm_fl import ALGORITHMS
     from fedpriv.recipes import lm
+    assert tuple(lm.ALGORITHM_SPECS) == ALGORITHMS  # every config choice has a mechanism + sampler
+    assert all(lm.algorithm_spec(a)[1] in lm.SAMPLERS for a in ALGORITHMS)
     assert lm.algorithm_spec("dp_ftrl") == (get_mechanism("tree"), "shuffled")
     monkeypatch.setitem(lm.ALGORITHM_SPECS, "dp_new", ("not_registered", "poisson"))
     with pytest.raises(ConfigError, match="dp_new.*'not_registered'"):
