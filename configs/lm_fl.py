@@ -125,6 +125,9 @@ def check_run(cfg: LMFLConfig) -> LMFLConfig:
         from fedpriv.dp.population import check_protocol, get_population
         check_protocol(get_population(cfg.simulated_population), algorithm=cfg.algorithm,
                        cohort_size=cfg.cohort_size, noise_cohort_size=cfg.noise_cohort_size)
+    if cfg.algorithm != "fedavg":  # its mechanism is one the registry knows (fedpriv.dp.mechanisms)
+        from fedpriv.recipes.lm import algorithm_spec
+        algorithm_spec(cfg.algorithm)
     if cfg.algorithm != "fedavg" and cfg.noise_multiplier is None and cfg.target_epsilon is None:
         raise ConfigError(f"{cfg.algorithm} needs noise_multiplier or target_epsilon (set one, "
                           "e.g. target_epsilon=18.7)")

@@ -35,6 +35,9 @@ from fedpriv.dp.matrix import (BandedStrategy, BLTStrategy, MatrixNoiseState,
 from fedpriv.dp.noise import (NoiseMechanism, NoiseState, distributed_noise_share,
                               gaussian_mechanism, gaussian_privatizer, tree_mechanism,
                               tree_privatizer)
+from fedpriv.dp.mechanisms import (BLTMechanism, BandedMechanism, DDGMechanism, GaussianMechanism,
+                                   Mechanism, TreeMechanism, UnknownMechanism, get_mechanism,
+                                   mechanism_names, register_mechanism)
 
 __all__ = [
     "MAX_ROUNDS", "NEIGHBORING", "CalibrationError", "RoundRelease", "calibrate_noise_multiplier",
@@ -50,4 +53,6 @@ __all__ = [
     "banded_privatizer", "banded_strategy", "blt_privatizer", "blt_strategy", "gram_sensitivity",
     "matrix_event", "optimize_blt", "variance_ratio_to_tree", "DDGConfig", "DDGRound",
     "ddg_epsilon", "ddg_rdp", "ddg_round", "DistributedDiscreteGaussianDpEvent", "ddg_event",
+    "Mechanism", "GaussianMechanism", "TreeMechanism", "BandedMechanism", "BLTMechanism",
+    "DDGMechanism", "UnknownMechanism", "get_mechanism", "mechanism_names", "register_mechanism",
 ]

@@ -97,8 +97,9 @@ __all__ = ["train", "TrainResult", "RunCheckpoint", "load_run", "replace_params"
 
 # ----------------------------------------------------------------------------- fingerprint
 def _describe(obj) -> dict:
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return json_safe({"type": type(obj).__name__, **dataclasses.asdict(obj)})
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):  # a mechanism: its config type
+        name = getattr(obj, "config_type", type(obj).__name__)
+        return json_safe({"type": name, **dataclasses.asdict(obj)})
     return {"type": type(obj).__name__, "repr": repr(obj)}
 
 

@@ -37,6 +37,7 @@ from fedpriv.data import (WordTokenizer, load_chitchat, load_public_pool, load_s
                           load_simpsons, train_sentencepiece)
 from fedpriv.data import paper_corpora
 from fedpriv.dp import accounting, population
+from fedpriv.dp.mechanisms import UnknownMechanism, get_mechanism
 from fedpriv.dp.ledger import PrivacyLedger
 from fedpriv.fl import algorithms as algs
 from fedpriv.fl.loop import train
@@ -47,8 +48,24 @@ from fedpriv.models.metrics import (accuracy_with_oov, evaluate, most_frequent_t
                                     predict_next)
 from fedpriv.data.tokenizers import UNK_ID, word_ids_to_token_accuracy
 
-# matrix-factorization DP-FTRL (fedpriv.dp.matrix): algorithm name -> mechanism
-MATRIX_ALGORITHMS = {"dp_mf_banded": "banded", "dp_mf_blt": "blt"}
+# configs/lm_fl.py's algorithms: name -> (the mechanism's name in the registry of
+# fedpriv.dp.mechanisms, None for no noise; the client sampler, a key of SAMPLERS)
+ALGORITHM_SPECS = {
+    "fedavg": (None, "shuffled"),
+    "dp_fedavg": ("gaussian", "poisson"),            # DP-FedAvg, Poisson cohorts
+    "dp_ftrl": ("tree", "shuffled"),                 # DP-FTRL, one tree per shuffled pass
+    "dp_mf_banded": ("banded", "cyclic"),            # matrix-factorization DP-FTRL, cyclic cohorts
+    "dp_mf_blt": ("blt", "cyclic"),
+    "dp_fedavg_fixed": ("gaussian", "uniform"),      # central Gaussian, fixed-size cohorts (replace-one)
+    "dp_ddg": ("ddg", "uniform"),                    # noise added by the clients (no amplification)
+}
+# name -> (num_clients, cfg) -> sampler
+SAMPLERS = {
+    "shuffled": lambda n, cfg: ShuffledPassSampler(n, cfg.cohort_size, seed=cfg.seed),
+    "poisson": lambda n, cfg: PoissonSampler(n, cfg.cohort_size / n, seed=cfg.seed),
+    "uniform": lambda n, cfg: UniformSampler(n, cfg.cohort_size, seed=cfg.seed),
+    "cyclic": lambda n, cfg: CyclicSampler(n, cfg.cohort_size, seed=cfg.seed),
+}
 
 LOADERS = {"chitchat": load_chitchat, "shakespeare": load_shakespeare, "simpsons": load_simpsons}
 # the papers' own data, read from ``cfg.corpus_path`` (fedpriv.data.paper_corpora)
@@ -166,6 +183,18 @@ def client_compute_dtype(cfg_or_name):
     return None if name == "float32" else jax.numpy.dtype(name)
 
 
+def algorithm_spec(name: str):
+    """(mechanism factory or None, sampler kind) of algorithm ``name`` (``ALGORITHM_SPECS``);
+    ``ConfigError`` naming an unknown algorithm or an unregistered mechanism."""
+    if name not in ALGORITHM_SPECS:
+        raise ConfigError(f"unknown algorithm {name!r}; one of {', '.join(ALGORITHM_SPECS)}")
+    mechanism, sampler_kind = ALGORITHM_SPECS[name]
+    try:
+        return (None if mechanism is None else get_mechanism(mechanism)), sampler_kind
+    except UnknownMechanism as e:
+        raise ConfigError(f"algorithm {name!r}: {e}") from None
+
+
 def build_algorithm(cfg, num_clients: int, loss_fn, prior_events=(), num_params: int | None = None):
     """Algorithm, sampler, the run's privacy event(s) and its noise multiplier.
 
@@ -178,38 +207,18 @@ def build_algorithm(cfg, num_clients: int, loss_fn, prior_events=(), num_params:
         raise ValueError(f"cohort_size {cfg.cohort_size} > {num_clients} training clients")
     client_opt = optax.sgd(cfg.client_lr)
     server_opt = algs.server_optimizer(cfg.server_optimizer, cfg.server_lr, momentum=cfg.server_momentum)
-    if cfg.algorithm == "fedavg":
-        sampler = ShuffledPassSampler(num_clients, cfg.cohort_size, seed=cfg.seed)
+    factory, sampler_kind = algorithm_spec(cfg.algorithm)
+    sampler = SAMPLERS[sampler_kind](num_clients, cfg)
+    if factory is None:  # no noise (FedAvg)
         alg = algs.build_algorithm(loss_fn, client_opt, server_opt, algs.DPConfig(clip_norm=cfg.clip_norm),
                                    sampler.expected_cohort_size, compute_dtype=client_compute_dtype(cfg))
         return alg, sampler, None, 0.0
-    if cfg.algorithm == "dp_ftrl":
-        sampler = ShuffledPassSampler(num_clients, cfg.cohort_size, seed=cfg.seed)
-        dp_of = lambda z: algs.DPConfig(cfg.clip_norm, z, "tree", sampler.rounds_per_epoch,  # noqa: E731
-                                        cfg.noise_cohort_size)
-    elif cfg.algorithm == "dp_fedavg":
-        sampler = PoissonSampler(num_clients, cfg.cohort_size / num_clients, seed=cfg.seed)
-        dp_of = lambda z: algs.DPConfig(cfg.clip_norm, z, "gaussian", 1, cfg.noise_cohort_size)  # noqa: E731
-    elif cfg.algorithm == "dp_fedavg_fixed":  # central Gaussian on fixed-size cohorts (replace-one)
-        sampler = UniformSampler(num_clients, cfg.cohort_size, seed=cfg.seed)
-        dp_of = lambda z: algs.DPConfig(cfg.clip_norm, z, "gaussian", 1, cfg.noise_cohort_size)  # noqa: E731
-    elif cfg.algorithm == "dp_ddg":  # the same cohorts, noise added by the clients (no amplification)
-        if not num_params:
-            raise ValueError("dp_ddg needs the model's number of parameters (num_params)")
-        sampler = UniformSampler(num_clients, cfg.cohort_size, seed=cfg.seed)
-        dp_of = lambda z: algs.DDGDPConfig(clip_norm=cfg.clip_norm, noise_multiplier=z,  # noqa: E731
-                                           noise_cohort_size=cfg.noise_cohort_size,
-                                           dim=int(num_params), bits=cfg.ddg_bits)
-    elif cfg.algorithm in MATRIX_ALGORITHMS:  # matrix-factorization DP-FTRL over cyclic cohorts
-        sampler = CyclicSampler(num_clients, cfg.cohort_size, seed=cfg.seed)
-        mech, sep = MATRIX_ALGORITHMS[cfg.algorithm], sampler.min_separation
-        dp_of = lambda z: algs.MatrixDPConfig(  # noqa: E731
-            clip_norm=cfg.clip_norm, noise_multiplier=z, mechanism=mech,
-            noise_cohort_size=cfg.noise_cohort_size, min_separation=sep,
-            bands=min(sep, cfg.mf_bands) if mech == "banded" else 0, mf_rounds=cfg.rounds)
-    else:
-        raise ValueError(f"algorithm must be fedavg, dp_fedavg, dp_ftrl, dp_fedavg_fixed, dp_ddg, "
-                         f"{', '.join(MATRIX_ALGORITHMS)}; got {cfg.algorithm!r}")
+    # the registered mechanism (fedpriv.dp.mechanisms), its run-dependent fields from the sampler
+    options = {"mf_bands": getattr(cfg, "mf_bands", None), "ddg_bits": getattr(cfg, "ddg_bits", None),
+               "num_params": num_params}  # (configs without MF or DDG lack the first two)
+    fields = factory.run_fields(sampler, cfg.rounds, options)
+    dp_of = lambda z: factory(clip_norm=cfg.clip_norm, noise_multiplier=z,  # noqa: E731
+                              noise_cohort_size=cfg.noise_cohort_size, **fields)
     make = lambda z: algs.privacy_event(dp_of(z), sampler, cfg.rounds)  # noqa: E731
     pop = simulated_population(cfg)
     if cfg.noise_multiplier is not None:
