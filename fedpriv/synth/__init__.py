@@ -35,11 +35,11 @@ vote mechanism, its accounting and its tests exist so far.
 from fedpriv.synth.release import (VOTE_TAG, VotePlan, VoteRelease, noisy_vote_sum, plan_votes,
                                    release_round, select_samples, votes_event, votes_mechanism,
                                    votes_noise_key)
-from fedpriv.synth.votes import (REPLACE_ONE_SENSITIVITY, SENSITIVITY, client_votes,
-                                 cohort_votes, nearest, normalise, pad_cohort, vote_histogram,
-                                 vote_sum)
+from fedpriv.synth.votes import (REPLACE_ONE_SENSITIVITY, SENSITIVITY, chunked_votes,
+                                 client_votes, cohort_votes, nearest, normalise, pack_messages,
+                                 pad_cohort, vote_histogram, vote_sum)
 
 __all__ = ["REPLACE_ONE_SENSITIVITY", "SENSITIVITY", "VOTE_TAG", "VotePlan", "VoteRelease",
-           "client_votes", "cohort_votes", "nearest", "noisy_vote_sum", "normalise",
-           "pad_cohort", "plan_votes", "release_round", "select_samples", "vote_histogram",
+           "chunked_votes", "client_votes", "cohort_votes", "nearest", "noisy_vote_sum", "normalise",
+           "pack_messages", "pad_cohort", "plan_votes", "release_round", "select_samples", "vote_histogram",
            "vote_sum", "votes_event", "votes_mechanism", "votes_noise_key"]

@@ -91,6 +91,7 @@ class VotePlan:
     event: dpa.DpEvent
     k: int = 1
     name: str = "pretext"
+    chunk_size: int = 256
     released: set = dataclasses.field(default_factory=set)
 
     @property
@@ -111,7 +112,8 @@ class VoteRelease:
 
 
 def plan_votes(ledger, sampler, rounds: int, noise_multiplier: float, key, *, k: int = 1,
-               name: str = "pretext", populations: Iterable[str] = ("users",)) -> VotePlan:
+               name: str = "pretext", populations: Iterable[str] = ("users",),
+               chunk_size: int = 256) -> VotePlan:
     """Charge ``rounds`` vote rounds to ``ledger`` (before any private data) and return the plan.
 
     Args:
@@ -120,7 +122,8 @@ def plan_votes(ledger, sampler, rounds: int, noise_multiplier: float, key, *, k:
       sampler: draws every round's cohort (``sample(t)``) and amplifies (``amplified_event``).
       rounds: T >= 1; noise_multiplier: z > 0 (std of the sum's noise over the sensitivity 1).
       key: root PRNG key (``jax.random.key``); the rounds use :func:`votes_noise_key`.
-      k: votes per message; name: the ledger entry's name (also folded into the keys).
+      k: votes per message; name: the ledger entry's name (also folded into the keys);
+      chunk_size: messages per chunk in the vote computation (a memory knob, no privacy effect).
     Raises:
       PrivacyBudgetExceeded (nothing recorded) if the T rounds would exceed the budget; the
       ledger also refuses z = 0 (a non-private event).
@@ -129,6 +132,8 @@ def plan_votes(ledger, sampler, rounds: int, noise_multiplier: float, key, *, k:
         raise ValueError("plan_votes needs an explicit PRNG key (jax.random.key(seed))")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an int >= 1, got {k!r}")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be an int >= 1, got {chunk_size!r}")
     rel, lrel = getattr(sampler, "neighboring", None), getattr(ledger, "neighboring", None)
     if rel is not None and lrel is not None and rel != lrel:
         raise ValueError(f"the sampler's neighbours are {rel!r} but the ledger accounts "
@@ -139,7 +144,7 @@ def plan_votes(ledger, sampler, rounds: int, noise_multiplier: float, key, *, k:
                           "k": k, "sampler": type(sampler).__name__,
                           "sensitivity": V.SENSITIVITY, "unit": "user"})
     return VotePlan(sampler=sampler, rounds=int(rounds), noise_multiplier=float(noise_multiplier),
-                    key=key, event=event, k=k, name=name)
+                    key=key, event=event, k=k, name=name, chunk_size=int(chunk_size))
 
 
 def noisy_vote_sum(votes, noise_multiplier: float, key) -> jax.Array:
@@ -191,8 +196,9 @@ def release_round(plan: VotePlan, round_idx: int,
     for i, a in enumerate(arrays):
         if a.shape[0] and not np.all(np.isfinite(a)):
             raise ValueError(f"cohort client {i}: embeddings contain NaN/inf")
-    emb, mask = V.pad_cohort(arrays, synth.shape[1])
-    votes = V.cohort_votes_jit(jnp.asarray(emb), jnp.asarray(mask), jnp.asarray(synth), plan.k)
+    emb, mask, owner, slots = V.pack_messages(arrays, synth.shape[1], plan.chunk_size)
+    votes = V.chunked_votes(jnp.asarray(emb), jnp.asarray(mask), jnp.asarray(owner),
+                            jnp.asarray(synth), plan.k, slots)[: len(arrays)]
     noisy = noisy_vote_sum(votes, plan.noise_multiplier,
                            votes_noise_key(plan.key, t, plan.name))
     return VoteRelease(round_idx=t, noisy_votes=np.asarray(noisy, np.float64),

@@ -31,10 +31,15 @@ except for the empty client, so nothing is lost by normalising, and a user's vot
 same total weight.
 
 Everything is pure JAX (``jit``-able): :func:`client_votes` for one client (unbatched),
-:func:`cohort_votes` ``vmap``-ped over a cohort padded to ``[m, S, d]`` with a mask.
+:func:`cohort_votes` ``vmap``-ped over a cohort padded to ``[m, S, d]`` with a mask (the
+reference), and :func:`chunked_votes`, what the release runs: since raw counts add up, a client's
+messages are split into fixed-size chunks (:func:`pack_messages`), the chunks' histograms are
+summed per client (``segment_sum``) and only then normalised -- so a user with 25K messages costs
+its chunks, not a cohort padded to 25K rows, and jit sees few shapes (powers of two).
 """
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import jax
@@ -44,7 +49,8 @@ import numpy as np
 from fedpriv.util import next_pow2
 
 __all__ = ["SENSITIVITY", "REPLACE_ONE_SENSITIVITY", "sq_distances", "nearest", "vote_histogram",
-           "normalise", "client_votes", "cohort_votes", "pad_cohort", "vote_sum"]
+           "normalise", "client_votes", "cohort_votes", "pad_cohort", "pack_messages",
+           "chunked_votes", "vote_sum"]
 
 SENSITIVITY = 1.0  # L2, of the cohort sum, add/remove one user (module docstring)
 REPLACE_ONE_SENSITIVITY = float(np.sqrt(2.0))  # replace one user (non-negative unit vectors)
@@ -121,6 +127,42 @@ def pad_cohort(client_embeddings: Sequence, dim: int | None = None) -> tuple[np.
         emb[i, : a.shape[0]] = a
         mask[i, : a.shape[0]] = 1.0
     return emb, mask
+
+
+def pack_messages(client_embeddings: Sequence, dim: int, chunk_size: int = 256
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Split ``m`` clients' ``[n_i, d]`` messages into chunks for :func:`chunked_votes`.
+
+    Returns ``emb [C, S, d]`` float32, ``mask [C, S]``, ``owner [C]`` int32 (the chunk's client,
+    0 for padding chunks, whose mask is all 0) and ``M`` >= m (client slots, a power of two).
+    ``S = min(next_pow2(max(8, largest n_i)), next_pow2(chunk_size))``; ``C`` a power of two.
+    """
+    arrays = [np.asarray(a, np.float32).reshape(-1, dim) if np.size(a) == 0
+              else np.asarray(a, np.float32) for a in client_embeddings]
+    for i, a in enumerate(arrays):
+        if a.ndim != 2 or a.shape[1] != dim:
+            raise ValueError(f"client {i}: embeddings must be [n_i, {dim}], got {a.shape}")
+    largest = max([1] + [a.shape[0] for a in arrays])
+    s = min(next_pow2(max(largest, 8)), next_pow2(chunk_size))
+    pieces = [(i, a[j : j + s]) for i, a in enumerate(arrays) for j in range(0, a.shape[0], s)]
+    c = next_pow2(max(1, len(pieces)))
+    emb = np.zeros((c, s, dim), np.float32)
+    mask = np.zeros((c, s), np.float32)
+    owner = np.zeros((c,), np.int32)
+    for r, (i, a) in enumerate(pieces):
+        emb[r, : a.shape[0]], mask[r, : a.shape[0]], owner[r] = a, 1.0, i
+    return emb, mask, owner, next_pow2(max(1, len(arrays)))
+
+
+@functools.partial(jax.jit, static_argnums=(4, 5))
+def chunked_votes(emb, mask, owner, synth, k: int, num_slots: int) -> jax.Array:
+    """Every client's vote vector from chunks: ``emb [C, S, d]``, ``mask [C, S]``, ``owner
+    [C]``, ``synth [N, d]`` -> ``[num_slots, N]``: per chunk :func:`vote_histogram`, summed
+    per owner, then :func:`normalise` (equal to :func:`cohort_votes` on the unsplit clients;
+    slots without a message are 0)."""
+    h = jax.vmap(vote_histogram, in_axes=(0, 0, None, None))(emb, mask, synth, k)
+    per_client = jax.ops.segment_sum(h, owner, num_segments=num_slots)
+    return jax.vmap(normalise)(per_client)
 
 
 def vote_sum(client_embeddings: Sequence, synth, k: int = 1) -> np.ndarray:

@@ -45,6 +45,19 @@ def test_votes_nearest_k_and_normalised():
         S.nearest(emb, synth, 5)
 
 
+def test_chunked_votes_equal_the_unsplit_reference():
+    rng = np.random.default_rng(1)
+    users = [rng.normal(size=(n, D)) for n in (0, 3, 600, 17, 0, 64)]  # a user with many msgs
+    synth = rng.normal(size=(N, D)).astype(np.float32)
+    emb, mask, owner, slots = S.pack_messages(users, D, chunk_size=64)
+    assert emb.shape[1] == 64 and slots == 8 and emb.shape[0] == 16  # 0+1+10+1+0+1 = 13 -> 16
+    for k in (1, 3):
+        got = np.asarray(S.chunked_votes(emb, mask, owner, synth, k, slots))
+        ref = np.asarray(S.cohort_votes(*map(jnp.asarray, S.pad_cohort(users, D)), synth, k))
+        np.testing.assert_allclose(got[: len(users)], ref, atol=1e-6)
+        np.testing.assert_array_equal(got[len(users):], 0)
+
+
 # ------------------------------------------------------------------------------ sensitivity
 
 
@@ -210,7 +223,7 @@ def test_release_round_end_to_end_noise_and_refusals():
     synth = rng.normal(size=(N_BIG, D))
     sampler = UniformSampler(24, M_CLIENTS, seed=2)
     ledger = PrivacyLedger(1e6, 1e-5, neighboring="replace_one")
-    plan = S.plan_votes(ledger, sampler, ROUNDS, Z, jax.random.key(11), k=2)
+    plan = S.plan_votes(ledger, sampler, ROUNDS, Z, jax.random.key(11), k=2, chunk_size=4)
     noise = []
     for t in range(ROUNDS):
         rel = S.release_round(plan, t, lambda i: pop[i], synth)
