@@ -167,13 +167,15 @@ def _lane_sum(hooks: ClientHooks, starting_point, server: ServerView, lane: Lane
 
         def finish(fc):
             c, acc, stats, norms = fc
-            contrib, st, norm = _finish_client(hooks.final(server, c), lane.num_examples[t], clip_norm,
-                                               weighting, weight_cap, 1.0, slot, encode)
+            contrib, st, norm = _finish_client(hooks.final(server, c), lane.num_examples[t],
+                                               clip_norm, weighting, weight_cap, 1.0, slot, encode)
             if starting_point is None:
                 c = carry0
-            return (c, tmap(jnp.add, acc, contrib), tmap(jnp.add, stats, st), norms.at[slot].set(norm))
+            return (c, tmap(jnp.add, acc, contrib), tmap(jnp.add, stats, st),
+                    norms.at[slot].set(norm))
 
-        c, acc, stats, norms = jax.lax.cond(lane.last[t], finish, lambda fc: fc, (c, acc, stats, norms))
+        c, acc, stats, norms = jax.lax.cond(lane.last[t], finish, lambda fc: fc,
+                                            (c, acc, stats, norms))
         return c, acc, aux, stats, norms
 
     _, acc, aux, stats, norms = jax.lax.fori_loop(0, lane.length, body,
@@ -185,24 +187,30 @@ def _divisor_at_most(n: int, cap: int) -> int:
     return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
 
 
+def _as_hooks(local_step, opt_init, params):
+    """``packed_sum``'s arguments as ``(ClientHooks, ServerView)``."""
+    if not isinstance(local_step, ClientHooks):
+        local_step = step_hooks(local_step, opt_init)
+    if not isinstance(params, ServerView):
+        params = ServerView(params, None, jnp.zeros((), jnp.int32))
+    return local_step, params
+
+
 def packed_sum(local_step, opt_init, params, lanes: Lanes, capacity: int, rng, clip_norm,
                weighting: str = "uniform", weight_cap: float = 256.0, lane_chunk: int | None = None,
                first: FirstSteps | None = None, first_chunk: int = 16, encode=None):
     """Sum of clipped, weighted client updates over a packed cohort (see module docstring).
 
     Args:
-      local_step: the clients' work: ``ClientHooks`` (``fedpriv.fl.client``; ``opt_init`` is then
-        unused), or a plain ``(params, opt_state, batch[B, ...], rng) -> (params, opt_state,
-        aux)`` (``fedpriv.fl.client.make_local_step``).
-      opt_init: the client optimizer's ``init`` for a plain ``local_step`` (each client starts
-        from ``opt_init(params)``).
+      local_step: ``ClientHooks`` (``fedpriv.fl.client``), or a plain ``(params, opt_state,
+        batch[B, ...], rng) -> (params, opt_state, aux)`` (``client.make_local_step``) whose
+        clients start from ``opt_init(params)`` (``opt_init`` is unused with hooks).
       params: server parameters, or the round's ``ServerView`` (what the hooks see).
       lanes: ``Lanes`` with a leading lane axis W on every array.
       capacity: K, the number of cohort slots (length of the returned ``norms``).
       rng: PRNG key of the round; the client in cohort slot k, local step j uses
         ``fold_in(fold_in(rng, k), j)`` — as the padded path does.
-      clip_norm: scalar C (``inf`` = no clipping); every client's ``final`` delta is clipped to
-        it whatever the hooks do.
+      clip_norm: scalar C (``inf`` = no clipping): every ``final`` delta is clipped to it.
       lane_chunk: vmap at most this many lanes at once (``lax.scan`` over chunks).
       first: every client's first step, batched over the K slots with the shared server
         weights (``cohort.FirstSteps``), in chunks of ``first_chunk`` clients; the lanes then
@@ -216,15 +224,13 @@ def packed_sum(local_step, opt_init, params, lanes: Lanes, capacity: int, rng, c
       ``num_nonfinite``, ``num_clients`` and ``norms: float32[K]`` (pre-clip norms by slot).
     """
     tmap = jax.tree_util.tree_map
-    hooks = local_step if isinstance(local_step, ClientHooks) else step_hooks(local_step, opt_init)
-    server = params if isinstance(params, ServerView) else ServerView(params, None, jnp.zeros((), jnp.int32))
+    hooks, server = _as_hooks(local_step, opt_init, params)
     W = lanes.length.shape[0]
     carry0 = hooks.init(server)
     lane0 = tmap(lambda a: a[0], lanes)
     batch0 = {k: v[0] for k, v in lane0.data.items()}
     aux_template = jax.eval_shape(lambda: hooks.step(server, carry0, batch0, rng)[1])
-    extra = None
-    starting_point = None
+    extra = starting_point = None
     if first is not None:
         K = first.single.shape[0]
         c = _divisor_at_most(K, first_chunk)

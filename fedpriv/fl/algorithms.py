@@ -99,18 +99,14 @@ def build_algorithm(loss_fn: Callable, client_optimizer: optax.GradientTransform
     ``chunk_size``: vmap at most this many lanes (clients of a padded cohort) at once.
     ``compute_dtype``: e.g. ``jnp.bfloat16`` for mixed-precision client forward/backward passes
     (``client.make_local_step``); clipping, sums and noise are always float32.
-    ``client``: the clients' work as ``fedpriv.fl.client.ClientHooks`` (init / step / final;
-    e.g. ``fedpriv.fl.fedprox``); None: ``default_client(loss_fn, client_optimizer,
-    compute_dtype)``, local SGD. The engine clips each client's ``final`` delta to
-    ``dp.clip_norm`` whatever the hooks do, so the hooks never change the mechanism's
-    sensitivity or its privacy event.
+    ``client``: ``ClientHooks`` (e.g. ``fedpriv.fl.fedprox``; default: local SGD); their final
+    delta is still clipped to C, so hooks never change the sensitivity or the privacy event.
     """
     if expected_cohort_size <= 0:
         raise ValueError("expected_cohort_size must be > 0")
     if local_epochs < 1:
         raise ValueError(f"local_epochs must be >= 1, got {local_epochs}")
-    if client is None:
-        client = default_client(loss_fn, client_optimizer, compute_dtype)
+    client = client or default_client(loss_fn, client_optimizer, compute_dtype)
     scale = 1.0 if dp.noise_cohort_size is None else expected_cohort_size / dp.noise_cohort_size
     # the noise on the normalised sum (sensitivity 1): the mechanism's optax privatizer
     privatizer = lambda key=None: dp.privatizer(dp.noise_multiplier * scale, key)  # noqa: E731

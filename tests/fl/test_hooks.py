@@ -18,7 +18,8 @@ from fedpriv.fl.samplers import PoissonSampler, ShuffledPassSampler
 from tests.fl.helpers import init_params, loss_fn, make_dataset
 
 N, COHORT, ROUNDS, LR = 24, 6, 3, 0.05
-MECHS = {"gaussian": (DPConfig(0.5, 1.3, "gaussian"), lambda: PoissonSampler(N, COHORT / N, seed=1)),
+MECHS = {"gaussian": (DPConfig(0.5, 1.3, "gaussian"),
+                      lambda: PoissonSampler(N, COHORT / N, seed=1)),
          "tree": (DPConfig(0.5, 1.7, "tree", 4), lambda: ShuffledPassSampler(N, COHORT, seed=1))}
 
 
@@ -30,8 +31,13 @@ def _train(alg, sampler, tmp_path, rounds=ROUNDS):
     return res, ledger
 
 
+def _events(ledger):
+    return [event_to_json(e.event) for e in ledger.entries]
+
+
 def _leaves(tree):
-    return [np.asarray(jax.random.key_data(x) if jnp.issubdtype(x.dtype, jax.dtypes.prng_key) else x)
+    is_key = lambda x: jnp.issubdtype(x.dtype, jax.dtypes.prng_key)  # noqa: E731
+    return [np.asarray(jax.random.key_data(x) if is_key(x) else x)
             for x in jax.tree_util.tree_leaves(tree)]
 
 
@@ -45,7 +51,8 @@ def _run_client(hooks, server, client, steps=6):
     carry = hooks.init(server)
     for j in range(steps):
         sl = slice(4 * j, 4 * j + 4)
-        batch = {"x": client["x"][sl], "y": client["y"][sl], "mask": np.ones(len(client["x"][sl]), np.float32)}
+        x, y = client["x"][sl], client["y"][sl]
+        batch = {"x": x, "y": y, "mask": np.ones(len(x), np.float32)}
         carry, _ = hooks.step(server, carry, batch, jax.random.key(j))
     return hooks.final(server, carry)
 
@@ -60,13 +67,15 @@ def test_a_hook_cannot_bypass_clipping():
     opt = optax.sgd(LR)
     base = default_client(loss_fn, opt)
     huge = ClientHooks(base.init, base.step,
-                       lambda s, c: jax.tree_util.tree_map(lambda d: 1e6 * d + 1e3, params_delta(s, c)))
+                       lambda s, c: jax.tree_util.tree_map(lambda d: 1e6 * d + 1e3,
+                                                           params_delta(s, c)))
     data = make_dataset(num_clients=8, seed=3)
     ids = list(data)
-    packed = pack_cohort(data, ids, 4, lanes=1, capacity=8, max_steps=3, rng=np.random.default_rng(0))
+    packed = pack_cohort(data, ids, 4, lanes=1, capacity=8, max_steps=3,
+                         rng=np.random.default_rng(0))
     clip = 0.5
-    total, stats = jax.jit(lambda ln: packed_sum(huge, None, _server(), ln, 8, jax.random.key(0), clip))(
-        packed.lanes)
+    run = jax.jit(lambda ln: packed_sum(huge, None, _server(), ln, 8, jax.random.key(0), clip))
+    total, stats = run(packed.lanes)
     norms = np.asarray(stats["norms"])
     assert norms.min() > 1e3  # the hook really returned huge updates
     assert float(stats["num_clipped"]) == len(ids)
@@ -82,10 +91,11 @@ def test_default_hooks_equal_the_plain_local_step():
     from fedpriv.fl.client import make_local_step
     opt = optax.sgd(LR)
     data = make_dataset(num_clients=8, seed=3)
-    packed = pack_cohort(data, list(data), 4, lanes=1, capacity=8, max_steps=3, rng=np.random.default_rng(0))
+    packed = pack_cohort(data, list(data), 4, lanes=1, capacity=8, max_steps=3,
+                         rng=np.random.default_rng(0))
     srv = _server()
-    a = jax.jit(lambda ln: packed_sum(default_client(loss_fn, opt), None, srv, ln, 8, jax.random.key(0), 0.5))(
-        packed.lanes)
+    a = jax.jit(lambda ln: packed_sum(default_client(loss_fn, opt), None, srv, ln, 8,
+                                      jax.random.key(0), 0.5))(packed.lanes)
     b = jax.jit(lambda ln: packed_sum(make_local_step(loss_fn, opt), opt.init, srv.params, ln, 8,
                                       jax.random.key(0), 0.5))(packed.lanes)
     for x, y in zip(_leaves(a), _leaves(b)):
@@ -97,19 +107,18 @@ def test_default_hooks_equal_the_plain_local_step():
 def test_fedprox_mu0_is_dp_fedavg_exactly_and_is_charged_the_same_event(mech, tmp_path):
     dp, sampler = MECHS[mech]
     srv = server_optimizer("sgdm", 1.0)
-    ref = build_algorithm(loss_fn, optax.sgd(LR), srv, dp, expected_cohort_size=sampler().expected_cohort_size)
+    ref = build_algorithm(loss_fn, optax.sgd(LR), srv, dp, sampler().expected_cohort_size)
     alg = fedprox(loss_fn, optax.sgd(LR), srv, dp, sampler().expected_cohort_size, mu=0.0)
     r0, l0 = _train(ref, sampler(), tmp_path / "ref")
     r1, l1 = _train(alg, sampler(), tmp_path / "prox")
     for x, y in zip(_leaves(r0.state), _leaves(r1.state)):  # params, noise and clip state, round
         np.testing.assert_array_equal(x, y)
     ev = event_to_json(privacy_event(dp, sampler(), ROUNDS))
-    assert [event_to_json(e.event) for e in l0.entries] == [event_to_json(e.event) for e in l1.entries]
-    assert event_to_json(l1.entries[0].event) == ev
+    assert _events(l0) == _events(l1) == [ev]
     # mu > 0 trains, is charged the same event, and moves the model differently
-    r2, l2 = _train(fedprox(loss_fn, optax.sgd(LR), srv, dp, sampler().expected_cohort_size, mu=5.0),
-                    sampler(), tmp_path / "prox5")
-    assert [event_to_json(e.event) for e in l2.entries] == [ev]
+    prox5 = fedprox(loss_fn, optax.sgd(LR), srv, dp, sampler().expected_cohort_size, mu=5.0)
+    r2, l2 = _train(prox5, sampler(), tmp_path / "prox5")
+    assert _events(l2) == [ev]
     assert all(np.isfinite(x).all() for x in _leaves(r2.state.params))
     assert not np.array_equal(_leaves(r2.state.params)[1], _leaves(r0.state.params)[1])
 
@@ -153,14 +162,15 @@ def test_decayed_client_at_round_t_is_sgd_at_lr_decay_to_the_t(t):
 def test_client_lr_decay_trains_with_dp_and_is_charged_dp_fedavg_s_event(tmp_path):
     dp, sampler = MECHS["gaussian"]
     srv = server_optimizer("sgdm", 1.0)
-    ref = build_algorithm(loss_fn, optax.sgd(LR), srv, dp, expected_cohort_size=sampler().expected_cohort_size)
+    ref = build_algorithm(loss_fn, optax.sgd(LR), srv, dp, sampler().expected_cohort_size)
     r0, l0 = _train(ref, sampler(), tmp_path / "ref")
-    one = client_lr_decay(loss_fn, optax.sgd(LR), srv, dp, sampler().expected_cohort_size, decay=1.0)
+    cohort = sampler().expected_cohort_size
+    one = client_lr_decay(loss_fn, optax.sgd(LR), srv, dp, cohort, decay=1.0)
     r1, l1 = _train(one, sampler(), tmp_path / "one")
     for x, y in zip(_leaves(r0.state.params), _leaves(r1.state.params)):  # decay 1 = DP-FedAvg
         np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-7)
-    half = client_lr_decay(loss_fn, optax.sgd(LR), srv, dp, sampler().expected_cohort_size, decay=0.5)
+    half = client_lr_decay(loss_fn, optax.sgd(LR), srv, dp, cohort, decay=0.5)
     r2, l2 = _train(half, sampler(), tmp_path / "half")
     ev = [event_to_json(privacy_event(dp, sampler(), ROUNDS))]
-    assert [event_to_json(e.event) for e in l2.entries] == ev == [event_to_json(e.event) for e in l0.entries]
+    assert _events(l2) == ev == _events(l0)
     assert not np.allclose(_leaves(r2.state.params)[1], _leaves(r0.state.params)[1])
