@@ -174,3 +174,26 @@ def test_client_lr_decay_trains_with_dp_and_is_charged_dp_fedavg_s_event(tmp_pat
     ev = [event_to_json(privacy_event(dp, sampler(), ROUNDS))]
     assert _events(l2) == ev == _events(l0)
     assert not np.allclose(_leaves(r2.state.params)[1], _leaves(r0.state.params)[1])
+
+
+@pytest.mark.parametrize("lanes,first", [(3, False), (1, True), (3, True)])
+def test_hooks_give_the_same_sum_on_every_lane_layout(lanes, first):
+    """FedProx's and the decayed client's hooks through vmapped lanes and batched first steps
+    equal one sequential lane (float rounding only)."""
+    data = make_dataset(num_clients=9, seed=6)
+    srv = _server(2)
+    for hooks in (fedprox_client(loss_fn, optax.sgd(LR), 1.0),
+                  decayed_client(loss_fn, optax.sgd(LR), 0.7)):
+        def run(n, f, clip):
+            packed = pack_cohort(data, list(data), 4, lanes=n, capacity=12, max_steps=4,
+                                 rng=np.random.default_rng(1), first_steps=f)
+            fn = jax.jit(lambda ln, fs: packed_sum(hooks, None, srv, ln, 12, jax.random.key(3),
+                                                   clip, first=fs))
+            return fn(packed.lanes, packed.first)
+        clip = float(np.median(np.asarray(run(1, False, jnp.inf)[1]["norms"])[:9]))
+        (ref, ref_stats), (got, stats) = run(1, False, clip), run(lanes, first, clip)
+        for x, y in zip(_leaves(got), _leaves(ref)):
+            np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(stats["norms"]), np.asarray(ref_stats["norms"]),
+                                   rtol=1e-5)
+        assert 0 < float(ref_stats["num_clipped"]) < 9
