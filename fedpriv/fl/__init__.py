@@ -14,7 +14,7 @@ from fedpriv.fl.algorithms import (MECHANISMS, DDGDPConfig, DPConfig, FederatedA
                                    ServerState, build_algorithm, dp_fedavg, dp_ftrl, neighboring_for,
                                    privacy_event, server_optimizer)
 from fedpriv.fl.checkpoint import Checkpointer, CheckpointError, ResumeMismatch
-from fedpriv.fl.client import make_local_step
+from fedpriv.fl.client import ClientHooks, ServerView, default_client, make_local_step
 from fedpriv.fl.cohort import Lanes, PackedCohort, assign_lanes, build_cohort, pack_cohort
 from fedpriv.fl.execution import CohortExecutor, balanced_lanes, default_lanes, replicate
 from fedpriv.fl.loop import (DP_COVERED_METRICS, METRICS, NONPRIVATE, OUTPUTS, PUBLIC_METRICS, TRAINING_FIELDS,
@@ -37,5 +37,5 @@ __all__ = [
     "ShuffledPassSampler", "UniformSampler", "PipelineResult", "Stage", "StageContext",
     "run_stages", "CyclicSampler", "matrix_privacy_event", "MatrixDPConfig",
     "AmplifiedCyclicSampler", "AmplificationError", "amplified_banded_event", "DDGDPConfig",
-    "PUBLIC_METRICS",
+    "PUBLIC_METRICS", "ClientHooks", "ServerView", "default_client",
 ]

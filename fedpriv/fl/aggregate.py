@@ -26,6 +26,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from fedpriv.dp.clipping import clip_update
+from fedpriv.fl.client import ClientHooks, ServerView, step_hooks
 from fedpriv.fl.cohort import FirstSteps, Lanes
 
 WEIGHTINGS = ("uniform", "num_examples")
@@ -95,15 +96,16 @@ def cohort_sum(client_update, params, batches, client_mask, rng, clip_norm,
     return contrib_sum, stats
 
 
-def _finish_client(params, p, nex, clip_norm, weighting, weight_cap, real=1.0, slot=None,
-                   encode=None):
-    """Clip one client's delta ``p - params`` and weight it: ``(w * clipped, stats, norm)``.
+def _finish_client(delta, nex, clip_norm, weighting, weight_cap, real=1.0, slot=None, encode=None):
+    """Clip one client's ``delta`` (its ``final`` hook's output) and weight it: ``(w * clipped,
+    stats, norm)``. Not a hook: whatever the client hooks compute, this clipping bounds the
+    client's contribution to the sum by ``w clip_norm``.
 
     ``encode``: ``(contrib, slot, real) -> (message, stats)`` turns the weighted clipped delta
     into what the client sends (e.g. ``fedpriv.fl.algorithms``' DDG secure-aggregation
     message); the lane then sums messages, and ``stats`` join the client's."""
     tmap = jax.tree_util.tree_map
-    clipped, norm, finite = clip_update(tmap(jnp.subtract, p, params), clip_norm)
+    clipped, norm, finite = clip_update(delta, clip_norm)
     w = client_weight(nex, weighting, weight_cap) * finite.astype(jnp.float32) * real
     contrib = tmap(lambda x: (w * x).astype(jnp.float32), clipped)
     stats = {"weight_sum": w, "norm_sum": jnp.where(finite, norm, 0.0) * real,
@@ -121,65 +123,77 @@ def _sum0(tree):
     return jax.tree_util.tree_map(lambda a: jnp.sum(a, axis=0, dtype=a.dtype), tree)
 
 
-def _trimmed_step(local_step, width: int, fields):
-    """``local_step`` on the batch's ``fields`` cut to their first ``width`` positions (axis 1:
-    ``[B, T] -> [B, width]``); exact when the cut columns are PAD in every row (causal models,
-    PAD targets carry no loss: ``fedpriv.models.bucketing``)."""
-    def step(p, s, batch, key):
+def _trimmed_step(step_fn, width: int, fields):
+    """``step_fn(server, carry, batch, key)`` on the batch's ``fields`` cut to their first
+    ``width`` positions (axis 1: ``[B, T] -> [B, width]``); exact when the cut columns are PAD in
+    every row (causal models, PAD targets carry no loss: ``fedpriv.models.bucketing``)."""
+    def step(server, c, batch, key):
         batch = {k: (v[:, :width] if k in fields else v) for k, v in batch.items()}
-        return local_step(p, s, batch, key)
+        return step_fn(server, c, batch, key)
     return step
 
 
-def _lane_sum(local_step, starting_point, params, lane: Lanes, rng, clip_norm, weighting,
-              weight_cap, capacity, aux_template, opt0, encode=None):
+def _lane_sum(hooks: ClientHooks, starting_point, server: ServerView, lane: Lanes, rng, clip_norm,
+              weighting, weight_cap, capacity, aux_template, carry0, encode=None):
     """One lane (arrays without the lane axis): ``(sum, aux, stats, norms[capacity])``.
 
-    ``starting_point``: None (every client starts from ``params``: the lane resets at each
-    client's last step, inside the ``cond`` that finishes it) or ``slot -> (params,
-    opt_state)`` (batched first steps: selected at each client's first lane step).
+    ``starting_point``: None (every client starts from ``carry0 = hooks.init(server)``: the lane
+    resets at each client's last step, inside the ``cond`` that finishes it) or ``slot ->
+    carry`` (batched first steps: selected at each client's first lane step).
     """
     tmap = jax.tree_util.tree_map
+    delta0 = jax.eval_shape(lambda: hooks.final(server, carry0))
     acc0, stats0, _ = jax.eval_shape(lambda: _finish_client(
-        params, params, jnp.zeros((), jnp.int32), clip_norm, weighting, weight_cap, 1.0,
-        jnp.zeros((), jnp.int32), encode))
+        tmap(lambda d: jnp.zeros(d.shape, d.dtype), delta0), jnp.zeros((), jnp.int32), clip_norm,
+        weighting, weight_cap, 1.0, jnp.zeros((), jnp.int32), encode))
     acc0, stats0 = tmap(lambda s: jnp.zeros(s.shape, s.dtype), (acc0, stats0))
     aux0 = tmap(lambda a: jnp.zeros(a.shape, a.dtype), aux_template)
     norms0 = jnp.zeros((capacity,), jnp.float32)
 
-    def body(t, carry):
-        p, s, acc, aux, stats, norms = carry
+    def body(t, loop_carry):
+        c, acc, aux, stats, norms = loop_carry
         slot = lane.slot[t]
         if starting_point is not None:
-            p0, s0 = starting_point(slot)
-            p, s = tmap(lambda a, b: jnp.where(lane.start[t], a, b), (p0, s0), (p, s))
+            c = tmap(lambda a, b: jnp.where(lane.start[t], a, b), starting_point(slot), c)
         batch = {k: v[lane.src[t]] for k, v in lane.data.items()}
         key = jax.random.fold_in(jax.random.fold_in(rng, slot), lane.step[t])
         if lane.bucket is None or len(lane.widths) < 2:
-            p, s, step_aux = local_step(p, s, batch, key)
+            c, step_aux = hooks.step(server, c, batch, key)
         else:  # length-aware batches: the step's width, one compiled body per width
-            p, s, step_aux = jax.lax.switch(lane.bucket[lane.src[t]], [
-                _trimmed_step(local_step, w, lane.trim_fields) for w in lane.widths], p, s, batch, key)
+            c, step_aux = jax.lax.switch(lane.bucket[lane.src[t]], [
+                _trimmed_step(hooks.step, w, lane.trim_fields) for w in lane.widths],
+                server, c, batch, key)
         aux = tmap(jnp.add, aux, step_aux)
 
-        def finish(c):
-            p, s, acc, stats, norms = c
-            contrib, st, norm = _finish_client(params, p, lane.num_examples[t], clip_norm, weighting,
-                                               weight_cap, 1.0, slot, encode)
+        def finish(fc):
+            c, acc, stats, norms = fc
+            contrib, st, norm = _finish_client(hooks.final(server, c), lane.num_examples[t],
+                                               clip_norm, weighting, weight_cap, 1.0, slot, encode)
             if starting_point is None:
-                p, s = params, opt0
-            return (p, s, tmap(jnp.add, acc, contrib), tmap(jnp.add, stats, st), norms.at[slot].set(norm))
+                c = carry0
+            return (c, tmap(jnp.add, acc, contrib), tmap(jnp.add, stats, st),
+                    norms.at[slot].set(norm))
 
-        p, s, acc, stats, norms = jax.lax.cond(lane.last[t], finish, lambda c: c, (p, s, acc, stats, norms))
-        return p, s, acc, aux, stats, norms
+        c, acc, stats, norms = jax.lax.cond(lane.last[t], finish, lambda fc: fc,
+                                            (c, acc, stats, norms))
+        return c, acc, aux, stats, norms
 
-    carry = (params, opt0, acc0, aux0, stats0, norms0)
-    _, _, acc, aux, stats, norms = jax.lax.fori_loop(0, lane.length, body, carry)
+    _, acc, aux, stats, norms = jax.lax.fori_loop(0, lane.length, body,
+                                                  (carry0, acc0, aux0, stats0, norms0))
     return acc, aux, stats, norms
 
 
 def _divisor_at_most(n: int, cap: int) -> int:
     return max(d for d in range(1, min(n, cap) + 1) if n % d == 0)
+
+
+def _as_hooks(local_step, opt_init, params):
+    """``packed_sum``'s arguments as ``(ClientHooks, ServerView)``."""
+    if not isinstance(local_step, ClientHooks):
+        local_step = step_hooks(local_step, opt_init)
+    if not isinstance(params, ServerView):
+        params = ServerView(params, None, jnp.zeros((), jnp.int32))
+    return local_step, params
 
 
 def packed_sum(local_step, opt_init, params, lanes: Lanes, capacity: int, rng, clip_norm,
@@ -188,15 +202,15 @@ def packed_sum(local_step, opt_init, params, lanes: Lanes, capacity: int, rng, c
     """Sum of clipped, weighted client updates over a packed cohort (see module docstring).
 
     Args:
-      local_step: ``(params, opt_state, batch[B, ...], rng) -> (params, opt_state, aux)``
-        (``fedpriv.fl.client.make_local_step``).
-      opt_init: the client optimizer's ``init`` (each client starts from ``opt_init(params)``).
-      params: server parameters.
+      local_step: ``ClientHooks`` (``fedpriv.fl.client``), or a plain ``(params, opt_state,
+        batch[B, ...], rng) -> (params, opt_state, aux)`` (``client.make_local_step``) whose
+        clients start from ``opt_init(params)`` (``opt_init`` is unused with hooks).
+      params: server parameters, or the round's ``ServerView`` (what the hooks see).
       lanes: ``Lanes`` with a leading lane axis W on every array.
       capacity: K, the number of cohort slots (length of the returned ``norms``).
       rng: PRNG key of the round; the client in cohort slot k, local step j uses
         ``fold_in(fold_in(rng, k), j)`` — as the padded path does.
-      clip_norm: scalar C (``inf`` = no clipping).
+      clip_norm: scalar C (``inf`` = no clipping): every ``final`` delta is clipped to it.
       lane_chunk: vmap at most this many lanes at once (``lax.scan`` over chunks).
       first: every client's first step, batched over the K slots with the shared server
         weights (``cohort.FirstSteps``), in chunks of ``first_chunk`` clients; the lanes then
@@ -210,39 +224,39 @@ def packed_sum(local_step, opt_init, params, lanes: Lanes, capacity: int, rng, c
       ``num_nonfinite``, ``num_clients`` and ``norms: float32[K]`` (pre-clip norms by slot).
     """
     tmap = jax.tree_util.tree_map
+    hooks, server = _as_hooks(local_step, opt_init, params)
     W = lanes.length.shape[0]
-    opt0 = opt_init(params)
+    carry0 = hooks.init(server)
     lane0 = tmap(lambda a: a[0], lanes)
     batch0 = {k: v[0] for k, v in lane0.data.items()}
-    aux_template = jax.eval_shape(lambda: local_step(params, opt0, batch0, rng)[2])
-    extra = None
-    starting_point = None
+    aux_template = jax.eval_shape(lambda: hooks.step(server, carry0, batch0, rng)[1])
+    extra = starting_point = None
     if first is not None:
         K = first.single.shape[0]
         c = _divisor_at_most(K, first_chunk)
 
         def first_step(k, batch):
             key = jax.random.fold_in(jax.random.fold_in(rng, k), 0)
-            return local_step(params, opt0, batch, key)  # shared weights: one big batch
+            return hooks.step(server, carry0, batch, key)  # shared weights: one big batch
 
         chunked = tmap(lambda a: a.reshape((K // c, c) + a.shape[1:]), (jnp.arange(K), first.data))
-        p1, s1, aux1 = jax.lax.map(lambda xs: jax.vmap(first_step)(*xs), chunked)
-        p1, s1, aux1 = tmap(lambda a: a.reshape((K,) + a.shape[2:]), (p1, s1, aux1))
+        c1, aux1 = jax.lax.map(lambda xs: jax.vmap(first_step)(*xs), chunked)
+        c1, aux1 = tmap(lambda a: a.reshape((K,) + a.shape[2:]), (c1, aux1))
 
         def starting_point(slot):
-            return tmap(lambda a: a[slot], p1), tmap(lambda a: a[slot], s1)
+            return tmap(lambda a: a[slot], c1)
 
         # clients whose only step was the first one are finished here, vmapped over the slots
-        contrib, st, norm = jax.vmap(lambda p, n, r, k: _finish_client(
-            params, p, n, clip_norm, weighting, weight_cap, r, k, encode))(
-                p1, first.num_examples, first.single, jnp.arange(K))
+        contrib, st, norm = jax.vmap(lambda ci, n, r, k: _finish_client(
+            hooks.final(server, ci), n, clip_norm, weighting, weight_cap, r, k, encode))(
+                c1, first.num_examples, first.single, jnp.arange(K))
         real = (jnp.sum(first.data["mask"], axis=1) > 0).astype(jnp.float32)  # [K] real slots
         aux1 = tmap(lambda a: a * real.reshape((K,) + (1,) * (a.ndim - 1)).astype(a.dtype), aux1)
         extra = (_sum0(contrib), _sum0(aux1), _sum0(st), jnp.where(first.single > 0, norm, 0.0))
 
     def run(lane):
-        return _lane_sum(local_step, starting_point, params, lane, rng, clip_norm, weighting, weight_cap,
-                         capacity, aux_template, opt0, encode)
+        return _lane_sum(hooks, starting_point, server, lane, rng, clip_norm, weighting, weight_cap,
+                         capacity, aux_template, carry0, encode)
 
     if W == 1:
         total = run(lane0)

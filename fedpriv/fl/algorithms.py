@@ -2,7 +2,9 @@
 
 One round (McMahan et al. 2018 DP-FedAvg; Kairouz et al. 2021 DP-FTRL):
 
-1. every sampled client runs local SGD from the server model (``client.make_local_step``, run over packed lanes of real steps);
+1. every sampled client runs its hooks (``client.ClientHooks``: init from the server's
+   broadcast, local steps, final delta; default local SGD from the server model,
+   ``client.default_client``), over packed lanes of real steps;
 2. its delta is clipped to C_t (``dp.clipping``), weighted by w_i in [0, 1] and masked;
 3. the cohort sum (L2 sensitivity C_t) is divided by C_t, so its sensitivity is 1, and
    noised by the mechanism's privatizer (``fedpriv.dp.mechanisms``: fresh Gaussian noise for
@@ -41,7 +43,7 @@ from fedpriv.dp.mechanisms import (BUILTIN_MECHANISMS, DDGDPConfig, DPConfig,  #
                                    MatrixDPConfig)  # (re-exported: the mechanisms' constructors)
 from fedpriv.dp.noise import NoiseState
 from fedpriv.fl.aggregate import packed_sum
-from fedpriv.fl.client import make_local_step
+from fedpriv.fl.client import ClientHooks, ServerView, default_client
 from fedpriv.fl.cohort import Lanes, pack_padded
 
 # the built-in mechanisms' names (the registry, fedpriv.dp.mechanisms, may hold more)
@@ -55,6 +57,12 @@ class ServerState:
     noise_state: NoiseState
     clip_state: ClipState
     round: jax.Array  # int32
+
+
+def _server_view(state: ServerState) -> ServerView:
+    """What the clients of a round are sent: model, server optimizer state, round (no noise
+    state: its keys are secret)."""
+    return ServerView(state.params, state.opt_state, state.round)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +89,7 @@ def build_algorithm(loss_fn: Callable, client_optimizer: optax.GradientTransform
                     server_optimizer: optax.GradientTransformation, dp: DPConfig,
                     expected_cohort_size: float, local_epochs: int = 1,
                     chunk_size: int | None = None, jit: bool = True,
-                    compute_dtype=None) -> FederatedAlgorithm:
+                    compute_dtype=None, client: ClientHooks | None = None) -> FederatedAlgorithm:
     """Build a (DP-)federated algorithm. See the module docstring for the round.
 
     ``dp``: the mechanism (``fedpriv.dp.mechanisms``: ``DPConfig(...)`` of a registered name, or
@@ -91,12 +99,14 @@ def build_algorithm(loss_fn: Callable, client_optimizer: optax.GradientTransform
     ``chunk_size``: vmap at most this many lanes (clients of a padded cohort) at once.
     ``compute_dtype``: e.g. ``jnp.bfloat16`` for mixed-precision client forward/backward passes
     (``client.make_local_step``); clipping, sums and noise are always float32.
+    ``client``: ``ClientHooks`` (e.g. ``fedpriv.fl.fedprox``; default: local SGD); their final
+    delta is still clipped to C, so hooks never change the sensitivity or the privacy event.
     """
     if expected_cohort_size <= 0:
         raise ValueError("expected_cohort_size must be > 0")
     if local_epochs < 1:
         raise ValueError(f"local_epochs must be >= 1, got {local_epochs}")
-    local_step = make_local_step(loss_fn, client_optimizer, compute_dtype)
+    client = client or default_client(loss_fn, client_optimizer, compute_dtype)
     scale = 1.0 if dp.noise_cohort_size is None else expected_cohort_size / dp.noise_cohort_size
     # the noise on the normalised sum (sensitivity 1): the mechanism's optax privatizer
     privatizer = lambda key=None: dp.privatizer(dp.noise_multiplier * scale, key)  # noqa: E731
@@ -120,7 +130,7 @@ def build_algorithm(loss_fn: Callable, client_optimizer: optax.GradientTransform
         def encode(contrib, slot, real):
             return codec.encode(ctx, ravel_pytree(contrib)[0], slot, real)
 
-        summed, stats = packed_sum(local_step, client_optimizer.init, state.params, lanes,
+        summed, stats = packed_sum(client, None, _server_view(state), lanes,
                                    client_mask.shape[0], key, dp.clip_norm, dp.weighting,
                                    dp.weight_cap, chunk_size, first, encode=encode)
         total, stats, released = codec.decode(ctx, summed, stats)
@@ -131,7 +141,7 @@ def build_algorithm(loss_fn: Callable, client_optimizer: optax.GradientTransform
         if codec is not None:
             noised, stats, released = secure_round(state, lanes, client_mask, key, first)
             return finish_round(state, noised, stats, client_mask, state.noise_state, released)
-        total, stats = packed_sum(local_step, client_optimizer.init, state.params, lanes,
+        total, stats = packed_sum(client, None, _server_view(state), lanes,
                                   client_mask.shape[0], key, clip, dp.weighting, dp.weight_cap,
                                   chunk_size, first)
         total = jax.tree_util.tree_map(lambda t, p: t.astype(p.dtype), total, state.params)
