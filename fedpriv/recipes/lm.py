@@ -165,15 +165,21 @@ def simulated_population(cfg):
     return pop
 
 
-def paper_noise(cfg, z: float, event, num_clients: int, neighboring: str = "add_remove"):
+def paper_noise(cfg, z: float, alg, sampler, num_clients: int, rounds: int | None = None):
     """Both epsilons of ``cfg``'s run under the paper-noise protocol
-    (:func:`fedpriv.dp.population.paper_noise`): the declared population's and ``event``'s (the
-    charge on our ``num_clients`` training users); None without a simulated population."""
+    (:func:`fedpriv.dp.population.paper_noise`): the declared population's, and the one SPENT on
+    our ``num_clients`` training users -- the event of the run executed, derived here from the
+    algorithm and sampler that run (``simulated=False``: with ``noise_cohort_size`` the
+    multiplier ``z * cohort / noise_cohort``, never the noise-cohort simulation's). ``rounds``:
+    default ``cfg.rounds``. None without a simulated population."""
     pop = simulated_population(cfg)
-    if pop is None or event is None:
+    if pop is None or alg is None:
         return None
+    rounds = cfg.rounds if rounds is None else rounds
+    executed = algs.privacy_event(alg.dp, sampler, rounds, simulated=False)
     ours = cfg.corpus + (f" ({os.path.basename(str(cfg.corpus_path))})" if getattr(cfg, "corpus_path", None) else "")
-    return population.paper_noise(pop, z, cfg.rounds, event, ours, num_clients, cfg.delta, neighboring)
+    return population.paper_noise(pop, z, rounds, executed, ours, num_clients, cfg.delta,
+                                  algs.neighboring_for(sampler))
 
 
 def client_compute_dtype(cfg_or_name):
@@ -393,8 +399,7 @@ def run_lm_fl(cfg, workdir: str, *, prepared: Prepared | None = None, init_param
                            f"{len(ids) * cfg.noise_cohort_size // cfg.cohort_size}; the run actually "
                            f"executed has epsilon = {eps_real:.3g}")
         # the paper-noise pair's "spent" side is the run executed on our users
-        pn = paper_noise(cfg, z, event if cfg.noise_cohort_size is None else real, len(ids),
-                         algs.neighboring_for(sampler))
+        pn = paper_noise(cfg, z, alg, sampler, len(ids))
         if pn is not None:
             noise_note += "; paper-noise protocol: " + pn.line()
         log(noise_note)

@@ -126,7 +126,7 @@ def lm_run(cfg, num_clients: int, name: str, *, prior: tuple[Charge, ...] = (),
     executed = (algs.privacy_event(alg.dp, sampler, cfg.rounds, simulated=False)
                 if cfg.noise_cohort_size is not None else None)
     charges = (*prior, Charge(stage, event, ("users",), executed))
-    pn = lm.paper_noise(cfg, z, executed or event, num_clients, rel)  # the paper-noise protocol
+    pn = lm.paper_noise(cfg, z, alg, sampler, num_clients)  # the paper-noise protocol
     if budget is None:
         # with a simulated population, target_epsilon is the population's (simulated) epsilon:
         # the ledger's budget is what the run spends on our users

@@ -254,7 +254,7 @@ def run_rows(cfg, workdir: str, *, teacher=None, progress: bool = True, log=prin
             if cfg.noise_cohort_size is not None:
                 real = algs.privacy_event(alg.dp, sampler, T, simulated=False)
                 eps_real = accounting.compute_epsilon(real, cfg.delta)[0]
-            pn = lm.paper_noise(fcfg, z, event, len(ids))  # the paper-noise protocol (or None)
+            pn = lm.paper_noise(fcfg, z, alg, sampler, len(ids), T)  # the paper-noise protocol (or None)
             privacy[f"{eps:g}"] = {"target_epsilon": eps, "epsilon": eps_val, "noise_multiplier": z,
                                    "epsilon_executed_run": eps_real,
                                    "paper_noise": pn.as_dict() if pn is not None else None}
@@ -544,5 +544,5 @@ def table_notes(cfg, rr: "RowRuns", seconds: float) -> list[str]:
             pn = v["paper_noise"]
             notes.append(f"rows 'epsilon {k}': epsilon {pn['epsilon_simulated']:.3g} SIMULATED for "
                          f"{pn['population']}; epsilon {pn['epsilon_executed']:.3g} SPENT on "
-                         f"{pn['our_users']} (the ledger's charge), z = {pn['noise_multiplier']:.4g}")
+                         f"{pn['our_users']} (the run executed), z = {pn['noise_multiplier']:.4g}")
     return notes
