@@ -154,9 +154,47 @@ def _scale(spec: str) -> str:
     return spec.partition(":")[2].split(",")[0]
 
 
+def trained_commits(workdir: str) -> list[str]:
+    """The commits the finished training runs under ``workdir`` recorded (``summary.json`` of
+    every sub-directory, e.g. one per seed and row; not the top-level one the invocation writes),
+    without repeats, in the order found; ``None`` for a run that recorded no commit (the page then
+    marks the artefact STALE: fail closed). An experiment that reads finished runs back writes its
+    tables at a later commit than they trained at: the page dates the artefact by these."""
+    out = []
+    for root, dirs, files in sorted(os.walk(workdir)):
+        dirs.sort()
+        if os.path.abspath(root) == os.path.abspath(workdir) or "summary.json" not in files:
+            continue
+        try:
+            with open(os.path.join(root, "summary.json")) as f:
+                rec = json.load(f)
+        except (OSError, ValueError):
+            continue
+        c = (rec.get("git_commit_full") or rec.get("git_commit") or None) if isinstance(rec, dict) else None
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def oldest_commit(commits, repo: str | None = None) -> str | None:
+    """The commit of ``commits`` furthest behind HEAD; one unknown to the repository is returned
+    as it is (``staleness`` then fails closed)."""
+    repo = repo or ROOT
+    best, behind = None, -1
+    for c in commits:
+        full = _git(["rev-parse", "--verify", "--quiet", f"{c}^{{commit}}"], repo)
+        n = _git(["rev-list", "--count", f"{full}..HEAD"], repo) if full else None
+        if not (n and n.isdigit()):
+            return c
+        if int(n) > behind:
+            best, behind = c, int(n)
+    return best
+
+
 def compact_summary(invocation: dict, workdir: str) -> dict:
     """The compact summary of the run in ``workdir`` described by ``invocation`` (see the module
-    docstring): no checkpoints, only what the page and the verdicts need."""
+    docstring): no checkpoints, only what the page and the verdicts need; ``trained_at``: the
+    commits its training runs recorded (:func:`trained_commits`)."""
     arts = _artefacts_of(invocation["module"])
     outputs = {}
     for a in arts:
@@ -165,7 +203,8 @@ def compact_summary(invocation: dict, workdir: str) -> dict:
             if name.endswith(".md") and os.path.exists(path):
                 with open(path) as f:
                     outputs[name] = f.read()
-    return {"format": COMPACT_FORMAT, **invocation, "artefacts": [a.name for a in arts],
+    return {"format": COMPACT_FORMAT, **invocation, "trained_at": trained_commits(workdir),
+            "artefacts": [a.name for a in arts],
             "verdicts": [v.to_json() for v in read_verdicts(workdir)], "outputs": outputs,
             "figures": sorted({n for a in arts for n in a.outputs if not n.endswith(".md")
                                and os.path.exists(os.path.join(workdir, n))})}
@@ -252,9 +291,17 @@ def collect(runs: str = "runs", summary_dir: str | None = None, repo: str | None
             kind, rec, vs, outputs, workdir = _source(a, runs, summary_dir)
             if kind is not None:
                 commit = rec.get("git_commit_full") or rec.get("git_commit")
+                # dated by the oldest commit its training runs recorded, where they differ from
+                # the invocation that wrote the tables (finished runs read back)
+                trained = list(rec.get("trained_at", ()))
+                commit = oldest_commit([*[c for c in trained if c], commit] if commit else
+                                       [c for c in trained if c], repo) or commit
+                st = staleness(commit, dependencies(a, repo), repo)
+                if None in trained:  # a run read back recorded no commit: its code is unknown
+                    st.update(stale=True, reason="a training run it read back recorded no commit")
                 item.update(source=kind, record=rec, outputs=outputs, workdir=workdir,
                             verdicts=[v for v in vs if not a.claims or any(c in v.claim for c in a.claims)],
-                            staleness=staleness(commit, dependencies(a, repo), repo))
+                            staleness=st)
         out.append(item)
     return out
 
@@ -277,8 +324,12 @@ def _section(item: dict, runs: str, out_dir: str) -> tuple[str, dict]:
     inv, st = item["record"], item["staleness"]
     where = "the run" if item["source"] == "run" else "its committed compact summary"
     dirty = inv.get("git_dirty")
+    written = (inv.get("git_commit_full") or inv.get("git_commit") or "")[:7]
+    trained = [c[:7] if c else "unrecorded" for c in inv.get("trained_at", ())]
+    at = (f"trained at {', '.join(trained)}, tables written at {written}; dated by the oldest, "
+          if trained and trained != [written] else "ran at commit ")
     lines += [f"Outputs below from `{inv['command']}` (finished {inv.get('time', '?')}), read from {where}; "
-              f"ran at commit {(st['commit'] or '?')[:7]}, "
+              f"{at}{(st['commit'] or '?')[:7]}, "
               f"{'?' if st['commits_behind'] is None else st['commits_behind']} commits before HEAD"
               + ("; the tree had uncommitted changes" if dirty else "; tree state not recorded" if dirty is None
                  else "") + ".", ""]

@@ -313,7 +313,7 @@ def run_rows(cfg, workdir: str, *, teacher=None, progress: bool = True, log=prin
                                "wall_clock_s": time.time() - t0,
                                "ledger": result.ledger.report() if result.ledger else None,
                                "curve": report.metric_curve(run_dir, "eval_accuracy"),
-                               **extra}
+                               **extra, **report.git_state()}  # the commit (results page dates by it)
                     summary["val_suggestion_accuracy"] = evaluate(suggest, params, val,
                                                                   cfg.eval_batch_size)["accuracy"]
                     summary["test_suggestion_accuracy"] = evaluate(suggest, params, test,

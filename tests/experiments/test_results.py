@@ -192,3 +192,51 @@ def test_page_from_a_committed_compact_summary_with_staleness_and_json(tmp_path,
     page = results.build(str(tmp_path / "empty_runs"), str(out), summary_dir=str(tmp_path / "none"),
                          repo=str(repo), force=True)
     assert "Not run yet" in page
+
+
+def test_an_artefact_is_dated_by_the_commit_its_runs_trained_at(tmp_path, monkeypatch):
+    """Tables written at a later commit from finished runs read back (e.g. seeds run apart, then
+    combined) are dated by the oldest commit those runs recorded: a library change between the
+    training and the tables makes the artefact STALE; without sub-runs, the invocation's commit."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    trained = _commit(repo, "fedpriv/core.py", "x = 1\n", "library")
+    written = _commit(repo, "fedpriv/core.py", "x = 2\n", "change the library")
+    arts = (index.Artefact("fig1", "P", "a figure", "latency_figure", "latency_figure",
+                           outputs=("latency.md",)),)
+    monkeypatch.setattr(results, "ARTEFACTS", arts)
+    wd = tmp_path / "run"
+    for seed, commit in ((0, trained), (1, written)):
+        (wd / f"seed{seed}").mkdir(parents=True)
+        (wd / f"seed{seed}" / "summary.json").write_text(json.dumps({"git_commit_full": commit}))
+    (wd / "summary.json").write_text(json.dumps({"git_commit_full": written}))  # the invocation's own
+    (wd / "latency.md").write_text("# Latency table\n")
+    write_verdicts(_verdicts(), str(wd))
+    assert results.trained_commits(str(wd)) == [trained, written]
+    assert results.oldest_commit([written, trained], str(repo)) == trained
+    inv = {"module": "experiments.latency_figure", "config": "configs/latency_figure.py:small",
+           "command": "python -m experiments.latency_figure", "time": "2026-11-26 16:00:00",
+           "git_commit": written[:7], "git_commit_full": written, "git_dirty": False}
+    summaries = tmp_path / "summaries"
+    s = results.record_compact(inv, str(wd), str(summaries), str(tmp_path))
+    assert s["trained_at"] == [trained, written]
+    out = tmp_path / "RESULTS.md"
+    page = results.build(str(tmp_path / "empty_runs"), str(out), summary_dir=str(summaries), repo=str(repo))
+    assert f"trained at {trained[:7]}, {written[:7]}, tables written at {written[:7]}" in page
+    assert f"| {trained[:7]} (1 commits old) STALE |" in page
+    # a run read back that recorded no commit: its code is unknown -> STALE (fail closed)
+    (wd / "seed2").mkdir()
+    (wd / "seed2" / "summary.json").write_text(json.dumps({"val_accuracy": 0.1}))
+    assert results.trained_commits(str(wd)) == [trained, written, None]
+    results.record_compact(inv, str(wd), str(summaries), str(tmp_path))
+    page = results.build(str(tmp_path / "empty_runs"), str(out), summary_dir=str(summaries), repo=str(repo))
+    assert "**STALE**: a training run it read back recorded no commit" in page
+    os.remove(wd / "seed2" / "summary.json")
+    # the same tables with no sub-runs: dated by the invocation, current
+    for seed in (0, 1):
+        os.remove(wd / f"seed{seed}" / "summary.json")
+    results.record_compact(inv, str(wd), str(summaries), str(tmp_path))
+    page = results.build(str(tmp_path / "empty_runs"), str(out), summary_dir=str(summaries), repo=str(repo),
+                         force=True)
+    assert f"| {written[:7]} (0 commits old) |" in page
