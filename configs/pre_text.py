@@ -53,7 +53,7 @@ class PreTextConfig:
     prefix_min: float = 0.3
     prefix_max: float = 0.7
     vote_k: int = 1                    # votes per message
-    messages_per_client: int = 64      # a user's messages that vote (as max_examples_per_client)
+    messages_per_client: int = 16      # a user's messages that vote (embedding cost: ~16k texts)
     instructions: tuple = INSTRUCTIONS
     teacher_layers: int | None = None  # None: the whole public LLM; k: its first k blocks only
                                        # (a cheaper, worse generator: for smoke tests)

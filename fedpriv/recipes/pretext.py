@@ -4,8 +4,8 @@ training users, and their client costs.
 
 Layout of a workdir: ``seed<S>-eps<E>-<arm>/`` per arm (``summary.json`` when finished: a
 finished arm is read back, never rerun; the DP-FTRL arms resume from their checkpoints),
-``embeddings-<digest>.npz`` (the public embedder's vectors of every user message, keyed by the
-messages' digest: computed once, shared by the seeds).
+and, in the fedpriv cache, the public embedder's vectors of the users' voting messages
+(`embed_store`: computed once, shared by seeds and workdirs).
 
 Privacy (docs/privacy.md): the votes (`fedpriv.synth.release`) and DP-FTRL are both charged to
 the arm's ``PrivacyLedger`` (add/remove one user) before any private data is read; the votes'
@@ -102,33 +102,43 @@ def client_costs(cfg, arm: str, num_params: int, mean_tokens: float, mean_messag
 # ------------------------------------------------------------------------------ data
 
 
-def _client_messages(prepared, cfg, seed: int) -> list[list[str]]:
-    """Each training user's voting messages (a seeded sample of ``messages_per_client``), in the
-    order of ``prepared.train.client_ids`` (the samplers' indices)."""
+def _client_messages(prepared, cfg) -> list[list[str]]:
+    """Each training user's voting messages, in the order of ``prepared.train.client_ids`` (the
+    samplers' indices): at most ``messages_per_client``, a sample seeded by the user's id (not
+    the run's seed: a user votes with the same messages in every seed's split, so their
+    embeddings are computed once)."""
+    from fedpriv.data.cache import texts_digest
     out = []
-    for i, cid in enumerate(prepared.train.client_ids):
+    for cid in prepared.train.client_ids:
         msgs = prepared.train_text[cid]
         if len(msgs) > cfg.messages_per_client:
-            rng = np.random.default_rng([seed, i])
+            rng = np.random.default_rng(int(texts_digest([cid])[:8], 16))
             msgs = [msgs[j] for j in sorted(rng.choice(len(msgs), cfg.messages_per_client, replace=False))]
         out.append(msgs)
     return out
 
 
-def _embed_cached(embedder, texts: list[str], workdir: str, batch_size: int = 64,
-                  progress: bool = True) -> dict:
-    """text -> unit embedding for every distinct text, cached in ``workdir`` by digest."""
-    uniq = sorted(set(texts))
-    from fedpriv.data.cache import texts_digest
-    path = os.path.join(workdir, f"embeddings-{texts_digest(uniq)[:16]}.npy")
-    if os.path.exists(path):
-        emb = np.load(path)
-    else:
-        emb = embedder.embed(uniq, batch_size=batch_size, progress=progress)
-        tmp = path + ".tmp.npy"
-        np.save(tmp, emb)
+def embed_store(embedder, texts: list[str], progress: bool = True) -> dict:
+    """text -> unit embedding of the public embedder, for every distinct text, from a store in
+    the fedpriv cache (``$FEDPRIV_CACHE`` or ``~/.cache/fedpriv``; public-model outputs of the
+    user's own local data, never shipped): only texts missing from it are embedded, then the
+    store is replaced atomically."""
+    from fedpriv.data.cache import resolve_cache_dir
+    path = resolve_cache_dir() / "pretext-minilm-embeddings.npz"
+    known: dict = {}
+    if path.exists():
+        with np.load(path, allow_pickle=False) as z:
+            known = dict(zip(z["texts"].tolist(), z["emb"]))
+    missing = sorted(set(texts) - set(known))
+    if missing:
+        emb = embedder.embed(missing, batch_size=64, progress=progress)
+        known.update(zip(missing, emb))
+        keys = sorted(known)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + f".{os.getpid()}.tmp.npz")
+        np.savez(tmp, texts=np.asarray(keys), emb=np.stack([known[k] for k in keys]))
         os.replace(tmp, path)
-    return dict(zip(uniq, emb))
+    return {t: known[t] for t in set(texts)}
 
 
 # ------------------------------------------------------------------------------ the arms
@@ -185,7 +195,7 @@ def run_arms(cfg, workdir: str, *, teacher=None, embedder=None, progress: bool =
         test = prepared.test.concat_examples()["tokens"][: base.max_eval_examples]
         train_tokens = prepared.train.concat_examples()["tokens"]
         trivial = most_frequent_token_accuracy(train_tokens, test)
-        msgs = _client_messages(prepared, cfg, seed)
+        msgs = _client_messages(prepared, cfg)
         lengths = (train_tokens[:, 1:] > 0).sum(axis=1)
         mean_tokens, mean_msgs = float(lengths.mean()), float(np.mean([len(m) for m in msgs]))
         clients_emb = None
@@ -197,8 +207,7 @@ def run_arms(cfg, workdir: str, *, teacher=None, embedder=None, progress: bool =
                     if arm != "ondevice" and clients_emb is None:
                         teacher = truncated_teacher(teacher or load_teacher(), cfg.teacher_layers)
                         embedder = embedder or load_embedder()
-                        table = _embed_cached(embedder, [m for ms in msgs for m in ms], workdir,
-                                              progress=progress)
+                        table = embed_store(embedder, [m for ms in msgs for m in ms], progress)
                         clients_emb = [np.stack([table[m] for m in ms]) if ms else
                                        np.zeros((0, EMBED_DIM), np.float32) for ms in msgs]
                     log(f"[seed {seed}, eps {eps:g}] {ARM_LABELS[arm]}")
