@@ -144,6 +144,11 @@ def embed_store(embedder, texts: list[str], progress: bool = True) -> dict:
 # ------------------------------------------------------------------------------ the arms
 
 
+def _perplexity(loss: float) -> float:
+    """exp(loss); inf for a diverged model (loss beyond float range) or a non-finite loss."""
+    return math.exp(loss) if math.isfinite(loss) and loss < 700 else math.inf
+
+
 def _read(sub: str):
     try:
         with open(os.path.join(sub, "summary.json")) as f:
@@ -217,7 +222,7 @@ def run_arms(cfg, workdir: str, *, teacher=None, embedder=None, progress: bool =
                                      cfg.lm.rounds)
                 rows.append({"arm": ARM_LABELS[arm], "arm_key": arm, "seed": seed, "epsilon": eps,
                              "test_accuracy": s["test_accuracy"], "test_loss": s["test_loss"],
-                             "test_perplexity": math.exp(s["test_loss"]),
+                             "test_perplexity": _perplexity(s["test_loss"]),
                              "trivial_accuracy": trivial, "epsilon_spent": s["epsilon_spent"],
                              "z_votes": s.get("z_votes"), "z_fl": s.get("z_fl"),
                              "costs": costs, "seconds": s.get("seconds", {}), "workdir": sub})
