@@ -70,6 +70,10 @@ ARTEFACTS = (
     Artefact("ddg-comparison", "beyond the papers", "distributed discrete Gaussian under simulated secure "
              "aggregation at 8/12/16/20 bits vs the central Gaussian at equal z (Kairouz et al. 2021)",
              "ddg_comparison", "ddg_comparison", outputs=("ddg_comparison.md",)),
+    Artefact("pre-text", "beyond the papers", "PrE-Text (Hou et al. 2024): private synthetic text from "
+             "the public LLM guided by DP votes vs on-device DP-FTRL at equal epsilon; synthetic "
+             "pre-training + DP-FTRL", "pre_text", "pre_text", ("smoke", "small"),
+             outputs=("pre_text.md", "phases.md", "samples.md")),
     Artefact("koga-iw-regime", "Koga et al. 2023", "IW/IWPT given a fair test: TV of the private target "
              "unigrams vs N_T, eps0, vocabulary, per-user bound; IW/IWPT vs baselines on a large target "
              "(chat_target), 3 seeds, + a no-signal control", "iw_regime", "iw_regime",

@@ -196,6 +196,36 @@ def _as_hooks(local_step, opt_init, params):
     return local_step, params
 
 
+def _first_steps_sum(hooks, server, carry0, first, rng, first_chunk, clip_norm, weighting,
+                     weight_cap, encode):
+    """Every client's first step as one batch over the K slots (shared server weights), in
+    chunks of ``first_chunk``; returns ``(starting_point, extra)``: ``slot -> carry`` after the
+    first step, and the summed contributions of the clients finished by it."""
+    tmap = jax.tree_util.tree_map
+    K = first.single.shape[0]
+    c = _divisor_at_most(K, first_chunk)
+
+    def first_step(k, batch):
+        key = jax.random.fold_in(jax.random.fold_in(rng, k), 0)
+        return hooks.step(server, carry0, batch, key)  # shared weights: one big batch
+
+    chunked = tmap(lambda a: a.reshape((K // c, c) + a.shape[1:]), (jnp.arange(K), first.data))
+    c1, aux1 = jax.lax.map(lambda xs: jax.vmap(first_step)(*xs), chunked)
+    c1, aux1 = tmap(lambda a: a.reshape((K,) + a.shape[2:]), (c1, aux1))
+
+    def starting_point(slot):
+        return tmap(lambda a: a[slot], c1)
+
+    # clients whose only step was the first one are finished here, vmapped over the slots
+    contrib, st, norm = jax.vmap(lambda ci, n, r, k: _finish_client(
+        hooks.final(server, ci), n, clip_norm, weighting, weight_cap, r, k, encode))(
+            c1, first.num_examples, first.single, jnp.arange(K))
+    real = (jnp.sum(first.data["mask"], axis=1) > 0).astype(jnp.float32)  # [K] real slots
+    aux1 = tmap(lambda a: a * real.reshape((K,) + (1,) * (a.ndim - 1)).astype(a.dtype), aux1)
+    extra = (_sum0(contrib), _sum0(aux1), _sum0(st), jnp.where(first.single > 0, norm, 0.0))
+    return starting_point, extra
+
+
 def packed_sum(local_step, opt_init, params, lanes: Lanes, capacity: int, rng, clip_norm,
                weighting: str = "uniform", weight_cap: float = 256.0, lane_chunk: int | None = None,
                first: FirstSteps | None = None, first_chunk: int = 16, encode=None):
@@ -232,27 +262,8 @@ def packed_sum(local_step, opt_init, params, lanes: Lanes, capacity: int, rng, c
     aux_template = jax.eval_shape(lambda: hooks.step(server, carry0, batch0, rng)[1])
     extra = starting_point = None
     if first is not None:
-        K = first.single.shape[0]
-        c = _divisor_at_most(K, first_chunk)
-
-        def first_step(k, batch):
-            key = jax.random.fold_in(jax.random.fold_in(rng, k), 0)
-            return hooks.step(server, carry0, batch, key)  # shared weights: one big batch
-
-        chunked = tmap(lambda a: a.reshape((K // c, c) + a.shape[1:]), (jnp.arange(K), first.data))
-        c1, aux1 = jax.lax.map(lambda xs: jax.vmap(first_step)(*xs), chunked)
-        c1, aux1 = tmap(lambda a: a.reshape((K,) + a.shape[2:]), (c1, aux1))
-
-        def starting_point(slot):
-            return tmap(lambda a: a[slot], c1)
-
-        # clients whose only step was the first one are finished here, vmapped over the slots
-        contrib, st, norm = jax.vmap(lambda ci, n, r, k: _finish_client(
-            hooks.final(server, ci), n, clip_norm, weighting, weight_cap, r, k, encode))(
-                c1, first.num_examples, first.single, jnp.arange(K))
-        real = (jnp.sum(first.data["mask"], axis=1) > 0).astype(jnp.float32)  # [K] real slots
-        aux1 = tmap(lambda a: a * real.reshape((K,) + (1,) * (a.ndim - 1)).astype(a.dtype), aux1)
-        extra = (_sum0(contrib), _sum0(aux1), _sum0(st), jnp.where(first.single > 0, norm, 0.0))
+        starting_point, extra = _first_steps_sum(hooks, server, carry0, first, rng, first_chunk,
+                                                 clip_norm, weighting, weight_cap, encode)
 
     def run(lane):
         return _lane_sum(hooks, starting_point, server, lane, rng, clip_norm, weighting, weight_cap,

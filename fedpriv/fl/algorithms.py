@@ -26,6 +26,7 @@ by the (DP-released) C_t is post-processing. With fixed C it equals adding ``N(0
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Callable
 
@@ -83,6 +84,34 @@ class FederatedAlgorithm:
     expected_cohort_size: float
     apply_packed: Callable = None
     local_epochs: int = 1
+
+
+def _finish_round(server_optimizer, adaptive, expected_cohort_size, state, noised, stats,
+                  client_mask, noise_state, released=None):
+    """The server's half of a round: average the noised sum over the expected cohort, take the
+    server optimizer's step (undone if a secure round was aborted: ``released`` False), update
+    an adaptive clip, and the round's metrics."""
+    clip = state.clip_state.clip_norm
+    avg = jax.tree_util.tree_map(lambda x: x / expected_cohort_size, noised)
+    grad = jax.tree_util.tree_map(jnp.negative, avg)
+    updates, opt_state = server_optimizer.update(grad, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    if released is not None:  # an aborted round changes nothing
+        keep = lambda new, old: jax.tree_util.tree_map(  # noqa: E731
+            lambda a, b: jnp.where(released, a, b), new, old)
+        params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
+    clip_state, frac = state.clip_state, jnp.nan
+    if adaptive is not None:
+        clip_state, frac = adaptive.update(state.clip_state, stats["norms"], client_mask,
+                                           expected_cohort_size, state.round)
+    n = jnp.maximum(stats["num_clients"], 1.0)
+    metrics = dict(stats["aux"])
+    metrics.update(num_clients=stats["num_clients"], clip_norm=clip,
+                   mean_update_norm=stats["norm_sum"] / n,
+                   frac_clipped=stats["num_clipped"] / n, num_nonfinite=stats["num_nonfinite"],
+                   unclipped_estimate=frac)
+    metrics.update({k: v for k, v in stats.items() if k.startswith("ddg_")})
+    return ServerState(params, opt_state, noise_state, clip_state, state.round + 1), metrics
 
 
 def build_algorithm(loss_fn: Callable, client_optimizer: optax.GradientTransformation,
@@ -153,28 +182,7 @@ def build_algorithm(loss_fn: Callable, client_optimizer: optax.GradientTransform
             noised, noise_state = total, state.noise_state
         return finish_round(state, noised, stats, client_mask, noise_state)
 
-    def finish_round(state, noised, stats, client_mask, noise_state, released=None):
-        clip = state.clip_state.clip_norm
-        avg = jax.tree_util.tree_map(lambda x: x / expected_cohort_size, noised)
-        grad = jax.tree_util.tree_map(jnp.negative, avg)
-        updates, opt_state = server_optimizer.update(grad, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        if released is not None:  # an aborted round changes nothing
-            keep = lambda new, old: jax.tree_util.tree_map(  # noqa: E731
-                lambda a, b: jnp.where(released, a, b), new, old)
-            params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
-        clip_state, frac = state.clip_state, jnp.nan
-        if adaptive is not None:
-            clip_state, frac = adaptive.update(state.clip_state, stats["norms"], client_mask,
-                                               expected_cohort_size, state.round)
-        n = jnp.maximum(stats["num_clients"], 1.0)
-        metrics = dict(stats["aux"])
-        metrics.update(num_clients=stats["num_clients"], clip_norm=clip,
-                       mean_update_norm=stats["norm_sum"] / n,
-                       frac_clipped=stats["num_clipped"] / n, num_nonfinite=stats["num_nonfinite"],
-                       unclipped_estimate=frac)
-        metrics.update({k: v for k, v in stats.items() if k.startswith("ddg_")})
-        return ServerState(params, opt_state, noise_state, clip_state, state.round + 1), metrics
+    finish_round = functools.partial(_finish_round, server_optimizer, adaptive, expected_cohort_size)
 
     def apply(state: ServerState, batches, client_mask, key):
         return apply_packed(state, pack_padded(batches, client_mask, local_epochs), client_mask, key)

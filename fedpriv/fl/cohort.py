@@ -239,6 +239,94 @@ def assign_lanes(steps: Sequence[int], lanes: int) -> list[list[int]]:
     return [sorted(m) for m in members]
 
 
+def _check_pack_args(batching: str, batch_size: int, lanes: int, local_epochs: int) -> None:
+    if batching not in BATCHINGS:
+        raise ValueError(f"batching must be one of {BATCHINGS}, got {batching!r}")
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if lanes < 1:
+        raise ValueError(f"lanes must be >= 1, got {lanes}")
+    if local_epochs < 1:
+        raise ValueError(f"local_epochs must be >= 1, got {local_epochs}")
+
+
+def _load_clients(dataset, client_ids, batch_size, max_steps, rng):
+    """Each client's (shuffled) examples, its local steps ``ceil(n / B)`` (at most
+    ``max_steps``) and the examples it uses (``min(n, steps * B)``)."""
+    examples, steps, sizes = [], [], []
+    for cid in client_ids:
+        ex, n = _client_examples(dataset, cid, rng)
+        s = -(-n // batch_size)
+        if max_steps is not None:
+            s = min(s, int(max_steps))
+        examples.append(ex)
+        steps.append(s)
+        sizes.append(min(n, s * batch_size))
+    return examples, steps, sizes
+
+
+def _time_fields(template, trim_fields) -> tuple[tuple, int]:
+    """The fields with a time axis ``[n, T]`` present in ``template``, and their width T."""
+    fields = tuple(f for f in trim_fields if f in template)
+    for f in fields:
+        if np.ndim(template[f]) != 2:
+            raise ValueError(f"trim field {f!r} must be [n, T] per client, got shape {np.shape(template[f])}")
+    full = int(np.shape(template[fields[0]])[1]) if fields else 0
+    if len({np.shape(template[f])[1] for f in fields}) > 1:
+        raise ValueError(f"trim fields {fields} have different widths")
+    return fields, full
+
+
+def _sort_by_length(examples, steps, sizes, fields, pad_id, rng):
+    """``batching="sorted"``: each client's used examples ordered by length (in place), and
+    its batch order (drawn after every client's shuffle, so those match the padded path)."""
+    k = len(examples)
+    for i in range(k):
+        n, ex = sizes[i], examples[i]
+        lens = np.max([row_lengths(ex[f][:n], pad_id) for f in fields], axis=0)
+        rows = np.concatenate([np.argsort(lens, kind="stable"), np.arange(n, len(ex[fields[0]]))])
+        examples[i] = {f: v[rows] for f, v in ex.items()}
+    return [rng.permutation(steps[i]) for i in range(k)] if rng is not None else [None] * k
+
+
+def _zeros(template, lead, batch_size):
+    return {f: np.zeros(lead + (batch_size,) + np.shape(v)[1:], np.asarray(v).dtype)
+            for f, v in template.items()}
+
+
+def _client_batches(cid, ex, s, n, template, batch_size, order):
+    """A client's examples as ``[s, B, ...]`` arrays plus the mask ``[s, B]`` (``order``: its
+    batch order, or None)."""
+    out = {}
+    for f, v in ex.items():
+        if f not in template or np.shape(v)[1:] != np.shape(template[f])[1:]:
+            raise ValueError(f"client {cid!r}: field {f!r} has shape {np.shape(v)[1:]}, "
+                             f"expected {np.shape(template[f])[1:] if f in template else 'absent'}")
+        flat = np.zeros((s * batch_size,) + np.shape(v)[1:], np.asarray(template[f]).dtype)
+        flat[:n] = v[:n]
+        out[f] = flat.reshape((s, batch_size) + flat.shape[1:])
+    m = np.zeros(s * batch_size, np.float32)
+    m[:n] = 1.0
+    out["mask"] = m.reshape(s, batch_size)
+    if order is not None:
+        out = {f: v[order] for f, v in out.items()}
+    return out
+
+
+def _step_positions(b, fields, batch_size, pad_id, trim, widths):
+    """Per step of a client's batches ``b``: (bucket index, real target positions)."""
+    if not fields:
+        z = np.zeros(len(b["mask"]), np.int64)
+        return z, z
+    s = len(b["mask"])
+    lens = np.max([row_lengths(b[f].reshape(s * batch_size, -1), pad_id) for f in fields], axis=0)
+    lens = lens.reshape(s, batch_size)
+    real = np.maximum(lens - 1, 0).sum(axis=1)
+    if not trim:
+        return np.full(s, -1, np.int64), real
+    return np.asarray([bucket_index(max(int(x), 2), widths) for x in lens.max(axis=1)]), real
+
+
 def pack_cohort(dataset: Mapping[Any, Mapping[str, np.ndarray]], client_ids: Sequence,
                 batch_size: int, *, lanes: int = 1, capacity: int | None = None,
                 max_steps: int | None = None, local_epochs: int = 1,
@@ -270,93 +358,53 @@ def pack_cohort(dataset: Mapping[Any, Mapping[str, np.ndarray]], client_ids: Seq
         ``pad_id`` on the right), absent fields are ignored; ``num_buckets``: at most this many
         widths (compiled step bodies).
     """
-    if batching not in BATCHINGS:
-        raise ValueError(f"batching must be one of {BATCHINGS}, got {batching!r}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if lanes < 1:
-        raise ValueError(f"lanes must be >= 1, got {lanes}")
-    if local_epochs < 1:
-        raise ValueError(f"local_epochs must be >= 1, got {local_epochs}")
+    _check_pack_args(batching, batch_size, lanes, local_epochs)
     k = len(client_ids)
     capacity = k if capacity is None else int(capacity)
     if k > capacity:
         raise ValueError(f"cohort of {k} clients exceeds capacity {capacity}")
-    examples, steps, sizes = [], [], []
-    for cid in client_ids:
-        ex, n = _client_examples(dataset, cid, rng)
-        s = -(-n // batch_size)
-        if max_steps is not None:
-            s = min(s, int(max_steps))
-        examples.append(ex)
-        steps.append(s)
-        sizes.append(min(n, s * batch_size))
+    examples, steps, sizes = _load_clients(dataset, client_ids, batch_size, max_steps, rng)
     template = examples[0] if examples else example_template
     if template is None:
         raise ValueError("an empty cohort needs example_template (one example's fields)")
-    fields = tuple(f for f in trim_fields if f in template)
-    for f in fields:
-        if np.ndim(template[f]) != 2:
-            raise ValueError(f"trim field {f!r} must be [n, T] per client, got shape {np.shape(template[f])}")
-    full = int(np.shape(template[fields[0]])[1]) if fields else 0
-    if len({np.shape(template[f])[1] for f in fields}) > 1:
-        raise ValueError(f"trim fields {fields} have different widths")
+    fields, full = _time_fields(template, trim_fields)
     trim = batching != "padded" and bool(fields) and lanes == 1
     widths = width_buckets(full, num_buckets) if trim else ()
-    order_of = [None] * k                                 # sorted: each client's batch order
-    if batching == "sorted" and fields:
-        for i in range(k):
-            n, ex = sizes[i], examples[i]
-            lens = np.max([row_lengths(ex[f][:n], pad_id) for f in fields], axis=0)
-            rows = np.concatenate([np.argsort(lens, kind="stable"),
-                                   np.arange(n, len(ex[fields[0]]))])
-            examples[i] = {f: v[rows] for f, v in ex.items()}
-        if rng is not None:  # drawn after every client's shuffle: those match the padded path
-            order_of = [rng.permutation(steps[i]) for i in range(k)]
+    order_of = (_sort_by_length(examples, steps, sizes, fields, pad_id, rng)
+                if batching == "sorted" and fields else [None] * k)
     skip = 1 if first_steps else 0                       # steps run outside the lanes
     members = assign_lanes([s * local_epochs - skip for s in steps], lanes)
     loads = [sum(steps[i] * local_epochs - skip for i in m) for m in members]
     rows = [sum(steps[i] for i in m) for m in members]    # data rows a lane holds
     depth = next_pow2(max(max(rows, default=0), max(loads, default=0), 1))
     shown = list(range(lanes)) if lane_subset is None else list(lane_subset)
+    batches = lambda i: _client_batches(client_ids[i], examples[i], steps[i], sizes[i],  # noqa: E731
+                                        template, batch_size, order_of[i])
+    positions = lambda b: _step_positions(b, fields, batch_size, pad_id, trim, widths)  # noqa: E731
+    length = np.asarray([loads[w] for w in shown], np.int32)
+    lanes_out, executed_pos, real_pos = _fill_lanes(
+        shown, members, steps, sizes, batches, positions, template, batch_size, depth,
+        local_epochs, skip, fields, full, trim, widths, length)
+    first = None
+    if first_steps:
+        first, fpos, freal = _first_steps_batch(k, capacity, steps, sizes, batches, positions,
+                                                template, batch_size, local_epochs, fields, full)
+        executed_pos, real_pos = executed_pos + fpos, real_pos + freal
+    if len(shown) > 1 and fields:  # vmapped lanes run in lockstep: W * max(length) full-width steps
+        executed_pos = len(shown) * int(length.max(initial=0)) * batch_size * (full - 1) + (
+            k * batch_size * (full - 1) if first_steps else 0)
+    cmask = np.zeros((capacity,), np.float32)
+    cmask[:k] = 1.0
+    return PackedCohort(lanes_out, cmask, list(client_ids), int(sum(steps)) * local_epochs, list(loads),
+                        first, int(executed_pos), int(real_pos))
+
+
+def _fill_lanes(shown, members, steps, sizes, batches, positions, template, batch_size, depth,
+                local_epochs, skip, fields, full, trim, widths, length):
+    """The lanes' arrays (`Lanes`) and the executed / real target positions of the steps they
+    run."""
     W = len(shown)
-
-    def zeros(lead):
-        return {f: np.zeros(lead + (batch_size,) + np.shape(v)[1:], np.asarray(v).dtype)
-                for f, v in template.items()}
-
-    def batches(i):
-        """Client i's examples as ``[s_i, B, ...]`` arrays plus the mask ``[s_i, B]``."""
-        ex, s, n = examples[i], steps[i], sizes[i]
-        out = {}
-        for f, v in ex.items():
-            if f not in template or np.shape(v)[1:] != np.shape(template[f])[1:]:
-                raise ValueError(f"client {client_ids[i]!r}: field {f!r} has shape {np.shape(v)[1:]}, "
-                                 f"expected {np.shape(template[f])[1:] if f in template else 'absent'}")
-            flat = np.zeros((s * batch_size,) + np.shape(v)[1:], np.asarray(template[f]).dtype)
-            flat[:n] = v[:n]
-            out[f] = flat.reshape((s, batch_size) + flat.shape[1:])
-        m = np.zeros(s * batch_size, np.float32)
-        m[:n] = 1.0
-        out["mask"] = m.reshape(s, batch_size)
-        if order_of[i] is not None:
-            out = {f: v[order_of[i]] for f, v in out.items()}
-        return out
-
-    def positions(b):
-        """Per step of a client's batches ``b``: (bucket index, real target positions)."""
-        if not fields:
-            z = np.zeros(len(b["mask"]), np.int64)
-            return z, z
-        s = len(b["mask"])
-        lens = np.max([row_lengths(b[f].reshape(s * batch_size, -1), pad_id) for f in fields], axis=0)
-        lens = lens.reshape(s, batch_size)
-        real = np.maximum(lens - 1, 0).sum(axis=1)
-        if not trim:
-            return np.full(s, -1, np.int64), real
-        return np.asarray([bucket_index(max(int(x), 2), widths) for x in lens.max(axis=1)]), real
-
-    data = zeros((W, depth))
+    data = _zeros(template, (W, depth), batch_size)
     data["mask"] = np.zeros((W, depth, batch_size), np.float32)
     src, slot, step = (np.zeros((W, depth), np.int32) for _ in range(3))
     start, last = np.zeros((W, depth), bool), np.zeros((W, depth), bool)
@@ -385,31 +433,29 @@ def pack_cohort(dataset: Mapping[Any, Mapping[str, np.ndarray]], client_ids: Seq
             start[row, t] = last[row, t + n_t - 1] = True
             t += n_t
             d += s
-    first = None
-    if first_steps:
-        fdata = zeros((capacity,))
-        fdata["mask"] = np.zeros((capacity, batch_size), np.float32)
-        single = np.zeros((capacity,), np.float32)
-        fnex = np.zeros((capacity,), np.float32)
-        for i in range(k):
-            b = batches(i)
-            for f, v in b.items():
-                fdata[f][i] = v[0]
-            single[i] = float(steps[i] * local_epochs == 1)
-            fnex[i] = sizes[i]
-            executed_pos += batch_size * (full - 1) if fields else 0   # first steps: full width
-            real_pos += int(positions(b)[1][0])
-        first = FirstSteps(fdata, single, fnex)
-    length = np.asarray([loads[w] for w in shown], np.int32)
-    if W > 1 and fields:  # vmapped lanes run in lockstep: W * max(length) full-width steps
-        executed_pos = W * int(length.max(initial=0)) * batch_size * (full - 1) + (
-            k * batch_size * (full - 1) if first_steps else 0)
-    cmask = np.zeros((capacity,), np.float32)
-    cmask[:k] = 1.0
     lanes_out = Lanes(data, src, slot, step, start, last, nex, length, bucket, widths,
                       fields if trim else ())
-    return PackedCohort(lanes_out, cmask, list(client_ids), int(sum(steps)) * local_epochs, list(loads),
-                        first, int(executed_pos), int(real_pos))
+    return lanes_out, executed_pos, real_pos
+
+
+def _first_steps_batch(k, capacity, steps, sizes, batches, positions, template, batch_size,
+                       local_epochs, fields, full):
+    """Every client's first step as one batch (`FirstSteps`), with its executed / real target
+    positions (first steps run at full width)."""
+    fdata = _zeros(template, (capacity,), batch_size)
+    fdata["mask"] = np.zeros((capacity, batch_size), np.float32)
+    single = np.zeros((capacity,), np.float32)
+    fnex = np.zeros((capacity,), np.float32)
+    executed_pos = real_pos = 0
+    for i in range(k):
+        b = batches(i)
+        for f, v in b.items():
+            fdata[f][i] = v[0]
+        single[i] = float(steps[i] * local_epochs == 1)
+        fnex[i] = sizes[i]
+        executed_pos += batch_size * (full - 1) if fields else 0
+        real_pos += int(positions(b)[1][0])
+    return FirstSteps(fdata, single, fnex), executed_pos, real_pos
 
 
 def pack_padded(batches: Mapping[str, np.ndarray], client_mask, local_epochs: int = 1) -> Lanes:

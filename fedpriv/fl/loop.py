@@ -559,6 +559,103 @@ def _check_args(algorithm, sampler, client_ids, rounds, stage) -> None:
             f"expected_cohort_size=sampler.expected_cohort_size")
 
 
+def _resume(saved, ckpt, workdir, fp, resume_anyway, *, rounds, private, ledger, nonprivate_ok,
+            stage, event, populations, details, dry_run, log):
+    """Continue from checkpoint ``saved``: every refusal happens before anything changes.
+    Returns ``(state, start, charged, ledger)`` -- the ledger merged with (and extended by) the
+    checkpoint's own when the run is longer than what it charged."""
+    _check_fingerprint(saved.fingerprint, fp, resume_anyway, f"checkpoint in {workdir!r}")
+    if saved.round > rounds:
+        raise CheckpointError(f"checkpoint in {workdir!r} is at round {saved.round} > rounds={rounds}")
+    state, start, charged = saved.state, saved.round, max(saved.charged_rounds, rounds)
+    floor = _fallback_floor(ckpt, saved, workdir) if saved.skipped and private else None
+    if floor is not None and floor[0] > charged:
+        raise PrivacyAccountingError(
+            f"checkpoint in {workdir!r}: the latest commit is damaged and the newest intact "
+            f"one (round {saved.round}) charged {saved.charged_rounds} rounds, but "
+            f"{floor[2]} shows {floor[0]} rounds were charged or run; falling back would "
+            f"under-report the spend: refusing (resume with rounds>={floor[0]}, or use "
+            "another workdir)")
+    before = None
+    if private and saved.ledger is None:
+        if saved.accounted or ledger is not None or not nonprivate_ok:
+            raise PrivacyAccountingError(
+                f"checkpoint in {workdir!r} of private stage {stage!r} carries no ledger, so "
+                "its cost is unknown; refusing to resume (nonprivate_ok=True continues an "
+                "unaccounted run without a ledger)")
+    elif private:
+        recorded = saved.ledger
+        if recorded.entry(stage) is None:
+            raise PrivacyAccountingError(f"checkpoint in {workdir!r}: its ledger has no entry "
+                                         f"{stage!r}, so this run's cost is not recorded")
+        before = recorded.spent()
+        work = recorded  # merge and extend on a copy: a refusal leaves the caller's ledger as is
+        if ledger is not None:
+            work = PrivacyLedger.from_dict(ledger.to_dict())
+            work.absorb(recorded, exclude=stage)
+        if rounds > saved.charged_rounds:  # more rounds: charge the new total schedule
+            dry_run(state)  # a bug in user code surfaces before anything is charged
+            work.replace(stage, event, populations, note=f"{rounds} rounds (extended on resume "
+                         f"from {saved.charged_rounds})", details=details(rounds))
+        if floor is not None and work.spent() < floor[1] * (1 - 1e-9):
+            raise PrivacyAccountingError(
+                f"checkpoint in {workdir!r}: the latest commit is damaged and the ledger of the "
+                f"newest intact one (round {saved.round}) comes to epsilon {work.spent():.6g}, "
+                f"less than the {floor[1]:.6g} that {floor[3]} records; falling back would "
+                "under-report the spend: refusing (use another workdir)")
+        if ledger is None:
+            ledger = work
+        else:
+            ledger.entries = work.entries
+    if saved.skipped:
+        _say(log, f"{stage}: {'; '.join(r for _, r in saved.skipped)} -- damaged; fell back "
+                  f"to the newest intact commit {saved.commit} (round {saved.round})")
+    if log is not None:
+        cost = ("non-private algorithm" if not private else "unaccounted (nonprivate_ok)"
+                if ledger is None else
+                f"epsilon spent {ledger.spent():.4g} of {ledger.epsilon:g} (delta {ledger.delta:g}), "
+                f"charged up front for {charged} rounds"
+                + (f"; was {before:.4g} for {saved.charged_rounds}" if charged > saved.charged_rounds
+                   else ""))
+        log(f"{stage}: resumed {workdir} at round {start} of {rounds}: {cost}")
+    return state, start, charged, ledger
+
+
+def _run_rounds(executor, state, sampler, client_ids, *, seed, key, start, end, rounds, eval_fn,
+                eval_every, ledger, log_fn, derived_metrics, workdir, checkpoint_every, ckpt, charged,
+                accounted, fp, progress):
+    """Rounds ``start..end-1``: sample, pack, run, evaluate, log, checkpoint. Returns
+    ``(state, history, evals)`` of the rounds run here."""
+    history, evals = [], []
+    log_path = os.path.join(workdir, METRICS) if workdir else None
+    bar = tqdm(range(start, end), initial=start, total=rounds, disable=not progress, desc="rounds",
+               dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 30.0)
+    for r in bar:
+        ids = [client_ids[i] for i in sampler.sample(r)]
+        # an empty (Poisson) cohort still runs: the noisy zero sum is released, as accounted
+        packed = executor.pack(ids, rng=np.random.default_rng([seed, r]))
+        state, metrics = executor.run(state, packed, jax.random.fold_in(key, r))
+        row = {"round": r + 1, **_scalarize({**metrics, "real_steps": packed.real_steps,
+                                             "executed_steps": packed.executed_steps}, derived_metrics)}
+        if NONPRIVATE + "train_loss" in row:
+            bar.set_postfix(loss=f"{row[NONPRIVATE + 'train_loss']:.3f}", refresh=False)
+        if eval_fn is not None and ((eval_every and (r + 1) % eval_every == 0) or r + 1 == rounds):
+            ev = {"round": r + 1, **{f"eval_{k}": v for k, v in eval_fn(state.params).items()}}
+            if ledger is not None:
+                ev["epsilon_spent"] = ledger.spent()
+            row.update(ev)
+            evals.append(ev)
+        history.append(row)
+        if log_fn is not None:
+            log_fn(row)
+        if log_path:
+            _append_row(log_path, row)
+        if workdir and ((checkpoint_every and (r + 1) % checkpoint_every == 0) or r + 1 == end):
+            _commit(ckpt, state, ledger, charged_rounds=charged, accounted=accounted, fingerprint=fp)
+    bar.close()
+    return state, history, evals
+
+
 def _train(algorithm, init_params, dataset, client_ids, sampler, *, rounds, batch_size, seed,
            ledger, nonprivate_ok, stage, populations, workdir, fingerprint, resume_anyway,
            max_steps, eval_fn, eval_every, checkpoint_every, keep_checkpoints, mesh, lanes,
@@ -584,65 +681,15 @@ def _train(algorithm, init_params, dataset, client_ids, sampler, *, rounds, batc
                          populations=populations, batch_size=batch_size, max_steps=max_steps,
                          extra=fingerprint)
     saved = _run_checkpoint(ckpt, state) if ckpt is not None else None
-    start, history, evals, charged = 0, [], [], rounds
+    start, charged = 0, rounds
     capacity = int(getattr(sampler, "max_cohort_size"))
-    dry_run = lambda: _dry_run(algorithm, state, dataset, client_ids, batch_size, capacity,  # noqa: E731
-                               k_rounds)
-    if saved is not None:  # ---- resume: every refusal happens before anything changes
-        _check_fingerprint(saved.fingerprint, fp, resume_anyway, f"checkpoint in {workdir!r}")
-        if saved.round > rounds:
-            raise CheckpointError(f"checkpoint in {workdir!r} is at round {saved.round} > rounds={rounds}")
-        state, start, charged = saved.state, saved.round, max(saved.charged_rounds, rounds)
-        floor = _fallback_floor(ckpt, saved, workdir) if saved.skipped and private else None
-        if floor is not None and floor[0] > charged:
-            raise PrivacyAccountingError(
-                f"checkpoint in {workdir!r}: the latest commit is damaged and the newest intact "
-                f"one (round {saved.round}) charged {saved.charged_rounds} rounds, but "
-                f"{floor[2]} shows {floor[0]} rounds were charged or run; falling back would "
-                f"under-report the spend: refusing (resume with rounds>={floor[0]}, or use "
-                "another workdir)")
-        before = None
-        if private and saved.ledger is None:
-            if saved.accounted or ledger is not None or not nonprivate_ok:
-                raise PrivacyAccountingError(
-                    f"checkpoint in {workdir!r} of private stage {stage!r} carries no ledger, so "
-                    "its cost is unknown; refusing to resume (nonprivate_ok=True continues an "
-                    "unaccounted run without a ledger)")
-        elif private:
-            recorded = saved.ledger
-            if recorded.entry(stage) is None:
-                raise PrivacyAccountingError(f"checkpoint in {workdir!r}: its ledger has no entry "
-                                             f"{stage!r}, so this run's cost is not recorded")
-            before = recorded.spent()
-            work = recorded  # merge and extend on a copy: a refusal leaves the caller's ledger as is
-            if ledger is not None:
-                work = PrivacyLedger.from_dict(ledger.to_dict())
-                work.absorb(recorded, exclude=stage)
-            if rounds > saved.charged_rounds:  # more rounds: charge the new total schedule
-                dry_run()  # a bug in user code surfaces before anything is charged
-                work.replace(stage, event, populations, note=f"{rounds} rounds (extended on resume "
-                             f"from {saved.charged_rounds})", details=details(rounds))
-            if floor is not None and work.spent() < floor[1] * (1 - 1e-9):
-                raise PrivacyAccountingError(
-                    f"checkpoint in {workdir!r}: the latest commit is damaged and the ledger of the "
-                    f"newest intact one (round {saved.round}) comes to epsilon {work.spent():.6g}, "
-                    f"less than the {floor[1]:.6g} that {floor[3]} records; falling back would "
-                    "under-report the spend: refusing (use another workdir)")
-            if ledger is None:
-                ledger = work
-            else:
-                ledger.entries = work.entries
-        if saved.skipped:
-            _say(log, f"{stage}: {'; '.join(r for _, r in saved.skipped)} -- damaged; fell back "
-                      f"to the newest intact commit {saved.commit} (round {saved.round})")
-        if log is not None:
-            cost = ("non-private algorithm" if not private else "unaccounted (nonprivate_ok)"
-                    if ledger is None else
-                    f"epsilon spent {ledger.spent():.4g} of {ledger.epsilon:g} (delta {ledger.delta:g}), "
-                    f"charged up front for {charged} rounds"
-                    + (f"; was {before:.4g} for {saved.charged_rounds}" if charged > saved.charged_rounds
-                       else ""))
-            log(f"{stage}: resumed {workdir} at round {start} of {rounds}: {cost}")
+    dry_run = lambda st: _dry_run(algorithm, st, dataset, client_ids, batch_size, capacity,  # noqa: E731
+                                  k_rounds)
+    if saved is not None:
+        state, start, charged, ledger = _resume(
+            saved, ckpt, workdir, fp, resume_anyway, rounds=rounds, private=private, ledger=ledger,
+            nonprivate_ok=nonprivate_ok, stage=stage, event=event, populations=populations,
+            details=details, dry_run=dry_run, log=log)
     elif private and ledger is None and not nonprivate_ok:
         raise PrivacyAccountingError(
             f"stage {stage!r}: a private algorithm needs a PrivacyLedger to charge its cost "
@@ -651,7 +698,7 @@ def _train(algorithm, init_params, dataset, client_ids, sampler, *, rounds, batc
         if ledger.entry(stage) is not None:
             raise PrivacyAccountingError(f"the ledger already has an entry {stage!r}: give each "
                                          "train() call its own stage")
-        dry_run()  # a bug in user code surfaces before anything is charged
+        dry_run(state)  # a bug in user code surfaces before anything is charged
         ledger.spend(stage, event, populations, note=f"{rounds} rounds", details=details(rounds))
     accounted = private and ledger is not None
     if accounted and charged != rounds:  # resumed with fewer rounds than charged: report the charge
@@ -659,16 +706,7 @@ def _train(algorithm, init_params, dataset, client_ids, sampler, *, rounds, batc
         executed = privacy_event(dp, sampler, charged, simulated=False) if executed is not None else None
     if accounted and charged < rounds:  # never, by construction: every round run is charged
         raise PrivacyAccountingError(f"stage {stage!r}: {rounds} rounds but {charged} charged")
-    gaps = []
-    if workdir:
-        if saved is not None and saved.skipped:  # keep-N must never drop the intact commit
-            ckpt.quarantine([step for step, _ in saved.skipped])
-        gaps = _reconcile_metrics(workdir, start)
-        if gaps:
-            _say(log, f"{stage}: {os.path.join(workdir, METRICS)} has no rows for rounds "
-                      + ", ".join(f"{a}..{b}" if a != b else f"{a}" for a, b in gaps)
-                      + f" (deleted or cut before the checkpoint at round {start}): the curve has "
-                      "gaps there; they are not recomputed")
+    gaps = _tidy_workdir(workdir, ckpt, saved, start, stage, log) if workdir else []
     executor = CohortExecutor(algorithm, dataset, batch_size=batch_size, max_steps=max_steps,
                               capacity=capacity,
                               variable_cohort=isinstance(sampler, PoissonSampler)
@@ -676,38 +714,31 @@ def _train(algorithm, init_params, dataset, client_ids, sampler, *, rounds, batc
                               lanes=lanes, mesh=mesh, batching=batching)
     executor.set_params_size(init_params)
     state = replicate(state, mesh)
-    log_path = os.path.join(workdir, METRICS) if workdir else None
     end = rounds if stop_after is None else min(rounds, start + stop_after)
-    bar = tqdm(range(start, end), initial=start, total=rounds, disable=not progress, desc="rounds",
-               dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 30.0)
-    for r in bar:
-        ids = [client_ids[i] for i in sampler.sample(r)]
-        # an empty (Poisson) cohort still runs: the noisy zero sum is released, as accounted
-        packed = executor.pack(ids, rng=np.random.default_rng([seed, r]))
-        state, metrics = executor.run(state, packed, jax.random.fold_in(k_rounds, r))
-        row = {"round": r + 1, **_scalarize({**metrics, "real_steps": packed.real_steps,
-                                             "executed_steps": packed.executed_steps}, derived_metrics)}
-        if NONPRIVATE + "train_loss" in row:
-            bar.set_postfix(loss=f"{row[NONPRIVATE + 'train_loss']:.3f}", refresh=False)
-        if eval_fn is not None and ((eval_every and (r + 1) % eval_every == 0) or r + 1 == rounds):
-            ev = {"round": r + 1, **{f"eval_{k}": v for k, v in eval_fn(state.params).items()}}
-            if ledger is not None:
-                ev["epsilon_spent"] = ledger.spent()
-            row.update(ev)
-            evals.append(ev)
-        history.append(row)
-        if log_fn is not None:
-            log_fn(row)
-        if log_path:
-            _append_row(log_path, row)
-        if workdir and ((checkpoint_every and (r + 1) % checkpoint_every == 0) or r + 1 == end):
-            _commit(ckpt, state, ledger, charged_rounds=charged, accounted=accounted, fingerprint=fp)
-    bar.close()
+    state, history, evals = _run_rounds(
+        executor, state, sampler, client_ids, seed=seed, key=k_rounds, start=start, end=end,
+        rounds=rounds, eval_fn=eval_fn, eval_every=eval_every, ledger=ledger, log_fn=log_fn,
+        derived_metrics=derived_metrics, workdir=workdir, checkpoint_every=checkpoint_every,
+        ckpt=ckpt, charged=charged, accounted=accounted, fp=fp, progress=progress)
     if ckpt is not None:
         ckpt.close()
     return TrainResult(state, ledger, history, evals, start, event if accounted else None,
                        executed if accounted else None, charged,
                        list(saved.skipped) if saved is not None else [], gaps)
+
+
+def _tidy_workdir(workdir, ckpt, saved, start, stage, log) -> list:
+    """Before round ``start``: quarantine damaged commits (keep-N must never drop the intact
+    one) and reconcile the metrics file with the checkpoint; returns the rounds missing from it."""
+    if saved is not None and saved.skipped:
+        ckpt.quarantine([step for step, _ in saved.skipped])
+    gaps = _reconcile_metrics(workdir, start)
+    if gaps:
+        _say(log, f"{stage}: {os.path.join(workdir, METRICS)} has no rows for rounds "
+                  + ", ".join(f"{a}..{b}" if a != b else f"{a}" for a, b in gaps)
+                  + f" (deleted or cut before the checkpoint at round {start}): the curve has "
+                  "gaps there; they are not recomputed")
+    return gaps
 
 
 def _say(log, message: str) -> None:

@@ -98,6 +98,7 @@ class Prepared:
     test: object
     tokenizer: object
     stats: dict
+    train_text: object = None  # FederatedText of the training users (their raw messages)
 
 
 TOKENIZER_NAMES = ("sentencepiece", "word_public", "word")
@@ -143,7 +144,7 @@ def prepare_data(cfg, progress: bool = True) -> Prepared:
              **{f"{n}_{k}": v for n, d in (("train", train_ds), ("val", val_ds), ("test", test_ds))
                 for k, v in (("clients", len(d)), ("examples", d.total_examples),
                              ("tokens", d.total_tokens))}}
-    return Prepared(train_ds, val_ds, test_ds, tok, stats)
+    return Prepared(train_ds, val_ds, test_ds, tok, stats, train_text=tr)
 
 
 def build_task(cfg, vocab_size: int):

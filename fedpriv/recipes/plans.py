@@ -38,7 +38,7 @@ __all__ = ["CORPUS_CLIENTS", "EXPANSION_ACTIVE_USERS", "corpus_clients", "split_
            "lm_train_clients", "lm_run", "lm_fl_plan", "privacy_utility_plan",
            "mf_comparison_plan", "ddg_comparison_plan", "public_training_plan", "fred_pipeline_plan",
            "fred_table_plan", "fred_mixtures_plan", "population_expansion_plan", "wang_ablations_plan", "lm_sweep_plan",
-           "oracle_plan", "iw_regime_plan", "nothing"]
+           "oracle_plan", "iw_regime_plan", "pre_text_plan", "nothing"]
 
 # Clients (users) of the packaged corpora with the loaders' defaults (`fedpriv.data.load_*`;
 # chitchat's per-sender cap of 1000 messages keeps every sender).
@@ -202,6 +202,35 @@ def public_training_plan(cfg) -> PrivacyPlan:
                                             noise_multiplier=None), n, f"DP-FTRL eps~{e:g}{_sim(cfg)}",
                         copies=len(cfg.seeds) * len(cfg.rows)) for e in cfg.epsilons)
     return PrivacyPlan(runs)
+
+
+def pre_text_plan(cfg) -> PrivacyPlan:
+    """``fedpriv.recipes.pretext.run_arms``: per (epsilon, arm), one ledger of budget epsilon on
+    the training users: DP-FTRL alone (ondevice), the PrE-Text votes alone (synthetic), or the
+    votes at ``ft_vote_share * epsilon`` then DP-FTRL calibrated to what they left
+    (synthetic_ft). The votes' event is ``release.votes_event`` of the run's own sampler."""
+    from fedpriv.recipes import pretext
+    from fedpriv.synth import release as R
+    n = lm_train_clients(cfg.lm)
+    sampler = pretext.vote_sampler(cfg, n, cfg.seeds[0])
+    runs = []
+    for e in cfg.epsilons:
+        fl = dataclasses.replace(cfg.lm, seed=cfg.seeds[0], target_epsilon=e, noise_multiplier=None)
+        arms = {
+            "ondevice": lambda: lm_run(fl, n, f"ondevice DP-FTRL eps {e:g}", copies=len(cfg.seeds)),
+            "synthetic": lambda: PlannedRun(
+                f"PrE-Text votes eps {e:g}", e, cfg.lm.delta,
+                (Charge("pretext-votes", R.votes_event(sampler, cfg.pe_rounds,
+                                                       pretext.vote_noise(cfg, n, e))),),
+                copies=len(cfg.seeds), neighboring=sampler.neighboring,
+                note=f"{cfg.pe_rounds} vote rounds of {cfg.vote_cohort} users, z calibrated to {e:g}"),
+            "synthetic_ft": lambda: lm_run(
+                fl, n, f"PrE-Text votes + DP-FTRL eps {e:g}", budget=e, copies=len(cfg.seeds),
+                prior=(Charge("pretext-votes", R.votes_event(
+                    sampler, cfg.pe_rounds, pretext.vote_noise(cfg, n, pretext.ft_vote_epsilon(cfg, e)))),)),
+        }
+        runs += [arms[a]() for a in cfg.arms]
+    return PrivacyPlan(tuple(runs))
 
 
 def fred_train_clients(cfg) -> int:

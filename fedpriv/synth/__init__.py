@@ -27,10 +27,11 @@ Privacy:
 Modules: :mod:`fedpriv.synth.votes` (vote vectors, pure JAX) and :mod:`fedpriv.synth.release`
 (the DP release, its event, the plan, the selection).
 
-TODO (issue 26, not built yet): the LLM variation step (the public LLM's variations of the kept
-samples, e.g. masked-span regeneration or prefix continuation with SmolLM2, and the final
-one-shot expansion), the experiment module, its configs and docs/privacy.md's row. Only the
-vote mechanism, its accounting and its tests exist so far.
+The loop (:mod:`fedpriv.synth.evolve`): initial samples from public instructions, T vote
+rounds with prefix-continuation variations of the kept samples by the public LLM (batched, with
+a KV cache and the chat template prefilled once per batch: :mod:`fedpriv.models.generate`),
+then a one-shot expansion; the comparison with on-device DP-FTRL at equal epsilon is
+``experiments.pre_text`` (``fedpriv.recipes.pretext``).
 """
 from fedpriv.synth.release import (VOTE_TAG, VotePlan, VoteRelease, noisy_vote_sum, plan_votes,
                                    release_round, select_samples, votes_event, votes_mechanism,

@@ -1,0 +1,124 @@
+"""Config of the PrE-Text comparison (issue 26; Hou et al., ICML 2024): private synthetic text
+from the public LLM, guided by clients' DP votes, against on-device DP-FTRL at equal epsilon.
+
+Arms, per (seed, epsilon), each in its own ledger of budget ``epsilon`` on the chitchat
+training users (add/remove one user; the epsilon SPENT on them, no simulated population):
+
+* ``ondevice``: DP-FTRL of the small LSTM (``configs/lm_fl.py`` small at the tuned
+  high-noise setting ``TUNED[1.77]``), z calibrated to ``epsilon``;
+* ``synthetic``: PrE-Text (``fedpriv.synth``) with its vote noise calibrated to ``epsilon``,
+  then the same LSTM trained centrally on the released synthetic set only;
+* ``synthetic_ft``: PrE-Text at ``ft_vote_share * epsilon``, synthetic pre-training, then
+  DP-FTRL with z calibrated so that votes + DP-FTRL compose to ``epsilon``.
+
+``get_config("small,seeds=0/1/2,epsilons=1.29/7.58")``; the FL fields come from
+``configs/lm_fl.py`` (overrides that are not this config's fields go there). The epsilons
+default to PrE-Text's (1.29 and 7.58).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from configs.common import ConfigError, check, with_lm_config
+from configs.lm_fl import TUNED, get_config as lm_config
+
+ARMS = ("ondevice", "synthetic", "synthetic_ft")
+# public descriptions of the domain (the initial population's prompts; PrE-Text's initial
+# samples are likewise the LLM's answers to a public description of the task)
+INSTRUCTIONS = ("Write a short, casual text message to a friend.",
+                "Reply to a friend who asked how your weekend was.",
+                "Ask a friend a question about their plans.",
+                "Write one line of small talk for a chat with someone you just met.",
+                "Write a short chat message about a hobby you like.",
+                "Write a short, friendly reply in a chat conversation.")
+
+
+@dataclasses.dataclass(frozen=True)
+class PreTextConfig:
+    lm: object                         # configs.lm_fl.LMFLConfig (data, model, DP-FTRL)
+    epsilons: tuple = (1.29, 7.58)     # PrE-Text's epsilons; each arm's ledger budget
+    seeds: tuple = (0,)
+    arms: tuple = ARMS
+    # PrE-Text (fedpriv.synth.evolve.EvolveSettings; Hou et al. 2024 Alg. 1)
+    num_samples: int = 64              # N synthetic samples per round
+    pe_rounds: int = 3                 # T vote rounds
+    vote_cohort: int = 300             # users per vote round (shuffled passes: T x m <= users
+                                       # -> each user votes at most once: one Gaussian release)
+    keep_fraction: float = 0.25
+    expansion: int = 256               # final one-shot expansion of the last seeds
+    max_new: int = 24                  # chitchat messages: ~12 words (seq_len 20 SentencePiece)
+    temperature: float = 1.0
+    top_k: int = 50
+    gen_batch_size: int = 64
+    prefix_min: float = 0.3
+    prefix_max: float = 0.7
+    vote_k: int = 1                    # votes per message
+    messages_per_client: int = 16      # a user's messages that vote (embedding cost: ~16k texts)
+    instructions: tuple = INSTRUCTIONS
+    teacher_layers: int | None = None  # None: the whole public LLM; k: its first k blocks only
+                                       # (a cheaper, worse generator: for smoke tests)
+    # synthetic_ft: the votes' share of epsilon (alone); DP-FTRL gets the rest (composed)
+    ft_vote_share: float = 0.25
+    # central training on the synthetic set (Adam, as public pre-training)
+    synth_steps: int = 300
+    synth_batch_size: int = 32
+    synth_lr: float = 1e-3
+
+    def __post_init__(self):
+        check(self, positive=("num_samples", "pe_rounds", "vote_cohort", "expansion", "max_new",
+                              "gen_batch_size", "vote_k", "messages_per_client", "synth_steps", "teacher_layers",
+                              "synth_batch_size", "synth_lr"),
+              non_negative=("temperature", "top_k"))
+        if not self.arms or set(self.arms) - set(ARMS) or len(set(self.arms)) != len(self.arms):
+            raise ConfigError(f"arms = {self.arms!r}: distinct names from {ARMS}")
+        if not self.seeds or not all(isinstance(s, int) and s >= 0 for s in self.seeds):
+            raise ConfigError(f"seeds = {self.seeds!r}: non-negative integers")
+        if not self.epsilons or any(not (isinstance(e, (int, float)) and e > 0) for e in self.epsilons):
+            raise ConfigError(f"epsilons must be positive numbers, got {self.epsilons}")
+        if not 0 < self.keep_fraction < 1:
+            raise ConfigError(f"keep_fraction must be in (0, 1), got {self.keep_fraction}")
+        if not 0 <= self.prefix_min <= self.prefix_max < 1:
+            raise ConfigError(f"need 0 <= prefix_min <= prefix_max < 1, got {self.prefix_min}, "
+                              f"{self.prefix_max}")
+        if not 0 < self.ft_vote_share < 1:
+            raise ConfigError(f"ft_vote_share must be in (0, 1), got {self.ft_vote_share}")
+        if not self.instructions:
+            raise ConfigError("instructions: at least one public prompt")
+        if self.lm.algorithm != "dp_ftrl":
+            raise ConfigError(f"the on-device arms run DP-FTRL, not algorithm={self.lm.algorithm}")
+        if self.lm.simulated_population is not None or self.lm.noise_cohort_size is not None:
+            raise ConfigError("the arms compare the epsilon SPENT on our users: set "
+                              "simulated_population=None and noise_cohort_size=None")
+
+
+SCALES = {
+    "smoke": dict(num_samples=8, pe_rounds=2, vote_cohort=8, expansion=16, max_new=6, teacher_layers=1,
+                  gen_batch_size=8, messages_per_client=8, synth_steps=4, synth_batch_size=8,
+                  epsilons=(7.58,)),
+    # sized for the 2-core CPU (~100 min of one core for 3 seeds x 2 epsilons; the LLM's
+    # generations, ~30-50 tokens/s here, are most of it): a synthetic set of 16 seeds + 256
+    # expansions per run, far below PrE-Text's (their N and expansion are 10^3-10^5)
+    "small": dict(seeds=(0, 1, 2)),
+}
+LM_SCALE = {
+    "smoke": "smoke,rounds=4,eval_every=4,noise_cohort_size=None",
+    "small": ("small,rounds=400,eval_every=100,checkpoint_every=100,noise_cohort_size=None,"
+              "max_eval_examples=3000,"
+              + ",".join(f"{k}={v}" for k, v in TUNED[1.77].items())),
+}
+
+
+def get_config(arg: str = "small") -> PreTextConfig:
+    cfg = with_lm_config(PreTextConfig, SCALES, LM_SCALE, arg, lm_config,
+                         derived={"target_epsilon": "each arm sets it: set epsilons=a/b",
+                                  "noise_multiplier": "each arm calibrates it: set epsilons=a/b",
+                                  "algorithm": "the on-device arms run dp_ftrl"})
+    # the recorded LM config names no epsilon of its own: each arm runs at one of ``epsilons``
+    return dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, target_epsilon=cfg.epsilons[0]))
+
+
+def privacy_plan(cfg):
+    """Every ledger the experiment opens and what it charges, from ``cfg`` alone (no data, no
+    training): ``fedpriv.recipes.plans``; accounted in tests/experiments/test_configs.py."""
+    from fedpriv.recipes import plans
+    return plans.pre_text_plan(cfg)
