@@ -149,12 +149,36 @@ def _perplexity(loss: float) -> float:
     return math.exp(loss) if math.isfinite(loss) and loss < 700 else math.inf
 
 
-def _read(sub: str):
+# fields that do not identify an arm's computation (the invocation's lists, bookkeeping)
+_NOT_IDENTITY = {"seeds", "epsilons", "arms"}
+_LM_NOT_IDENTITY = {"seed", "target_epsilon", "noise_multiplier", "eval_every", "checkpoint_every",
+                    "lanes"}
+
+
+def _identity(config: dict) -> dict:
+    out = {k: v for k, v in config.items() if k not in _NOT_IDENTITY and k != "lm"}
+    out["lm"] = {k: v for k, v in config["lm"].items() if k not in _LM_NOT_IDENTITY}
+    return json.loads(json.dumps(out, default=str))  # tuples and lists compare equal
+
+
+def _read(sub: str, cfg=None):
+    """A finished arm's summary (None if unfinished). With ``cfg``: it must have run this
+    config's computation (``_identity``), else ``ConfigError`` (a workdir never mixes settings)."""
     try:
         with open(os.path.join(sub, "summary.json")) as f:
-            return json.load(f)
+            s = json.load(f)
     except (OSError, ValueError):
         return None
+    if cfg is not None:
+        mine, theirs = _identity(dataclasses.asdict(cfg)), _identity(s.get("config") or {"lm": {}})
+        diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k) and k != "lm")
+        diff += sorted(f"lm.{k}" for k in set(mine["lm"]) | set(theirs["lm"])
+                       if mine["lm"].get(k) != theirs["lm"].get(k))
+        if diff:
+            from fedpriv.data.errors import ConfigError
+            raise ConfigError(f"{sub} holds a finished arm run with other settings ({', '.join(diff[:5])}"
+                              f"{', ...' if len(diff) > 5 else ''}): use another workdir")
+    return s
 
 
 def _pretext(cfg, teacher, embedder, clients_emb, num_clients, seed, eps_votes, ledger, sub, log):
@@ -207,7 +231,7 @@ def run_arms(cfg, workdir: str, *, teacher=None, embedder=None, progress: bool =
         for eps in cfg.epsilons:
             for arm in cfg.arms:
                 sub = os.path.join(workdir, f"seed{seed}-eps{eps:g}-{arm}")
-                s = _read(sub)
+                s = _read(sub, cfg)
                 if s is None:
                     if arm != "ondevice" and clients_emb is None:
                         teacher = truncated_teacher(teacher or load_teacher(), cfg.teacher_layers)

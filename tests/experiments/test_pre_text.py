@@ -71,3 +71,9 @@ def test_cost_model_counts_votes_and_model_bytes():
     c = pretext.client_costs(cfg, "synthetic_ft", 500_000, 12.0, 28.0, cfg.lm.rounds)
     assert c["votes"]["up_bytes"] == 4 * cfg.num_samples and c["votes"]["rounds"] == cfg.pe_rounds
     assert c["fl"]["up_bytes"] == c["fl"]["down_bytes"] == 2_000_000 and c["fl"]["rounds"] == cfg.lm.rounds
+
+
+def test_a_finished_arm_with_other_settings_is_refused_not_read_back(smoke):
+    other = common.load_config("configs/pre_text.py:smoke,num_samples=6")
+    with pytest.raises(ConfigError, match="other settings .*num_samples"):
+        pretext.run_arms(other, smoke, progress=False, log=lambda *_: None)
