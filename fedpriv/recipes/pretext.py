@@ -83,11 +83,13 @@ def settings(cfg) -> E.EvolveSettings:
 
 
 def client_costs(cfg, arm: str, num_params: int, mean_tokens: float, mean_messages: float,
-                 z_rounds: int) -> dict:
+                 z_rounds: int, num_clients: int | None = None) -> dict:
     """A participating client's cost per round and the rounds it takes part in (a closed-form
     cost model, not a measurement): bytes down/up (float32) and FLOPs (6 x params per trained
     token for an LSTM step, forward + backward; the embedder's 2 x 22.7M per token, 16 tokens per
-    message assumed; nearest-neighbour scoring 2 x d x N per message)."""
+    message assumed; nearest-neighbour scoring 2 x d x N per message). With ``num_clients``, each
+    phase also has ``per_user``: the expected participations of one user over the run
+    (rounds x cohort / users) -- ``flops x per_user`` is a user's total compute."""
     c = cfg.lm
     train_tokens = (c.max_local_steps or 1) * c.batch_size * mean_tokens
     fl = {"down_bytes": 4 * num_params, "up_bytes": 4 * num_params,
@@ -95,6 +97,9 @@ def client_costs(cfg, arm: str, num_params: int, mean_tokens: float, mean_messag
     vote = {"down_bytes": 4 * EMBED_DIM * cfg.num_samples, "up_bytes": 4 * cfg.num_samples,
             "flops": mean_messages * (2 * 22.7e6 * 16 + 2 * EMBED_DIM * cfg.num_samples),
             "rounds": cfg.pe_rounds}
+    if num_clients:
+        fl["per_user"] = z_rounds * c.cohort_size / num_clients
+        vote["per_user"] = cfg.pe_rounds * cfg.vote_cohort / num_clients
     return {"ondevice": {"fl": fl}, "synthetic": {"votes": vote},
             "synthetic_ft": {"votes": vote, "fl": fl}}[arm]
 
@@ -243,7 +248,7 @@ def run_arms(cfg, workdir: str, *, teacher=None, embedder=None, progress: bool =
                     s = _run_arm(cfg, arm, base, prepared, task, test, teacher, embedder,
                                  clients_emb, n, seed, eps, sub, progress, log)
                 costs = client_costs(cfg, arm, s["num_params"], mean_tokens, mean_msgs,
-                                     cfg.lm.rounds)
+                                     cfg.lm.rounds, n)
                 rows.append({"arm": ARM_LABELS[arm], "arm_key": arm, "seed": seed, "epsilon": eps,
                              "test_accuracy": s["test_accuracy"], "test_loss": s["test_loss"],
                              "test_perplexity": _perplexity(s["test_loss"]),

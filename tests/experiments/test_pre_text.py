@@ -71,6 +71,9 @@ def test_cost_model_counts_votes_and_model_bytes():
     c = pretext.client_costs(cfg, "synthetic_ft", 500_000, 12.0, 28.0, cfg.lm.rounds)
     assert c["votes"]["up_bytes"] == 4 * cfg.num_samples and c["votes"]["rounds"] == cfg.pe_rounds
     assert c["fl"]["up_bytes"] == c["fl"]["down_bytes"] == 2_000_000 and c["fl"]["rounds"] == cfg.lm.rounds
+    u = pretext.client_costs(cfg, "synthetic_ft", 500_000, 12.0, 28.0, cfg.lm.rounds, 1000)
+    assert u["fl"]["per_user"] == cfg.lm.rounds * cfg.lm.cohort_size / 1000
+    assert u["votes"]["per_user"] == cfg.pe_rounds * cfg.vote_cohort / 1000 <= 1  # one vote each
 
 
 def test_a_finished_arm_with_other_settings_is_refused_not_read_back(smoke):
