@@ -97,6 +97,28 @@ def verdicts(cfg, rows: list[dict]) -> list:
     return out
 
 
+def fred_table(freds: list[dict]) -> list[dict]:
+    return [{"set": name, "FreD to test users": common.pm(
+                [f["fred_to_test_users"] for f in freds if f["set"] == name], 1, 3),
+             "size": freds[[f["set"] for f in freds].index(name)]["size"],
+             "seeds": sum(f["set"] == name for f in freds)}
+            for name in dict.fromkeys(f["set"] for f in freds)]
+
+
+def fred_verdicts(freds: list[dict]) -> list:
+    """Each synthetic set is closer to the private test users than a same-size public sample
+    (FreD, lower is better; paired by seed; no trivial baseline for a distance)."""
+    by = {}
+    for f in freds:
+        by.setdefault(f["set"], {})[f["seed"]] = f["fred_to_test_users"]
+    pub = by.get("public pool sample")
+    return [V.compare(f"{name}: closer to the private test users (FreD) than a same-size sample of "
+                      "the public pool (PrE-Text §5)", vals, pub, higher_is_better=False, trivial=None,
+                      names=(name, "public pool sample"))
+            for name, vals in by.items() if pub and name not in ("public pool sample",
+                                                                 "training users' messages")]
+
+
 def sample_table(cfg, rows, workdir) -> list[dict]:
     """Synthetic messages of the first (seed, strongest-epsilon) synthetic run beside real
     training messages of the same split (chitchat is a public corpus standing in for private
@@ -149,7 +171,12 @@ def main(argv=None):
     common.write_table([{"phase": k, "seconds (mean over runs)": round(float(np.mean(v)), 1),
                          "runs": len(v)} for k, v in secs.items()], workdir, "phases",
                        title="Wall time per phase")
-    common.write_verdicts(verdicts(cfg, rows), workdir)
+    freds = pretext.fred_rows(cfg, rows)
+    common.write_table(freds, workdir, "fred_runs")
+    common.write_table(fred_table(freds), workdir, "fred", title="FreD of each synthetic set to the test users",
+                       notes=["non-private (an evaluation, like the test accuracy); anchors of the same "
+                              "size per seed: a uniform public pool sample and the training users' messages"])
+    common.write_verdicts(verdicts(cfg, rows) + fred_verdicts(freds), workdir)
     samples = sample_table(cfg, rows, workdir)
     if samples:
         common.write_table(samples, workdir, "samples", title="Synthetic vs real messages")

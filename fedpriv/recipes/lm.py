@@ -99,6 +99,7 @@ class Prepared:
     tokenizer: object
     stats: dict
     train_text: object = None  # FederatedText of the training users (their raw messages)
+    test_text: object = None   # ... and of the test users
 
 
 TOKENIZER_NAMES = ("sentencepiece", "word_public", "word")
@@ -144,7 +145,7 @@ def prepare_data(cfg, progress: bool = True) -> Prepared:
              **{f"{n}_{k}": v for n, d in (("train", train_ds), ("val", val_ds), ("test", test_ds))
                 for k, v in (("clients", len(d)), ("examples", d.total_examples),
                              ("tokens", d.total_tokens))}}
-    return Prepared(train_ds, val_ds, test_ds, tok, stats, train_text=tr)
+    return Prepared(train_ds, val_ds, test_ds, tok, stats, train_text=tr, test_text=te)
 
 
 def build_task(cfg, vocab_size: int):

@@ -36,7 +36,7 @@ from fedpriv.recipes import lm
 from fedpriv.synth import evolve as E
 from fedpriv.synth import release as R
 
-__all__ = ["truncated_teacher", "vote_sampler", "vote_noise", "ft_vote_epsilon", "settings", "client_costs",
+__all__ = ["fred_rows", "truncated_teacher", "vote_sampler", "vote_noise", "ft_vote_epsilon", "settings", "client_costs",
            "run_arms", "ARM_LABELS"]
 
 ARM_LABELS = {"ondevice": "(a) on-device DP-FTRL", "synthetic": "(b) PrE-Text synthetic only",
@@ -292,4 +292,38 @@ def _run_arm(cfg, arm, base, prepared, task, test, teacher, embedder, clients_em
     out["seconds"]["total"] = time.time() - t0
     out.update(report.run_record(cfg, seed))
     report.save_json(out, os.path.join(sub, "summary.json"))
+    return out
+
+
+def fred_rows(cfg, rows: list[dict], *, embedder=None, progress: bool = True) -> list[dict]:
+    """The Fréchet distance (FreD, Hou et al. 2023; non-private, an evaluation like the test
+    accuracy) of each released synthetic set to the test users' messages, beside two anchors of
+    the same size per seed: a uniform sample of the public pool (no private signal) and of the
+    training users' messages (the private distribution itself). One row per (seed, set)."""
+    from fedpriv.fred.distance import fred_nonprivate
+    from fedpriv.models.bert import load_embedder
+    embedder = embedder or load_embedder()
+    pool = lm.load_public(cfg.lm, progress=False).texts
+    out = []
+    for seed in cfg.seeds:
+        mine = [r for r in rows if r["seed"] == seed and r["arm_key"] != "ondevice"]
+        if not mine:
+            continue
+        prepared = lm.prepare_data(dataclasses.replace(cfg.lm, seed=seed), progress=False)
+        test = [m for cid in prepared.test_text.client_ids for m in prepared.test_text[cid]]
+        table = embed_store(embedder, test, progress)
+        test_emb = np.stack([table[m] for m in test])
+        sets = {}
+        for r in mine:
+            with open(os.path.join(r["workdir"], "synthetic.jsonl")) as f:
+                sets[f"{r['arm']} (eps {r['epsilon']:g})"] = [json.loads(x)["text"] for x in f]
+        size = max(len(v) for v in sets.values())
+        rng = np.random.default_rng(seed)
+        train = [m for ms in _client_messages(prepared, cfg) for m in ms]
+        sets["public pool sample"] = [pool[i] for i in rng.choice(len(pool), size, replace=False)]
+        sets["training users' messages"] = [train[i] for i in rng.choice(len(train), size, replace=False)]
+        for name, texts in sets.items():
+            emb = embedder.embed(texts, progress=False)
+            out.append({"seed": seed, "set": name, "size": len(texts),
+                        "fred_to_test_users": float(fred_nonprivate(emb, test_emb))})
     return out

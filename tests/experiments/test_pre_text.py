@@ -21,7 +21,7 @@ def smoke(tmp_path_factory):
 
 
 def test_smoke_writes_the_tables_and_every_arm_spends_what_its_plan_accounts(smoke):
-    for f in ("pre_text.md", "phases.md", "samples.md", "verdicts.json", "summary.json"):
+    for f in ("pre_text.md", "fred.md", "phases.md", "samples.md", "verdicts.json", "summary.json"):
         assert os.path.exists(os.path.join(smoke, f)), f
     cfg = common.load_config("configs/pre_text.py:smoke")
     planned = {a.name: a for a in account(privacy_plan(cfg))}
