@@ -73,7 +73,7 @@ from fedpriv.fl.checkpoint import (CHECKPOINTS, EXTRA_PREFIX, Checkpointer, Chec
                                    json_safe)
 from fedpriv.fl.workdir import WorkdirError, WorkdirLocked
 from fedpriv.fl.execution import CohortExecutor, replicate
-from fedpriv.fl.samplers import PoissonSampler
+from fedpriv.fl.samplers import check_sampler
 
 METRICS = "metrics.jsonl"
 LEGACY_FILES = ("checkpoint.msgpack", "checkpoint.json")  # the old two-file format
@@ -548,10 +548,11 @@ def _check_args(algorithm, sampler, client_ids, rounds, stage) -> None:
         raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
     if not isinstance(stage, str) or not stage:
         raise ValueError(f"stage must be a non-empty string, got {stage!r}")
-    if len(client_ids) != getattr(sampler, "num_clients", len(client_ids)):
+    check_sampler(sampler)
+    if len(client_ids) != sampler.num_clients:
         raise ValueError(f"sampler population {sampler.num_clients} != {len(client_ids)} client ids")
-    have, want = float(algorithm.expected_cohort_size), getattr(sampler, "expected_cohort_size", None)
-    if want is not None and not math.isclose(have, float(want), rel_tol=1e-9, abs_tol=1e-12):
+    have, want = float(algorithm.expected_cohort_size), sampler.expected_cohort_size
+    if not math.isclose(have, float(want), rel_tol=1e-9, abs_tol=1e-12):
         raise ConfigError(
             f"stage {stage!r}: the algorithm was built for expected_cohort_size={have:g} but the "
             f"sampler draws {float(want):g} clients per round (the noise and the update would "
@@ -682,7 +683,7 @@ def _train(algorithm, init_params, dataset, client_ids, sampler, *, rounds, batc
                          extra=fingerprint)
     saved = _run_checkpoint(ckpt, state) if ckpt is not None else None
     start, charged = 0, rounds
-    capacity = int(getattr(sampler, "max_cohort_size"))
+    capacity = int(sampler.max_cohort_size)
     dry_run = lambda st: _dry_run(algorithm, st, dataset, client_ids, batch_size, capacity,  # noqa: E731
                                   k_rounds)
     if saved is not None:
@@ -709,8 +710,7 @@ def _train(algorithm, init_params, dataset, client_ids, sampler, *, rounds, batc
     gaps = _tidy_workdir(workdir, ckpt, saved, start, stage, log) if workdir else []
     executor = CohortExecutor(algorithm, dataset, batch_size=batch_size, max_steps=max_steps,
                               capacity=capacity,
-                              variable_cohort=isinstance(sampler, PoissonSampler)
-                              or bool(getattr(sampler, "variable_cohort", False)),
+                              variable_cohort=bool(sampler.variable_cohort),
                               lanes=lanes, mesh=mesh, batching=batching)
     executor.set_params_size(init_params)
     state = replicate(state, mesh)

@@ -27,11 +27,55 @@ Only shuffled passes accept a tree release (each client at most once per tree).
 from __future__ import annotations
 
 import dataclasses
+from typing import Protocol, runtime_checkable
 
 import dp_accounting as dpa
 import numpy as np
 
 from fedpriv.dp import accounting
+
+
+@runtime_checkable
+class Sampler(Protocol):
+    """What ``fedpriv.fl.loop.train`` and the accounting read from a client sampler (structural:
+    any class with these members is one; ``check_sampler`` names what a class lacks).
+
+    ``num_clients``: the population N (``sample`` returns indices into ``0..N-1``);
+    ``expected_cohort_size``: E[cohort] (the algorithm divides the noised sum by it);
+    ``max_cohort_size``: the padding capacity of a round; ``variable_cohort``: whether cohort
+    sizes vary (the executor then pads to powers of two); ``neighboring``: the relation its
+    accounting uses; ``sample(round_idx)``: the round's cohort, a pure function of (seed,
+    round); ``amplified_event(release, rounds)``: the ``dp_accounting`` event of ``rounds``
+    rounds of ``release`` under this sampling.
+    """
+    num_clients: int
+    variable_cohort: bool
+
+    @property
+    def expected_cohort_size(self) -> float: ...
+
+    @property
+    def max_cohort_size(self) -> int: ...
+
+    @property
+    def neighboring(self) -> str: ...
+
+    def sample(self, round_idx: int) -> np.ndarray: ...
+
+    def amplified_event(self, release, rounds: int) -> dpa.DpEvent: ...
+
+
+SAMPLER_MEMBERS = ("num_clients", "expected_cohort_size", "max_cohort_size", "variable_cohort",
+                   "neighboring", "sample", "amplified_event")
+
+
+def check_sampler(sampler) -> None:
+    """Raise ``TypeError`` naming the `Sampler` members ``sampler`` lacks (fail closed: a
+    sampler the loop cannot account is refused before anything runs)."""
+    missing = [m for m in SAMPLER_MEMBERS if not hasattr(sampler, m)]
+    if missing:
+        raise TypeError(f"{type(sampler).__name__} is not a fedpriv Sampler: it lacks "
+                        f"{', '.join(missing)} (see fedpriv.fl.samplers.Sampler)")
 
 
 def _rng(seed: int, *stream: int) -> np.random.Generator:
@@ -66,6 +110,7 @@ class FixedCohortSampler:
     num_clients: int
     cohort_size: int
     seed: int = 0
+    variable_cohort = False  # class attribute (not a field): every cohort has cohort_size
 
     def __post_init__(self):
         _check(self.num_clients, self.cohort_size)
@@ -102,6 +147,7 @@ class PoissonSampler:
     num_clients: int
     sampling_rate: float
     seed: int = 0
+    variable_cohort = True  # class attribute (not a field): the executor pads the cohort
 
     def __post_init__(self):
         _check(self.num_clients)

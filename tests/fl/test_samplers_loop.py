@@ -183,3 +183,25 @@ def test_sharded_over_4_devices_equals_single_device(tmp_path):
     assert out["sharded"]["devices"] == 4 and out["single"]["devices"] == 1
     for a, b in zip(out["sharded"]["params"], out["single"]["params"]):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_every_library_sampler_is_a_sampler_and_an_incomplete_one_is_refused():
+    from fedpriv.fl.participation import AmplifiedCyclicSampler, CyclicSampler
+    from fedpriv.fl.samplers import Sampler, check_sampler
+    for s in (PoissonSampler(40, 0.2), UniformSampler(40, 8), ShuffledPassSampler(40, 8),
+              CyclicSampler(40, 8), AmplifiedCyclicSampler(40, 4, 0.5)):
+        assert isinstance(s, Sampler)
+        check_sampler(s)
+    assert PoissonSampler(40, 0.2).variable_cohort and not UniformSampler(40, 8).variable_cohort
+
+    class NoAccounting:  # draws cohorts but cannot say what they cost
+        num_clients, expected_cohort_size, max_cohort_size = 24, 4.0, 4
+
+        def sample(self, r):
+            return np.arange(4)
+
+    data, ids, _, alg = _setup()
+    with pytest.raises(TypeError, match="NoAccounting is not a fedpriv Sampler: it lacks "
+                                        "variable_cohort, neighboring, amplified_event"):
+        train(alg, init_params(), data, ids, NoAccounting(), rounds=2, batch_size=4, seed=0,
+              progress=False, nonprivate_ok=True)
