@@ -129,8 +129,7 @@ def sample_table(cfg, rows, workdir) -> list[dict]:
     first = sorted(syn, key=lambda r: (r["seed"], -r["epsilon"]))[0]
     with open(os.path.join(first["workdir"], "summary.json")) as f:
         s = json.load(f)
-    from fedpriv.recipes import lm
-    prepared = lm.prepare_data(dataclasses.replace(cfg.lm, seed=first["seed"]), progress=False)
+    prepared = pretext.prepared_data(dataclasses.replace(cfg.lm, seed=first["seed"]))
     real = [m for cid in prepared.train.client_ids[:200] for m in prepared.train_text[cid]]
     random.Random(0).shuffle(real)
     n = min(10, len(s.get("examples", [])))

@@ -17,6 +17,7 @@ variations, central training on the synthetic set) is post-processing.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -166,6 +167,13 @@ def _identity(config: dict) -> dict:
     return json.loads(json.dumps(out, default=str))  # tuples and lists compare equal
 
 
+@functools.lru_cache(maxsize=3)
+def prepared_data(lm_cfg):
+    """``lm.prepare_data(lm_cfg)`` once per (frozen, hashable) LM config in this process: the
+    arms, the FreD table and the sample table of one invocation share it."""
+    return lm.prepare_data(lm_cfg, progress=False)
+
+
 def _read(sub: str, cfg=None):
     """A finished arm's summary (None if unfinished). With ``cfg``: it must have run this
     config's computation (``_identity``), else ``ConfigError`` (a workdir never mixes settings)."""
@@ -223,7 +231,7 @@ def run_arms(cfg, workdir: str, *, teacher=None, embedder=None, progress: bool =
     rows = []
     for seed in cfg.seeds:
         base = dataclasses.replace(cfg.lm, seed=seed)
-        prepared = lm.prepare_data(base, progress)
+        prepared = prepared_data(base)
         n = len(prepared.train.client_ids)
         task = lm.build_task(base, prepared.tokenizer.vocab_size)
         test = prepared.test.concat_examples()["tokens"][: base.max_eval_examples]
@@ -309,7 +317,7 @@ def fred_rows(cfg, rows: list[dict], *, embedder=None, progress: bool = True) ->
         mine = [r for r in rows if r["seed"] == seed and r["arm_key"] != "ondevice"]
         if not mine:
             continue
-        prepared = lm.prepare_data(dataclasses.replace(cfg.lm, seed=seed), progress=False)
+        prepared = prepared_data(dataclasses.replace(cfg.lm, seed=seed))
         test = [m for cid in prepared.test_text.client_ids for m in prepared.test_text[cid]]
         table = embed_store(embedder, test, progress)
         test_emb = np.stack([table[m] for m in test])
