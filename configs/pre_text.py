@@ -75,11 +75,11 @@ class PreTextConfig:
             raise ConfigError(f"seeds = {self.seeds!r}: non-negative integers")
         if not self.epsilons or any(not (isinstance(e, (int, float)) and e > 0) for e in self.epsilons):
             raise ConfigError(f"epsilons must be positive numbers, got {self.epsilons}")
-        if not 0 < self.keep_fraction < 1:
-            raise ConfigError(f"keep_fraction must be in (0, 1), got {self.keep_fraction}")
-        if not 0 <= self.prefix_min <= self.prefix_max < 1:
-            raise ConfigError(f"need 0 <= prefix_min <= prefix_max < 1, got {self.prefix_min}, "
-                              f"{self.prefix_max}")
+        from fedpriv.recipes.pretext import settings
+        try:  # the loop's own settings check (keep_fraction, prefix range, sizes)
+            settings(self)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         if not 0 < self.ft_vote_share < 1:
             raise ConfigError(f"ft_vote_share must be in (0, 1), got {self.ft_vote_share}")
         if not self.instructions:

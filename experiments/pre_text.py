@@ -100,7 +100,7 @@ def verdicts(cfg, rows: list[dict]) -> list:
 def fred_table(freds: list[dict]) -> list[dict]:
     return [{"set": name, "FreD to test users": common.pm(
                 [f["fred_to_test_users"] for f in freds if f["set"] == name], 1, 3),
-             "size": freds[[f["set"] for f in freds].index(name)]["size"],
+             "size": next(f["size"] for f in freds if f["set"] == name),
              "seeds": sum(f["set"] == name for f in freds)}
             for name in dict.fromkeys(f["set"] for f in freds)]
 
@@ -147,10 +147,8 @@ def main(argv=None):
     for r in rows:
         for k, v in r["seconds"].items():
             secs.setdefault(f"{r['arm']}: {k}", []).append(v)
-    gen = [json.load(open(os.path.join(r["workdir"], "summary.json"))) for r in rows
-           if r["arm_key"] != "ondevice"]
-    tok = sum(g.get("generated_tokens", 0) for g in gen)
-    gsec = sum(g["seconds"].get("pretext generate", 0) for g in gen)
+    tok = sum(r["generated_tokens"] for r in rows)
+    gsec = sum(r["seconds"].get("pretext generate", 0) for r in rows)
     notes = [f"{c.corpus}, {c.arch} (embed {c.embed_dim}, hidden {c.hidden_dim}); DP-FTRL {c.rounds} rounds, "
              f"cohort {c.cohort_size}, server lr {c.server_lr}, clip {c.clip_norm}; epsilon SPENT on the "
              f"training users at delta {c.delta:g}, unit: user, one ledger per (seed, epsilon, arm)",
@@ -165,7 +163,8 @@ def main(argv=None):
              "client and round; '+' separates the votes and the DP-FTRL phases of (c)",
              "not covered by the ledger: the accuracies (exact evaluation on held-out users)",
              f"Regenerate: .venv/bin/python -m experiments.pre_text --config {spec} --workdir {workdir}"]
-    common.write_table([{k: v for k, v in r.items() if k not in ("costs", "seconds")} for r in rows],
+    common.write_table([{k: v for k, v in r.items() if k not in ("costs", "seconds", "generated_tokens")}
+                        for r in rows],
                        workdir, "pre_text_runs")
     common.write_table([{"phase": k, "seconds (mean over runs)": round(float(np.mean(v)), 1),
                          "runs": len(v)} for k, v in secs.items()], workdir, "phases",

@@ -262,7 +262,8 @@ def run_arms(cfg, workdir: str, *, teacher=None, embedder=None, progress: bool =
                              "test_perplexity": _perplexity(s["test_loss"]),
                              "trivial_accuracy": trivial, "epsilon_spent": s["epsilon_spent"],
                              "z_votes": s.get("z_votes"), "z_fl": s.get("z_fl"),
-                             "costs": costs, "seconds": s.get("seconds", {}), "workdir": sub})
+                             "costs": costs, "seconds": s.get("seconds", {}),
+                             "generated_tokens": s.get("generated_tokens", 0), "workdir": sub})
     return rows
 
 
