@@ -32,7 +32,8 @@ class FredPipelineConfig:
     embed_batch: int = 64
     embed_max_length: int | None = None  # word pieces per sentence (None: the model's 256)
     compare_all: bool = True            # also carry the non-chosen candidates through stages 2-3
-    seed: int = 0
+    seeds: tuple = (0,)                 # replicates: each its own split, FreD release, init and FL
+    seed: int = 0                       # set per replicate from `seeds` (also lm.seed)
 
     def __post_init__(self):
         check(self, positive=("max_per_user", "num_sentences", "fred_epsilon", "fred_clip",
@@ -41,6 +42,9 @@ class FredPipelineConfig:
                               "embed_max_length"),
               non_negative=("seed",), open_unit=("private_fraction",),
               choices={"fred_unit": ("user", "sample")})
+        if not self.seeds or len(set(self.seeds)) != len(self.seeds) or any(
+                not isinstance(x, int) or isinstance(x, bool) or x < 0 for x in self.seeds):
+            raise ConfigError(f"seeds must be distinct integers >= 0, got {self.seeds!r}")
 
 
 SCALES = {
@@ -48,13 +52,14 @@ SCALES = {
     "smoke": dict(max_per_user=2, num_sentences=16, prefinetune_steps=3, prefinetune_batch=16,
                   pca_dims=8, total_epsilon=60.0, compare_all=False, embed_batch=16,
                   embed_max_length=16),
-    "small": dict(max_per_user=20, num_sentences=2000, prefinetune_steps=300),
+    "small": dict(max_per_user=20, num_sentences=2000, prefinetune_steps=300, seeds=(0, 1, 2)),
     "paper": dict(max_per_user=256, num_sentences=150_000, prefinetune_steps=20_000, pca_dims=None,
-                  total_epsilon=1.26 + 1.2),
+                  total_epsilon=1.26 + 1.2, seeds=(0, 1, 2)),
 }
 # set here, never by an override: the FL stage's z is calibrated to what FreD left
-DERIVED = {n: "the FL stage's noise is calibrated to what FreD left of total_epsilon (set "
-              "total_epsilon)" for n in ("target_epsilon", "noise_multiplier")}
+DERIVED = {**{n: "the FL stage's noise is calibrated to what FreD left of total_epsilon (set "
+                 "total_epsilon)" for n in ("target_epsilon", "noise_multiplier")},
+           "seed": "each replicate's seed comes from seeds (e.g. seeds=0/1/2)"}
 LM_SCALE = {"smoke": "smoke,max_clients=80", "small": "small,rounds=60,eval_every=20,checkpoint_every=20",
             "paper": "paper,simulated_population=None"}  # FreD spends first: eps on our users
 

@@ -41,14 +41,15 @@ from fedpriv.models import bert
 from fedpriv.models.metrics import evaluate
 from fedpriv.public.pretrain import adam_with_clipping, train_central
 from fedpriv.recipes import lm as lm_recipe
+from fedpriv.verdicts import unigram_perplexity
 
 NONE = "(no prefinetuning)"
 FRED = "FreD"
 RELEASE = "FreD release (mean + covariance)"  # the ledger entry of stage 1
 
 NOT_COVERED_NOTE = ("NOT covered by the ledger: columns prefixed nonprivate/ (noise-free FreD of the "
-                    "private embeddings) and the val/test accuracy, loss and perplexity (exact "
-                    "evaluation on held-out private users)")
+                    "private embeddings), the val/test accuracy, loss and perplexity (exact "
+                    "evaluation on held-out private users) and the unigram baseline's test perplexity")
 
 
 def outputs() -> dict:
@@ -216,9 +217,11 @@ def _backfill_test_columns(cfg, row: dict, stage_workdir: str, lm_data: Callable
 def run_pipeline(cfg, workdir: str, progress: bool = True) -> dict:
     """Run (or resume) the pipeline of ``cfg`` (``configs/fred_pipeline.py``) in ``workdir``.
 
-    Returns ``{"rows", "chosen", "ranking", "nonprivate_fred", "fred_release",
+    Returns ``{"rows", "chosen", "ranking", "unigram_test_ppl", "nonprivate_fred", "fred_release",
     "embedder_sentences_per_s", "ledger", "resumed"}``: one row per prefinetuning choice
-    (baseline first, then by FreD rank), FreD's private ranking ``[[name, score], ...]`` and the
+    (baseline first, then by FreD rank), FreD's private ranking ``[[name, score], ...]``, the
+    test perplexity of the training users' unigram distribution (the trivial baseline,
+    ``verdicts.unigram_perplexity``; NON-PRIVATE, not covered by the ledger) and the
     noise-free FreD of every candidate (NOT covered by the ledger), the pipeline's
     :class:`PrivacyLedger` after all stages, the stages resumed from an earlier session.
 
@@ -260,7 +263,11 @@ def run_pipeline(cfg, workdir: str, progress: bool = True) -> dict:
         if any(k not in row for k in TEST_COLUMNS):
             row = _backfill_test_columns(cfg, row, stage_dir(workdir, i, st.name), lm_data, candidates, progress)
         rows.append(row)
+    prepared, _, _, test_tokens = lm_data()
+    unigram = unigram_perplexity(prepared.train.concat_examples()["tokens"], test_tokens,
+                                 prepared.tokenizer.vocab_size)
     return {"rows": rows, "chosen": fred["ranking"][0][0], "ranking": fred["ranking"],
+            "unigram_test_ppl": unigram,
             "nonprivate_fred": fred["nonprivate_fred"],
             "fred_release": fred["release"], "embedder_sentences_per_s": fred["embedder_sentences_per_s"],
             "ledger": out.ledger, "resumed": out.resumed}

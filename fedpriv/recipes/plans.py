@@ -244,22 +244,22 @@ def fred_pipeline_plan(cfg) -> PrivacyPlan:
     """``fedpriv.fred.pipeline.run_pipeline``: the pipeline ledger (FreD release, then the
     FL-finetuning of FreD's choice, z calibrated to what FreD left), the no-prefinetuning row
     (a fresh ledger of the same budget) and, with ``compare_all``, the other candidates'
-    counterfactual rows (copies of the pipeline ledger after FreD)."""
+    counterfactual rows (copies of the pipeline ledger after FreD); each once per seed."""
     from fedpriv.fred.pipeline import NONE, RELEASE, fred_release_event
     check_fred_pools(cfg, ("wikipedia", "simpsons"))
     if cfg.fred_unit == "sample":  # as private_stats refuses it on the pipeline's ledger
         raise ValueError("a sample-level FreD release cannot be charged to the pipeline's "
                          "user-level ledger")
     lm = cfg.lm
-    n = fred_train_clients(cfg)
+    n, k = fred_train_clients(cfg), len(cfg.seeds)  # one pipeline per seed, same events
     fred = (Charge(RELEASE, fred_release_event(cfg)),)
     chosen = lm_run(lm, n, "pipeline: FreD + FL-finetune (rank 1)", prior=fred, budget=cfg.total_epsilon,
-                    stage="DP-FTRL FL-finetune (rank 1)")
+                    stage="DP-FTRL FL-finetune (rank 1)", copies=k)
     runs = [chosen, lm_run(lm, n, f"no prefinetuning {NONE}", budget=cfg.total_epsilon,
-                           stage=f"DP-FTRL FL-finetune ({NONE})")]
+                           stage=f"DP-FTRL FL-finetune ({NONE})", copies=k)]
     if cfg.compare_all:
         runs.append(dataclasses.replace(chosen, name="ranks 2.. (counterfactual, ledger after FreD)",
-                                        copies=FRED_CANDIDATES - 1))
+                                        copies=(FRED_CANDIDATES - 1) * k))
     return PrivacyPlan(tuple(runs))
 
 

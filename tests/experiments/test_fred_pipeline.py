@@ -48,10 +48,14 @@ def test_fred_pipeline_smoke(tmp_path):
             ppl, loss = r[f"test_ppl_{when}_fl"], r[f"test_loss_{when}_fl"]
             assert math.isfinite(ppl) and ppl > 1 and ppl == pytest.approx(math.exp(loss), rel=1e-9)
         assert r["test_ppl_after_fl"] == pytest.approx(
-            math.exp(json.load(open(tmp_path / _stage_dir(r) / "fl" / "summary.json"))["test_loss"]))
+            math.exp(json.load(open(tmp_path / "seed0" / _stage_dir(r) / "fl" / "summary.json"))["test_loss"]))
+        # the trivial baseline beside every row: the training users' unigram perplexity
+        assert r["seed"] == 0 and r["unigram_test_ppl"] == s["replicates"][0]["unigram_test_ppl"] > 1
     md = open(tmp_path / "fred_pipeline.md").read()
     assert "pipeline_epsilon_executed" in md and "SIMULATED" in md
-    assert "test_ppl_after_fl" in md and "678.12" in md and "65.9" in md  # the paper's Table 1
+    assert "test PPL after FL" in md and "678.12" in md and "65.9" in md  # the paper's Table 1
+    assert "unigram test PPL (trivial)" in md
+    assert "test_ppl_after_fl" in open(tmp_path / "fred_pipeline_runs.md").read()
     assert (tmp_path / "fred_pipeline.png").stat().st_size > 1000
     verdicts = report.read_verdicts(str(tmp_path))
     # one candidate ran: the perplexity claim is listed as not run, with the reason
@@ -60,12 +64,12 @@ def test_fred_pipeline_smoke(tmp_path):
     assert "perplexity claim not evaluated" in md
     # resumed per stage (fedpriv.fl.stages): results and the one ledger come from stages.json;
     # a stages.json written before the test columns existed is back-filled, not reused blank
-    state = json.load(open(tmp_path / "stages.json"))
+    state = json.load(open(tmp_path / "seed0" / "stages.json"))
     for name in ("no prefinetuning", "rank 1"):
         for k in TEST_COLUMNS:
             del state["results"][name][k]
-    json.dump(state, open(tmp_path / "stages.json", "w"))
-    again = run_pipeline(cfg, str(tmp_path), progress=False)
+    json.dump(state, open(tmp_path / "seed0" / "stages.json", "w"))
+    again = run_pipeline(cfg, str(tmp_path / "seed0"), progress=False)
     assert again["resumed"] == ["FreD", "no prefinetuning", "rank 1"]
     assert again["ledger"].report()["entries"] == s["ledger"]["entries"]
     assert [r["fl_noise_multiplier"] for r in again["rows"]] == [r["fl_noise_multiplier"] for r in s["rows"]]
@@ -79,23 +83,53 @@ def _stage_dir(row):
     return "1-no_prefinetuning" if row["prefinetune data"] == fred_pipeline.NONE else "2-rank_1"
 
 
+def _result(seed, ppl_a, ppl_b, ppl_c, ranking=("a", "b", "c"), unigram=300.0):
+    return {"seed": seed, "ranking": [[n, float(i)] for i, n in enumerate(ranking)],
+            "nonprivate_fred": {"a": 0.5, "b": 0.9, "c": 0.7}, "unigram_test_ppl": unigram,
+            "rows": [{"prefinetune data": fred_pipeline.NONE, "test_ppl_after_fl": 290.0},
+                     {"prefinetune data": "a", "test_ppl_after_fl": ppl_a},
+                     {"prefinetune data": "c", "test_ppl_after_fl": ppl_c},
+                     {"prefinetune data": "b", "test_ppl_after_fl": ppl_b}]}
+
+
 def test_verdicts_of_table1():
-    """The two claims, on a synthetic result: three candidates carried through FL."""
-    res = {"ranking": [["a", 1.0], ["b", 2.0], ["c", 3.0]],
-           "nonprivate_fred": {"a": 0.5, "b": 0.9, "c": 0.7},
-           "rows": [{"prefinetune data": fred_pipeline.NONE, "test_ppl_after_fl": 90.0},
-                    {"prefinetune data": "a", "test_ppl_after_fl": 60.0},
-                    {"prefinetune data": "c", "test_ppl_after_fl": 70.0},
-                    {"prefinetune data": "b", "test_ppl_after_fl": 65.0}]}
-    ppl, rank = fred_pipeline.verdicts(res)
-    # one run per candidate: no interval, so no direction is claimed either way
+    """The two claims over seeds, on synthetic results: three candidates carried through FL;
+    closest/farthest by non-private FreD are a and b."""
+    ppl, rank = fred_pipeline.verdicts([_result(0, 60.0, 65.0, 70.0)])
+    # one seed: no interval, so no direction is claimed either way
     assert ppl.claim == fred_pipeline.CLAIM_PERPLEXITY and ppl.status == "inconclusive (too few seeds)"
     assert "closest (a) 60 (n=1)" in ppl.measured and "farthest (b) 65 (n=1)" in ppl.measured
-    assert rank.status == "reproduced" and "whole ranking identical: False" in rank.measured
-    res["ranking"] = [["b", 1.0], ["a", 2.0], ["c", 3.0]]
-    res["rows"][1]["test_ppl_after_fl"] = 66.0
-    ppl, rank = fred_pipeline.verdicts(res)
-    assert ppl.status == "inconclusive (too few seeds)" and rank.status == "not reproduced"
+    assert rank.status == "reproduced" and "1 of 1" in rank.measured
+    # three seeds, a consistently 5-6 points lower (paired): reproduced
+    three = [_result(0, 60.0, 65.0, 70.0), _result(1, 61.0, 67.0, 70.0), _result(2, 59.0, 64.5, 70.0)]
+    ppl, rank = fred_pipeline.verdicts(three)
+    assert ppl.status == "reproduced" and "paired" in ppl.measured and ppl.gap < 0
+    assert rank.status == "reproduced" and "3 of 3" in rank.measured
+    # the other way round: not reproduced
+    ppl, _ = fred_pipeline.verdicts([_result(s, b, a, 70.0) for s, (a, b) in
+                                     enumerate([(60.0, 65.0), (61.0, 67.0), (59.0, 64.5)])])
+    assert ppl.status == "not reproduced"
+    # models no better than the unigram baseline: never judged
+    ppl, _ = fred_pipeline.verdicts([_result(s, 60.0 + s, 65.0 + s, 70.0, unigram=62.0) for s in range(3)])
+    assert ppl.status == "inconclusive (below the trivial baseline)"
+    # one seed's private release picks another closest candidate: the exact claim fails
+    three[1] = _result(1, 61.0, 67.0, 70.0, ranking=("b", "a", "c"))
+    _, rank = fred_pipeline.verdicts(three)
+    assert rank.status == "not reproduced" and "2 of 3" in rank.measured
+
+
+def test_seeds_config():
+    """small runs three replicates; ``seed`` is set per replicate, never overridden; the plan
+    charges one pipeline per seed."""
+    cfg = common.load_config("configs/fred_pipeline.py:small")
+    assert cfg.seeds == (0, 1, 2)
+    with pytest.raises(ConfigError, match="seed cannot be overridden"):
+        common.load_config("configs/fred_pipeline.py:small,seed=3")
+    with pytest.raises(ConfigError, match="distinct"):
+        common.load_config("configs/fred_pipeline.py:small,seeds=1/1")
+    one = plans.fred_pipeline_plan(common.load_config("configs/fred_pipeline.py:small,seeds=0"))
+    three = plans.fred_pipeline_plan(cfg)
+    assert [3 * r.copies for r in one.runs] == [r.copies for r in three.runs]
 
 
 def test_paper_config_accounts_within_budget():
