@@ -52,7 +52,7 @@ class LMFLConfig:
     hidden_dim: int = 670
     num_heads: int = 10                   # transformer heads (670 / 10 = 67, App. B.2)
     # algorithm
-    # fedavg | dp_fedavg (Poisson cohorts) | dp_ftrl | dp_mf_banded | dp_mf_blt | dp_fedavg_fixed
+    # fedavg | dp_fedavg (Poisson cohorts) | dp_ftrl | dp_mf_banded | dp_mf_blt | dp_fedavg_fixed | dp_ddg | dp_mf_banded_opt
     # (central Gaussian, fixed-size cohorts) | dp_ddg (distributed discrete Gaussian under secure
     # aggregation, fixed-size cohorts, no amplification)
     algorithm: str = "dp_ftrl"

@@ -294,7 +294,7 @@ def test_missing_config_file():
     ("vocab_size=3", r"vocab_size must be > 4 \(the 4 special tokens\), got 3"),
     ("corpus=reddit", r"corpus must be one of \('chitchat', 'shakespeare', 'simpsons'.*\), got 'reddit'"),
     ("algorithm=dpsgd", r"algorithm must be one of \('fedavg', 'dp_fedavg', 'dp_ftrl', 'dp_mf_banded', "
-                        r"'dp_mf_blt', 'dp_fedavg_fixed', 'dp_ddg'\), got 'dpsgd'"),
+                        r"'dp_mf_blt', 'dp_fedavg_fixed', 'dp_ddg', 'dp_mf_banded_opt'\), got 'dpsgd'"),
     ("cohort_size=0", r"cohort_size must be >= 1, got 0"),
     ("delta=2", r"delta must be in \(0, 1\), got 2\.0"),
     ("clip_norm=-1", r"clip_norm must be > 0, got -1\.0"),

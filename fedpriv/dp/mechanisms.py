@@ -295,11 +295,16 @@ class MatrixDPConfig(DPConfig):
         super().__post_init__()
         if self.blt_params is not None:  # hashable, JSON-able: (theta tuple, omega tuple)
             object.__setattr__(self, "blt_params", tuple(tuple(map(float, v)) for v in self.blt_params))
-        need = max(1, self.bands) if self.mechanism == "banded" else 1
+        need = max(1, self.bands) if self.banded else 1
         if self.min_separation < need:
             raise ValueError(f"{self.mechanism} needs min_separation >= {need}, got "
                              f"{self.min_separation}")
         self.strategy  # noqa: B018 (validates the strategy's parameters)
+
+    # a banded C: run_fields plans ``bands``, the exact sensitivity needs min_separation >=
+    # bands, and AmplifiedCyclicSampler's amplification holds (Choquette-Choo et al. 2023,
+    # Thm. 4). False by default (fails closed: no amplification claimed); banded subclasses set it
+    banded: ClassVar[bool] = False
 
     @property
     def strategy(self):
@@ -312,9 +317,8 @@ class MatrixDPConfig(DPConfig):
         """The strategy for the sampler's min-separation and ``rounds`` (banded: at most
         ``options["mf_bands"]`` bands, and no more than the min-separation)."""
         sep = sampler.min_separation
-        banded = cls.__dataclass_fields__["mechanism"].default == "banded"
         return {"min_separation": sep, "mf_rounds": rounds,
-                "bands": min(sep, options["mf_bands"]) if banded else 0}
+                "bands": min(sep, options["mf_bands"]) if cls.banded else 0}
 
     def privatizer(self, noise_multiplier, key=None):
         return matrix.privatizer(self.strategy, noise_multiplier, key)
@@ -332,6 +336,7 @@ class BandedMechanism(MatrixDPConfig):
     a ``bands``-banded Toeplitz ``C`` (``matrix.banded_privatizer``), sensitivity at
     ``min_separation``; amplified under ``AmplifiedCyclicSampler`` (Thm. 4)."""
     mechanism: str = "banded"
+    banded: ClassVar[bool] = True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -487,4 +492,5 @@ Mechanism = DPConfig  # the base every mechanism subclasses (a frozen dataclass)
 _CONSTRUCTORS = (DPConfig, MatrixDPConfig, DDGDPConfig)
 for _cls in (GaussianMechanism, TreeMechanism, BandedMechanism, BLTMechanism, DDGMechanism):
     register_mechanism(_cls.__dataclass_fields__["mechanism"].default, _cls)
-BUILTIN_MECHANISMS = mechanism_names()  # ("gaussian", "tree", "banded", "blt", "ddg")
+from fedpriv.dp import optimized_banded  # noqa: E402,F401 (a mechanism in its own file: "banded_opt")
+BUILTIN_MECHANISMS = mechanism_names()  # ("gaussian", "tree", "banded", "blt", "ddg", "banded_opt")

@@ -37,7 +37,7 @@ import dp_accounting as dpa
 import numpy as np
 
 from fedpriv.dp import accounting
-from fedpriv.dp.matrix import BandedStrategy, MinSeparationError, matrix_event, strategy_for
+from fedpriv.dp.matrix import BandedStrategy, MinSeparationError, matrix_event
 from fedpriv.errors import FedprivError
 from fedpriv.fl.samplers import FixedCohortSampler
 
@@ -208,8 +208,9 @@ def matrix_privacy_event(dp, sampler, rounds: int, noise_multiplier: float,
     Fails closed: ``MinSeparationError`` unless the sampler guarantees a min-separation
     ``>= dp.min_separation`` (an attribute ``min_separation`` and ``max_participations``).
     With an ``AmplifiedCyclicSampler`` the event is the amplified one (``amplified_banded_event``:
-    ``ceil(T / b)`` x ``PoissonSampled(q, Gaussian(z / max column norm))``) for "banded";
-    ``AmplificationError`` for "blt" (the theorem needs a banded ``C``)."""
+    ``ceil(T / b)`` x ``PoissonSampled(q, Gaussian(z / max column norm))``) for a banded ``C``
+    (``dp.banded``: "banded", "banded_opt"); ``AmplificationError`` otherwise, e.g. "blt" (the
+    theorem needs a banded ``C``)."""
     rounds = accounting.check_rounds(rounds)
     sep = getattr(sampler, "min_separation", None)
     maxp = getattr(sampler, "max_participations", None)
@@ -220,11 +221,11 @@ def matrix_privacy_event(dp, sampler, rounds: int, noise_multiplier: float,
         raise MinSeparationError(f"the {dp.mechanism} strategy was built for min-separation "
                                  f"{dp.min_separation} but {type(sampler).__name__} only "
                                  f"guarantees {sep}")
-    if isinstance(sampler, AmplifiedCyclicSampler) and dp.mechanism != "banded":
+    if isinstance(sampler, AmplifiedCyclicSampler) and not dp.banded:
         raise AmplificationError(f"AmplifiedCyclicSampler's amplification holds for banded MF only "
                                  f"(Choquette-Choo et al. 2023, Thm. 4), not {dp.mechanism!r}: "
                                  f"use CyclicSampler")
-    strategy = strategy_for(dp.mechanism, dp.bands, dp.blt_buffers, dp.mf_rounds, dp.blt_params)
+    strategy = dp.strategy
     if isinstance(sampler, AmplifiedCyclicSampler):
         return amplified_banded_event(strategy, noise_multiplier, rounds, sep,
                                       sampler.sampling_rate, fresh)

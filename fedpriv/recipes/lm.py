@@ -58,6 +58,7 @@ ALGORITHM_SPECS = {
     "dp_mf_blt": ("blt", "cyclic"),
     "dp_fedavg_fixed": ("gaussian", "uniform"),      # central Gaussian, fixed-size cohorts (replace-one)
     "dp_ddg": ("ddg", "uniform"),                    # noise added by the clients (no amplification)
+    "dp_mf_banded_opt": ("banded_opt", "cyclic"),    # banded MF, coefficients optimised (jax_privacy)
 }
 # name -> (num_clients, cfg) -> sampler
 SAMPLERS = {

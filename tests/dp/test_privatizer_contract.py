@@ -147,6 +147,12 @@ class Case:
 
 
 BANDED, BLT, TREE_R = M.banded_strategy(3), M.blt_strategy(16, 3), 4
+
+
+def _banded_opt():
+    pytest.importorskip("jax_privacy")
+    from fedpriv.dp.mechanisms import MatrixDPConfig
+    return MatrixDPConfig(1.0, 1.0, mechanism="banded_opt", bands=3, min_separation=3, mf_rounds=N)
 CASES = [
     Case("gaussian", lambda std, key: noise.gaussian_privatizer(std, key), np.eye,
          ("noise.gaussian_privatizer",)),
@@ -157,6 +163,10 @@ CASES = [
     Case("blt", lambda std, key: M.blt_privatizer(std, key, BLT),
          lambda n: mf_covariance(BLT, n), ("matrix.blt_privatizer", "matrix.privatizer")),
     Case("ddg", ddg_test_privatizer, np.eye, (), _ddg_zero_noise_atol, dim=2048),
+    # a mechanism object's own privatizer (fedpriv/dp/optimized_banded.py): the optimised
+    # 3-banded C for N rounds (jax_privacy, the "mf" extra)
+    Case("banded_opt", lambda std, key: _banded_opt().privatizer(std, key),
+         lambda n: mf_covariance(_banded_opt().strategy, n), ()),
 ]
 
 
