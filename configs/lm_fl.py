@@ -52,9 +52,10 @@ class LMFLConfig:
     hidden_dim: int = 670
     num_heads: int = 10                   # transformer heads (670 / 10 = 67, App. B.2)
     # algorithm
-    # fedavg | dp_fedavg (Poisson cohorts) | dp_ftrl | dp_mf_banded | dp_mf_blt | dp_fedavg_fixed | dp_ddg | dp_mf_banded_opt
+    # fedavg | dp_fedavg (Poisson cohorts) | dp_ftrl | dp_mf_banded | dp_mf_blt | dp_fedavg_fixed
     # (central Gaussian, fixed-size cohorts) | dp_ddg (distributed discrete Gaussian under secure
-    # aggregation, fixed-size cohorts, no amplification)
+    # aggregation, fixed-size cohorts, no amplification) | dp_mf_banded_opt (banded MF with
+    # jax_privacy-optimised coefficients; extra "mf")
     algorithm: str = "dp_ftrl"
     mf_bands: int = 64                    # dp_mf_banded: bands (at most the min-separation)
     ddg_bits: int = 16                    # dp_ddg: secure aggregation modulus 2^bits
