@@ -146,6 +146,31 @@ def record_invocation() -> None:
     results.record_compact(inv, _LAST_RUN["workdir"])
 
 
+def printing_main(run, doc: str, name: str, *shown: str):
+    """The ``main(argv)`` of an experiment that is ``run(cfg, workdir)`` then printing the
+    Markdown files ``shown`` (names in the workdir) that exist."""
+    def main(argv=None):
+        cfg, workdir, _ = config_and_workdir(argv, doc, name)
+        run(cfg, workdir)
+        for f in shown:
+            if os.path.exists(path := os.path.join(workdir, f)):
+                print(open(path).read())
+    main.__doc__ = f"``python -m experiments.{name}``: run, then print {', '.join(shown)}."
+    return main
+
+
+def publish_rows(rows: list[dict], table: list[dict], workdir: str, name: str, *, title: str,
+                 notes: list[str], verdicts: list, config, seeds, runs_name: str = "runs") -> None:
+    """The end of a seeds x rows experiment: every run (``<runs_name>.{csv,md}``), the verdicts,
+    the aggregated ``table`` (``<name>.{csv,md}``, printed) and ``summary.json`` (the rows and the
+    run record: config, seeds, commit)."""
+    write_table(rows, workdir, runs_name)
+    write_verdicts(verdicts, workdir)
+    _, md = write_table(table, workdir, name, notes=notes, title=title)
+    save_json({"rows": rows, **run_record(config, list(seeds))}, os.path.join(workdir, "summary.json"))
+    print(open(md).read())
+
+
 # shared reporting lives in the library (fedpriv.report); re-exported for the experiments
 from fedpriv.report import (bar_chart, mean_std, metric_curve, plot_curves, pm,  # noqa: E402,F401
                             run_record, save_json, write_table, write_verdicts)

@@ -14,7 +14,6 @@ amplify), so they differ by far at equal z.
 """
 from __future__ import annotations
 
-import os
 
 from experiments import common
 from fedpriv import verdicts as V
@@ -100,13 +99,9 @@ def main(argv=None):
              f"most-frequent-token val accuracy: {100 * rows[0]['baseline']:.2f}%",
              "not covered by the ledger: the accuracies (exact evaluation on held-out users)",
              f"Regenerate: .venv/bin/python -m experiments.ddg_comparison --config {spec} --workdir {workdir}"]
-    common.write_table(rows, workdir, "runs")
-    common.write_verdicts(verdicts(rows, cfg.bits), workdir)
-    _, md = common.write_table(aggregate(rows), workdir, "ddg_comparison", notes=notes,
-                               title="Distributed discrete Gaussian (secure aggregation) vs central Gaussian")
-    common.save_json({"rows": rows, **common.run_record(cfg, list(cfg.seeds))},
-                     os.path.join(workdir, "summary.json"))
-    print(open(md).read())
+    common.publish_rows(rows, aggregate(rows), workdir, "ddg_comparison", notes=notes,
+                        title="Distributed discrete Gaussian (secure aggregation) vs central Gaussian",
+                        verdicts=verdicts(rows, cfg.bits), config=cfg, seeds=cfg.seeds)
 
 
 if __name__ == "__main__":

@@ -182,10 +182,7 @@ def run(cfg, workdir: str, progress: bool = True) -> dict:
     return summary
 
 
-def main(argv=None):
-    cfg, workdir, _ = common.config_and_workdir(argv, __doc__, "fred_pipeline")
-    run(cfg, workdir)
-    print(open(os.path.join(workdir, "fred_pipeline.md")).read())
+main = common.printing_main(run, __doc__, "fred_pipeline", "fred_pipeline.md")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,6 @@ matrix mechanisms beat the tree at equal epsilon.
 """
 from __future__ import annotations
 
-import os
 
 from experiments import common
 from fedpriv import verdicts as V
@@ -66,13 +65,9 @@ def main(argv=None):
              f"most-frequent-token val accuracy: {100 * rows[0]['baseline']:.2f}%",
              "not covered by the ledger: the accuracies (exact evaluation on held-out users)",
              f"Regenerate: .venv/bin/python -m experiments.mf_comparison --config {spec} --workdir {workdir}"]
-    common.write_table(rows, workdir, "runs")
-    common.write_verdicts(verdicts(rows), workdir)
-    _, md = common.write_table(aggregate(rows), workdir, "mf_comparison", notes=notes,
-                               title="Tree vs matrix-factorization DP-FTRL vs DP-FedAvg at equal epsilon")
-    common.save_json({"rows": rows, **common.run_record(cfg, list(cfg.seeds))},
-                     os.path.join(workdir, "summary.json"))
-    print(open(md).read())
+    common.publish_rows(rows, aggregate(rows), workdir, "mf_comparison", notes=notes,
+                        title="Tree vs matrix-factorization DP-FTRL vs DP-FedAvg at equal epsilon",
+                        verdicts=verdicts(rows), config=cfg, seeds=cfg.seeds)
 
 
 if __name__ == "__main__":

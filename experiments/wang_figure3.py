@@ -68,10 +68,7 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
     return result
 
 
-def main(argv=None):
-    cfg, workdir, _ = common.config_and_workdir(argv, __doc__, "wang_figure3")
-    run(cfg, workdir)
-    print(open(os.path.join(workdir, "figure3_summary.md")).read())
+main = common.printing_main(run, __doc__, "wang_figure3", "figure3_summary.md")
 
 
 if __name__ == "__main__":
