@@ -16,11 +16,13 @@ their resulting parameters are compared. Engine and loop are timed interleaved, 
 round, so machine load affects both alike. Tokens are real (non-PAD) target tokens.
 
 ``--batching padded,sorted`` (default): the first batching is the engine compared with the
-loop; the others (``trimmed``, ``sorted``: ``fedpriv.fl.cohort`` "Length-aware batches") run
-the same cohorts interleaved with it, and the report gives each one's tokens/s (wall and CPU
-time: the machine may be shared), share of padded target positions, executed/real steps and
-share of the single-model ceiling measured with the same trimming (length-sorted batches of
-256 cut to their bucket width).
+loop; the others (``trimmed``, ``sorted``, ``packed``: ``fedpriv.fl.cohort`` "Length-aware
+batches") run the same cohorts interleaved with it, and the report gives each one's tokens/s
+(wall and CPU time: the machine may be shared), share of padded target positions,
+executed/real steps, the largest parameter difference from the first batching (``trimmed`` and
+``packed`` compute the same round up to float order) and share of the single-model ceiling
+measured with the same trimming (length-sorted batches of 256 cut to their bucket width; for
+``packed``, 256 rows of packed sentences).
 
 Reported (``--json`` prints one object; ``--workdir`` also writes ``round.json`` and
 ``round.md``): ``engine_tokens_per_s``, ``loop_tokens_per_s``, ``engine_over_loop``,
@@ -160,19 +162,29 @@ def peak_memory_bytes() -> int | None:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # CPU: process max RSS
 
 
-def ceiling(task, params, data, ids, batch=256, repeats=2, trim=False, compute_dtype=None) -> float:
+def ceiling(task, params, data, ids, batch=256, repeats=2, trim=False, compute_dtype=None,
+            pack=False) -> float:
     """Tokens/s of ONE model taking grad+SGD steps on large batches of the same examples.
 
     ``trim``: the examples sorted by length, each batch cut to its bucket width
     (``bucketing.width_buckets``), as the engine's length-aware batches; every width is
-    compiled before timing."""
+    compiled before timing. ``pack``: the examples packed end to end into rows
+    (``bucketing.pack_sentences``, ``batch`` examples at a time), batches of ``batch`` rows."""
     tok = np.concatenate([data[c]["tokens"] for c in ids])
     n = len(tok) // batch * batch or len(tok)
     batch = min(batch, n)
     opt = optax.sgd(0.1)
     local = make_local_step(task.loss_fn, opt, compute_dtype)
     step = jax.jit(lambda p, b: local(p, opt.init(p), b, jax.random.key(0))[0])
-    if trim:
+    if pack:
+        from fedpriv.models import bucketing
+        parts = [bucketing.pack_sentences(tok[i:i + batch], np.ones(len(tok[i:i + batch]), np.float32))
+                 for i in range(0, len(tok), batch)]
+        rows = {k: np.concatenate([p[k][:r] for p, r in parts]) for k in parts[0][0]}
+        m = len(rows["mask"]) // batch * batch or len(rows["mask"])
+        batches = [{k: v[i:i + batch] for k, v in rows.items()} for i in range(0, m, min(batch, m))]
+        real = sum(int((b["targets"] != 0).sum()) for b in batches)
+    elif trim:
         from fedpriv.models import bucketing
         tok = tok[np.argsort(bucketing.row_lengths(tok), kind="stable")][:n]
         widths = bucketing.width_buckets(tok.shape[1])
@@ -183,7 +195,9 @@ def ceiling(task, params, data, ids, batch=256, repeats=2, trim=False, compute_d
             batches.append({"tokens": t[:, :w], "mask": np.ones(batch, np.float32)})
     else:
         batches = [{"tokens": tok[i:i + batch], "mask": np.ones(batch, np.float32)} for i in range(0, n, batch)]
-    for w in {b["tokens"].shape[1]: b for b in batches}.values():
+    if not pack:
+        real = float((tok[:n, 1:] != 0).sum())
+    for w in {np.shape(next(iter(b.values()))): b for b in batches}.values():
         p = block(step(params, w))
     best = math.inf
     for _ in range(repeats):
@@ -192,7 +206,7 @@ def ceiling(task, params, data, ids, batch=256, repeats=2, trim=False, compute_d
             p = step(p, b)
         block(p)
         best = min(best, time.perf_counter() - t)
-    return float((tok[:n, 1:] != 0).sum()) / best
+    return real / best
 
 
 def measure(args) -> dict:
@@ -336,11 +350,16 @@ def measure(args) -> dict:
         c = ceiling(task, params, data, ids, compute_dtype=dtype)
         out["ceiling_tokens_per_s"] = c
         out["engine_share_of_ceiling"] = out["engine_tokens_per_s"] / c
-        if any(b != "padded" for b in args.batching):
-            ct = ceiling(task, params, data, ids, trim=True, compute_dtype=dtype)
+        same = {"padded": c}
+        if any(b in ("trimmed", "sorted") for b in args.batching):
+            same["trimmed"] = same["sorted"] = ct = ceiling(task, params, data, ids, trim=True,
+                                                            compute_dtype=dtype)
             out["ceiling_trimmed_tokens_per_s"] = ct
-            for b, row in out["batching"].items():
-                row["share_of_ceiling"] = row["tokens_per_s"] / (c if b == "padded" else ct)
+        if "packed" in args.batching:
+            same["packed"] = cp = ceiling(task, params, data, ids, pack=True, compute_dtype=dtype)
+            out["ceiling_packed_tokens_per_s"] = cp
+        for b, row in out["batching"].items():
+            row["share_of_ceiling"] = row["tokens_per_s"] / same[b]
     if args.scaling:
         rows = []
         for k in args.scaling:
@@ -393,16 +412,21 @@ def markdown(out: dict) -> str:
                      f"engine at {100 * out['engine_share_of_ceiling']:.0f}%")
     if out.get("batching"):
         lines += ["", "| batching (same cohorts, interleaved) | tokens/s | CPU s/round | vs first (wall / CPU) "
-                  "| padded positions | executed/real steps | % of ceiling (same trimming) |",
-                  "|---|---|---|---|---|---|---|"]
+                  "| padded positions | executed/real steps | % of ceiling (same trimming) "
+                  "| max |param diff| vs first |", "|---|---|---|---|---|---|---|---|"]
         for b, r in out["batching"].items():
             lines.append(f"| {b} | {r['tokens_per_s']:,.0f} | {r['cpu_seconds_per_round']:.3f} | "
                          f"{r.get('over_first', 1.0):.2f}x / {r.get('cpu_over_first', 1.0):.2f}x | "
                          f"{100 * r['padded_position_share']:.1f}% | {r['executed_over_real_steps']:.3f} | "
-                         + (f"{100 * r['share_of_ceiling']:.0f}% |" if "share_of_ceiling" in r else "- |"))
+                         + (f"{100 * r['share_of_ceiling']:.0f}% | " if "share_of_ceiling" in r else "- | ")
+                         + (f"{r['max_abs_param_diff_vs_first']:.1e} |"
+                            if "max_abs_param_diff_vs_first" in r else "- |"))
         if "ceiling_trimmed_tokens_per_s" in out:
             lines.append(f"- single-model ceiling, length-sorted batches trimmed to their bucket: "
                          f"{out['ceiling_trimmed_tokens_per_s']:,.0f} tokens/s")
+        if "ceiling_packed_tokens_per_s" in out:
+            lines.append(f"- single-model ceiling, 256 rows of packed sentences: "
+                         f"{out['ceiling_packed_tokens_per_s']:,.0f} tokens/s")
     if "teacher_topk_tokens_per_s" in out:
         lines.append(f"- teacher top-k: {out['teacher_topk_tokens_per_s']:,.0f} tokens/s")
     if out.get("packing"):

@@ -85,7 +85,9 @@ class LMFLConfig:
     # local batches (fedpriv.fl.cohort, "Length-aware batches"): "padded" (every step runs all
     # seq_len positions), "trimmed" (the same batches cut to their longest row: the same numbers
     # up to float order; needs one lane), "sorted" (each client's examples sorted by length into
-    # batches, batch order shuffled, then trimmed: another local SGD trajectory, less padding)
+    # batches, batch order shuffled, then trimmed: another local SGD trajectory, less padding),
+    # "packed" (the padded batches, each step's sentences packed end to end into fewer rows with
+    # the LSTM state / attention reset per sentence: the same numbers up to float order; one lane)
     batching: str = "padded"
     # client forward/backward precision: "bfloat16" casts the parameters for the local pass
     # (mixed precision); gradients, clipping, sums and noise stay float32 (the DP release is

@@ -123,12 +123,16 @@ def _sum0(tree):
     return jax.tree_util.tree_map(lambda a: jnp.sum(a, axis=0, dtype=a.dtype), tree)
 
 
-def _trimmed_step(step_fn, width: int, fields):
+def _trimmed_step(step_fn, width: int, fields, axis: int = 1):
     """``step_fn(server, carry, batch, key)`` on the batch's ``fields`` cut to their first
-    ``width`` positions (axis 1: ``[B, T] -> [B, width]``); exact when the cut columns are PAD in
-    every row (causal models, PAD targets carry no loss: ``fedpriv.models.bucketing``)."""
+    ``width`` entries on ``axis``: time (1: ``[B, T] -> [B, width]``; exact when the cut columns
+    are PAD in every row: causal models, PAD targets carry no loss, ``fedpriv.models.bucketing``)
+    or rows (0, packed steps: ``[R, ...] -> [width, ...]``; exact when the cut rows are empty)."""
     def step(server, c, batch, key):
-        batch = {k: (v[:, :width] if k in fields else v) for k, v in batch.items()}
+        if axis == 0:
+            batch = {k: (v[:width] if k in fields else v) for k, v in batch.items()}
+        else:
+            batch = {k: (v[:, :width] if k in fields else v) for k, v in batch.items()}
         return step_fn(server, c, batch, key)
     return step
 
@@ -161,7 +165,7 @@ def _lane_sum(hooks: ClientHooks, starting_point, server: ServerView, lane: Lane
             c, step_aux = hooks.step(server, c, batch, key)
         else:  # length-aware batches: the step's width, one compiled body per width
             c, step_aux = jax.lax.switch(lane.bucket[lane.src[t]], [
-                _trimmed_step(hooks.step, w, lane.trim_fields) for w in lane.widths],
+                _trimmed_step(hooks.step, w, lane.trim_fields, lane.trim_axis) for w in lane.widths],
                 server, c, batch, key)
         aux = tmap(jnp.add, aux, step_aux)
 

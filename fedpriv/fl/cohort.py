@@ -43,6 +43,17 @@ engine selects the step's width with ``lax.switch``, which ``vmap`` would turn i
 every width, so vmapped lanes keep the full width (``sorted`` then only reorders). Compiled
 shapes: the lane program holds one local-step body per width (``num_buckets``, default 4).
 
+``"packed"``: the padded path's batches (same shuffle, same examples per step, same steps),
+each step's real examples packed end to end into rows of L = T - 1 positions
+(``fedpriv.models.bucketing.pack_sentences``: inputs, targets, segment ids and positions
+inside the sentence; the models reset the LSTM state at each sentence start and restrict
+attention to the sentence). The LM loss is a mean over the batch's real target tokens, so each
+step's loss and gradient equal the padded step's up to float summation order: the local SGD
+trajectory, clipping and the clipped sum are unchanged. A step of B examples needs at most B
+rows; it runs on the smallest of the ``count_buckets(B, num_buckets)`` row counts (default 8
+counts, e.g. 2, 4, ..., 16 for B = 16) holding its rows: at most ``num_buckets`` compiled step
+bodies (row counts) per lane program, one sequential lane only (vmapped lanes run all B rows).
+
 **Padded cohorts** (``build_cohort``, kept for simple uses and tests; the algorithms' ``apply``
 turns one into one lane per client with ``pack_padded``).
 
@@ -67,10 +78,11 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from flax import struct
 
-from fedpriv.models.bucketing import NUM_WIDTH_BUCKETS, bucket_index, row_lengths, width_buckets
+from fedpriv.models.bucketing import (NUM_ROW_BUCKETS, NUM_WIDTH_BUCKETS, PACKED_FIELDS, bucket_index,
+                                      count_buckets, pack_sentences, row_lengths, width_buckets)
 from fedpriv.util import next_pow2  # noqa: F401 (re-exported)
 
-BATCHINGS = ("padded", "trimmed", "sorted")
+BATCHINGS = ("padded", "trimmed", "sorted", "packed")
 
 
 @dataclasses.dataclass
@@ -143,7 +155,8 @@ class Lanes:
     starting point: the server model, or its batched first step, see ``FirstSteps``).
     Length-aware batches: ``bucket[W, D]`` (per data row, like ``data``) indexes the static
     ``widths``; the step runs on the ``trim_fields`` cut to ``widths[bucket]`` on the batch's
-    axis 1. ``bucket=None``: every step runs the full width.
+    axis ``trim_axis`` (1: time, ``"trimmed"``/``"sorted"``; 0: rows, ``"packed"``).
+    ``bucket=None``: every step runs the full width.
     """
     data: dict
     src: Any
@@ -156,6 +169,7 @@ class Lanes:
     bucket: Any = None
     widths: tuple = struct.field(pytree_node=False, default=())
     trim_fields: tuple = struct.field(pytree_node=False, default=())
+    trim_axis: int = struct.field(pytree_node=False, default=1)
 
 
 @struct.dataclass
@@ -313,11 +327,40 @@ def _client_batches(cid, ex, s, n, template, batch_size, order):
     return out
 
 
+def _packed_template(template, field):
+    """One example's fields in packed form (``pack_sentences``): ``[1, L]`` each."""
+    width = np.shape(template[field])[1] - 1
+    out = {f: np.zeros((1, width), np.int32) for f in PACKED_FIELDS}
+    for f, v in template.items():
+        if f != field:
+            if np.ndim(v) != 1:
+                raise ValueError(f"batching='packed' takes per-example scalar fields beside {field!r}, "
+                                 f"{f!r} has shape {np.shape(v)[1:]}")
+            out[f] = np.zeros((1, width), np.asarray(v).dtype)
+    return out
+
+
+def _pack_steps(b, field, pad_id):
+    """A client's padded batches ``b`` (``[s, B, ...]``) with each step's examples packed into
+    rows (``pack_sentences``); ``rows[s]`` holds each step's rows in use."""
+    steps = [pack_sentences(b[field][j], b["mask"][j], pad_id,
+                            {f: v[j] for f, v in b.items() if f not in (field, "mask")})
+             for j in range(len(b["mask"]))]
+    packed = {f: np.stack([p[f] for p, _ in steps]) for f in steps[0][0]}
+    packed["rows"] = np.asarray([r for _, r in steps])
+    return packed
+
+
 def _step_positions(b, fields, batch_size, pad_id, trim, widths):
     """Per step of a client's batches ``b``: (bucket index, real target positions)."""
     if not fields:
         z = np.zeros(len(b["mask"]), np.int64)
         return z, z
+    if "segments" in b:  # packed rows
+        real = (b["segments"] > 0).sum(axis=(1, 2))
+        if not trim:
+            return np.full(len(real), -1, np.int64), real
+        return np.asarray([bucket_index(int(r), widths) for r in b["rows"]]), real
     s = len(b["mask"])
     lens = np.max([row_lengths(b[f].reshape(s * batch_size, -1), pad_id) for f in fields], axis=0)
     lens = lens.reshape(s, batch_size)
@@ -333,7 +376,7 @@ def pack_cohort(dataset: Mapping[Any, Mapping[str, np.ndarray]], client_ids: Seq
                 rng: np.random.Generator | None = None, example_template: Mapping | None = None,
                 lane_subset: Sequence[int] | None = None, first_steps: bool = False,
                 batching: str = "padded", trim_fields: Sequence[str] = ("tokens",),
-                num_buckets: int = NUM_WIDTH_BUCKETS, pad_id: int = 0) -> PackedCohort:
+                num_buckets: int | None = None, pad_id: int = 0) -> PackedCohort:
     """Pack ``client_ids`` of ``dataset`` into ``lanes`` lanes of real local steps.
 
     Args:
@@ -353,10 +396,11 @@ def pack_cohort(dataset: Mapping[Any, Mapping[str, np.ndarray]], client_ids: Seq
         own lanes; all processes compute the same assignment).
       first_steps: batch every client's first step over the cohort (``FirstSteps``); the lanes
         then hold the remaining steps only.
-      batching: ``"padded"``, ``"trimmed"`` or ``"sorted"`` (module docstring, "Length-aware
-        batches"); ``trim_fields``: the fields with a time axis (per example ``[T]``, padded with
-        ``pad_id`` on the right), absent fields are ignored; ``num_buckets``: at most this many
-        widths (compiled step bodies).
+      batching: ``"padded"``, ``"trimmed"``, ``"sorted"`` or ``"packed"`` (module docstring,
+        "Length-aware batches"); ``trim_fields``: the fields with a time axis (per example
+        ``[T]``, padded with ``pad_id`` on the right; ``"packed"`` takes one), absent fields are
+        ignored; ``num_buckets``: at most this many widths or row counts (compiled step bodies;
+        default 4 widths, 8 row counts).
     """
     _check_pack_args(batching, batch_size, lanes, local_epochs)
     k = len(client_ids)
@@ -368,8 +412,14 @@ def pack_cohort(dataset: Mapping[Any, Mapping[str, np.ndarray]], client_ids: Seq
     if template is None:
         raise ValueError("an empty cohort needs example_template (one example's fields)")
     fields, full = _time_fields(template, trim_fields)
+    packing = batching == "packed" and bool(fields)
+    if packing and len(fields) > 1:
+        raise ValueError(f"batching='packed' packs one time field, got {fields}")
     trim = batching != "padded" and bool(fields) and lanes == 1
-    widths = width_buckets(full, num_buckets) if trim else ()
+    if packing:
+        widths = count_buckets(batch_size, num_buckets or NUM_ROW_BUCKETS) if trim else ()
+    else:
+        widths = width_buckets(full, num_buckets or NUM_WIDTH_BUCKETS) if trim else ()
     order_of = (_sort_by_length(examples, steps, sizes, fields, pad_id, rng)
                 if batching == "sorted" and fields else [None] * k)
     skip = 1 if first_steps else 0                       # steps run outside the lanes
@@ -380,15 +430,19 @@ def pack_cohort(dataset: Mapping[Any, Mapping[str, np.ndarray]], client_ids: Seq
     shown = list(range(lanes)) if lane_subset is None else list(lane_subset)
     batches = lambda i: _client_batches(client_ids[i], examples[i], steps[i], sizes[i],  # noqa: E731
                                         template, batch_size, order_of[i])
+    step_template = template                              # one step's example fields
+    if packing:
+        padded_batches, step_template = batches, _packed_template(template, fields[0])
+        batches = lambda i: _pack_steps(padded_batches(i), fields[0], pad_id)  # noqa: E731
     positions = lambda b: _step_positions(b, fields, batch_size, pad_id, trim, widths)  # noqa: E731
     length = np.asarray([loads[w] for w in shown], np.int32)
     lanes_out, executed_pos, real_pos = _fill_lanes(
-        shown, members, steps, sizes, batches, positions, template, batch_size, depth,
-        local_epochs, skip, fields, full, trim, widths, length)
+        shown, members, steps, sizes, batches, positions, step_template, batch_size, depth,
+        local_epochs, skip, fields, full, trim, widths, length, packing)
     first = None
     if first_steps:
         first, fpos, freal = _first_steps_batch(k, capacity, steps, sizes, batches, positions,
-                                                template, batch_size, local_epochs, fields, full)
+                                                step_template, batch_size, local_epochs, fields, full)
         executed_pos, real_pos = executed_pos + fpos, real_pos + freal
     if len(shown) > 1 and fields:  # vmapped lanes run in lockstep: W * max(length) full-width steps
         executed_pos = len(shown) * int(length.max(initial=0)) * batch_size * (full - 1) + (
@@ -400,9 +454,9 @@ def pack_cohort(dataset: Mapping[Any, Mapping[str, np.ndarray]], client_ids: Seq
 
 
 def _fill_lanes(shown, members, steps, sizes, batches, positions, template, batch_size, depth,
-                local_epochs, skip, fields, full, trim, widths, length):
+                local_epochs, skip, fields, full, trim, widths, length, packing=False):
     """The lanes' arrays (`Lanes`) and the executed / real target positions of the steps they
-    run."""
+    run (``packing``: ``widths`` are row counts of ``full - 1`` positions)."""
     W = len(shown)
     data = _zeros(template, (W, depth), batch_size)
     data["mask"] = np.zeros((W, depth, batch_size), np.float32)
@@ -410,19 +464,23 @@ def _fill_lanes(shown, members, steps, sizes, batches, positions, template, batc
     start, last = np.zeros((W, depth), bool), np.zeros((W, depth), bool)
     nex = np.zeros((W, depth), np.float32)
     bucket = np.full((W, depth), len(widths) - 1, np.int32) if trim else None
-    step_width = (lambda j: widths[j]) if trim else (lambda j: full)
+    if packing:  # target positions a step runs
+        step_cost = (lambda j: widths[j] * (full - 1)) if trim else (lambda j: batch_size * (full - 1))
+    else:
+        step_cost = lambda j: batch_size * ((widths[j] if trim else full) - 1)  # noqa: E731
     executed_pos = real_pos = 0
     for row, lane in enumerate(shown):
         d = t = 0
         for i in members[lane]:
             s, b = steps[i], batches(i)
             for f, v in b.items():
-                data[f][row, d:d + s] = v
+                if f != "rows":  # packed: the steps' rows in use (bucket only)
+                    data[f][row, d:d + s] = v
             bidx, real = positions(b)
             if trim:
                 bucket[row, d:d + s] = bidx
             run = np.arange(skip, s * local_epochs) % s          # data steps the lane runs
-            executed_pos += sum(batch_size * (step_width(j) - 1) for j in bidx[run]) if fields else 0
+            executed_pos += sum(step_cost(j) for j in bidx[run]) if fields else 0
             real_pos += int(real[run].sum())
             order = np.arange(skip, s * local_epochs)       # the client's steps in the lane
             n_t = len(order)
@@ -433,8 +491,9 @@ def _fill_lanes(shown, members, steps, sizes, batches, positions, template, batc
             start[row, t] = last[row, t + n_t - 1] = True
             t += n_t
             d += s
-    lanes_out = Lanes(data, src, slot, step, start, last, nex, length, bucket, widths,
-                      fields if trim else ())
+    cut = (tuple(data) if packing else fields) if trim else ()   # packed steps: every field's rows
+    lanes_out = Lanes(data, src, slot, step, start, last, nex, length, bucket, widths, cut,
+                      0 if packing else 1)
     return lanes_out, executed_pos, real_pos
 
 
@@ -450,7 +509,8 @@ def _first_steps_batch(k, capacity, steps, sizes, batches, positions, template, 
     for i in range(k):
         b = batches(i)
         for f, v in b.items():
-            fdata[f][i] = v[0]
+            if f != "rows":
+                fdata[f][i] = v[0]
         single[i] = float(steps[i] * local_epochs == 1)
         fnex[i] = sizes[i]
         executed_pos += batch_size * (full - 1) if fields else 0

@@ -27,8 +27,10 @@ Length-aware batches (``batching``, ``fedpriv.fl.cohort`` "Length-aware batches"
 runs every step over all T positions of the ``trim_fields`` (LM ``tokens``); ``"trimmed"`` cuts
 each step to the smallest of ``num_buckets`` widths holding its longest row (same numbers up to
 float order); ``"sorted"`` also sorts each client's examples by length into batches (a
-different local SGD trajectory, much less padding). Trimming needs one sequential lane (the CPU
-default); vmapped lanes keep the full width.
+different local SGD trajectory, much less padding); ``"packed"`` keeps the padded batches and
+packs each step's sentences end to end into fewer rows (the same numbers up to float order, the
+least padding). Trimming and packing need one sequential lane (the CPU default); vmapped lanes
+keep the full width (``"packed"`` is then refused: it would only add work).
 
 Compiled shapes are bounded: lanes W and lane depth D are powers of two and the cohort
 capacity K is the sampler's fixed size (or a power of two for Poisson sampling), so a run
@@ -118,8 +120,8 @@ class CohortExecutor:
       lanes: ``"auto"`` (backend default), ``"balanced"`` or a fixed int.
       mesh: a ``clients`` mesh to shard lanes over (``fedpriv.fl.aggregate.client_mesh``).
       max_lanes: cap for balanced lanes (memory).
-      batching: ``"padded"``, ``"trimmed"`` or ``"sorted"`` (module docstring); ``trim_fields``:
-        the example fields with a time axis.
+      batching: ``"padded"``, ``"trimmed"``, ``"sorted"`` or ``"packed"`` (module docstring);
+        ``trim_fields``: the example fields with a time axis.
     """
 
     def __init__(self, algorithm, dataset: Mapping, *, batch_size: int, capacity: int,
@@ -140,9 +142,9 @@ class CohortExecutor:
         self.max_lanes = int(max_lanes)
         if batching not in BATCHINGS:
             raise ValueError(f"batching must be one of {BATCHINGS}, got {batching!r}")
-        if batching == "trimmed" and self.lanes != 1:
-            raise ValueError(f"batching='trimmed' needs one sequential lane (lanes=1, the CPU default), "
-                             f"got lanes={self.lanes!r}: vmapped lanes run every step at full width")
+        if batching in ("trimmed", "packed") and self.lanes != 1:
+            raise ValueError(f"batching={batching!r} needs one sequential lane (lanes=1, the CPU "
+                             f"default), got lanes={self.lanes!r}: vmapped lanes run every step at full width")
         self.batching, self.trim_fields = batching, tuple(trim_fields)
         self.executed_positions = 0
         self.real_positions = 0

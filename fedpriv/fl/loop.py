@@ -527,8 +527,8 @@ def train(algorithm: FederatedAlgorithm, init_params, dataset: Mapping, client_i
         under ``jax.distributed`` each process builds only its own lanes.
       lanes: clients trained concurrently: ``"auto"`` (backend default, see
         ``fedpriv.fl.execution``), ``"balanced"`` or an int.
-      batching: local batches ``"padded"``, ``"trimmed"`` or ``"sorted"`` by length
-        (``fedpriv.fl.cohort``, "Length-aware batches").
+      batching: local batches ``"padded"``, ``"trimmed"``, ``"sorted"`` by length or
+        ``"packed"`` (``fedpriv.fl.cohort``, "Length-aware batches").
       stop_after: stop (with a checkpoint) after this many rounds *in this call* — used to
         simulate an interruption.
       derived_metrics: ratios written per round, ``{name: (sum, (count, ...))}``

@@ -10,6 +10,12 @@ bucket width holding its longest row. Trailing all-PAD columns carry no target a
 being causal (LSTM; transformer with a causal mask and position tables indexed from 0), do not
 change any output at real positions, so a trimmed batch gives the padded batch's per-example
 losses and gradients up to float summation order (tests/models/test_length_buckets.py).
+
+Packed rows (`pack_sentences`, the ``"packed"`` batching of `fedpriv.fl.cohort`): a batch's
+sentences laid end to end in fewer rows of L = T - 1 positions, each with its segment index
+and its position inside the sentence; the models reset the LSTM state / restrict attention at
+sentence boundaries, so every sentence gives the padded batch's loss and gradient up to float
+summation order. `count_buckets` bounds the row counts a step may take.
 """
 from __future__ import annotations
 
@@ -20,6 +26,8 @@ import numpy as np
 
 DEFAULT_BUCKETS = (16, 32, 64, 128, 256, 512)
 NUM_WIDTH_BUCKETS = 4
+NUM_ROW_BUCKETS = 8
+PACKED_FIELDS = ("inputs", "targets", "segments", "positions")
 
 
 def width_buckets(width: int, num_buckets: int = NUM_WIDTH_BUCKETS) -> tuple[int, ...]:
@@ -31,6 +39,67 @@ def width_buckets(width: int, num_buckets: int = NUM_WIDTH_BUCKETS) -> tuple[int
     if num_buckets < 1:
         raise ValueError(f"num_buckets must be >= 1, got {num_buckets}")
     return tuple(sorted({max(2, -(-width * k // num_buckets)) for k in range(1, num_buckets + 1)}))
+
+
+def count_buckets(n: int, num_buckets: int = NUM_ROW_BUCKETS) -> tuple[int, ...]:
+    """At most ``num_buckets`` counts ``ceil(n * k / num_buckets)`` (k = 1..num_buckets), each
+    >= 1, the last = ``n``: the bounded set of row counts of a packed step (one compiled program
+    per count; e.g. n = 16, 8 buckets: 2, 4, ..., 16)."""
+    if n < 1 or num_buckets < 1:
+        raise ValueError(f"need n >= 1 and num_buckets >= 1, got n={n}, num_buckets={num_buckets}")
+    return tuple(sorted({max(1, -(-n * k // num_buckets)) for k in range(1, num_buckets + 1)}))
+
+
+def pack_sentences(tokens: np.ndarray, mask: np.ndarray, pad_id: int = 0,
+                   extra: dict | None = None) -> tuple[dict, int]:
+    """One batch's real examples packed end to end into rows of ``L = T - 1`` target positions.
+
+    Example b with ``l = row_lengths(tokens)[b]`` takes ``l - 1`` consecutive positions of one
+    row: inputs ``tokens[b, :l-1]``, targets ``tokens[b, 1:l]``, segment j (its 1-based index
+    within the row; 0 = empty position) and positions ``0 .. l-2`` inside the sentence. Rows are
+    filled first-fit decreasing (longest first, each into the first row with room); examples
+    with mask 0 are dropped.
+
+    Args:
+      tokens: ``int[B, T]`` right-padded with ``pad_id``.
+      mask: ``float[B]``, 1 = real example.
+      extra: ``{name: [B]}`` per-example scalars (e.g. ``weight``), copied to every position of
+        their example (0 elsewhere).
+
+    Returns:
+      ``(packed, rows)``: ``packed`` has ``inputs``, ``targets``, ``segments``, ``positions``
+      (``int32[B, L]``; at most B rows are ever needed), the ``extra`` fields ``[B, L]`` and
+      ``mask: float32[B]`` = examples per row (its sum is the batch's example count; examples
+      without targets count in row 0); ``rows`` (>= 1) = rows in use, all at the front.
+    """
+    tokens = np.asarray(tokens)
+    B, T = tokens.shape
+    L = T - 1
+    extra = {k: np.asarray(v) for k, v in (extra or {}).items()}
+    for k, v in extra.items():
+        if v.shape != (B,):
+            raise ValueError(f"packed rows take per-example scalars, field {k!r} has shape {v.shape[1:]}")
+    out = {f: np.zeros((B, L), np.int32) for f in PACKED_FIELDS}
+    out.update({k: np.zeros((B, L), v.dtype) for k, v in extra.items()})
+    count = np.zeros(B, np.float32)
+    real = np.flatnonzero(np.asarray(mask) > 0)
+    slots = np.maximum(row_lengths(tokens[real], pad_id) - 1, 0)
+    fill = []                                          # positions used per open row
+    for j in np.argsort(-slots, kind="stable"):
+        b, n = real[j], int(slots[j])
+        r = next((r for r, used in enumerate(fill) if used + n <= L), None) if n else 0
+        if r is None or r == len(fill):
+            r = len(fill)
+            fill.append(0)
+        at = slice(fill[r], fill[r] + n)
+        out["inputs"][r, at], out["targets"][r, at] = tokens[b, :n], tokens[b, 1:n + 1]
+        out["segments"][r, at], out["positions"][r, at] = int(count[r]) + 1, np.arange(n)
+        for k, v in extra.items():
+            out[k][r, at] = v[b]
+        count[r] += 1
+        fill[r] += n
+    out["mask"] = count
+    return out, max(1, len(fill))
 
 
 def row_lengths(tokens: np.ndarray, pad_id: int = 0) -> np.ndarray:

@@ -27,6 +27,10 @@ Task (the FL engine's model contract, see ``make_lm_task``): a batch is ``{'toke
 'mask': float32[B]}`` (+ optional ``'weight': float32[B]``, ``'domain': int32[B]``); ``loss_fn(params,
 batch, rng) -> (loss, aux)`` returns the mean next-token NLL over real targets and a dict of metric
 sums (``fedpriv.models.metrics.lm_sums``). All functions are pure and ``jit``/``vmap``-able.
+A *packed* batch (``fedpriv.models.bucketing.pack_sentences``) is ``{'inputs', 'targets',
+'segments', 'positions': int32[R, L], 'mask': float32[R]}`` (+ ``'weight': float32[R, L]``): the
+same sentences end to end in R rows; ``mask`` counts each row's examples. The loss being a mean
+over all real target tokens of the batch, it equals the padded batch's up to float summation order.
 """
 
 from __future__ import annotations
@@ -119,7 +123,9 @@ class LSTMLayer(nn.Module):
     hidden_dim: int
 
     @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, keep: jax.Array | None = None) -> jax.Array:
+        """``keep: float[B, L]`` (packed rows): 0 where a new sentence starts, which resets the
+        state to zero before that step (``lstm_recurrence_reset``)."""
         h_dim = self.hidden_dim
         w_x = self.param("kernel_x", nn.initializers.glorot_uniform(), (x.shape[-1], 4 * h_dim))
         w_h = self.param("kernel_h", nn.initializers.orthogonal(), (h_dim, 4 * h_dim))
@@ -128,17 +134,27 @@ class LSTMLayer(nn.Module):
         # time-major input contributions [L, B, 4H], as one plain [L*B, D] x [D, 4H] matmul
         gx = (jnp.swapaxes(x, 0, 1).reshape((-1, x.shape[-1])) @ w_x).reshape((length, batch, -1)) + b
 
-        return jnp.swapaxes(lstm_recurrence(gx, w_h.astype(gx.dtype)), 0, 1)
+        if keep is None:
+            return jnp.swapaxes(lstm_recurrence(gx, w_h.astype(gx.dtype)), 0, 1)
+        keep = jnp.swapaxes(keep, 0, 1).astype(gx.dtype)
+        return jnp.swapaxes(lstm_recurrence_reset(gx, w_h.astype(gx.dtype), keep), 0, 1)
 
 
-def _lstm_forward(gx, w_h):
+def _lstm_forward(gx, w_h, keep=None):
     """The recurrence over time-major gate inputs ``gx [L, B, 4H]``: ``hs [L, B, H]`` and the
-    residuals the backward pass needs (activated gates, cell states, hidden states)."""
+    residuals the backward pass needs (activated gates, cell states, hidden states). ``keep
+    [L, B]`` (packed rows): ``(h, c) <- keep_t (h, c)`` before step ``t`` (the residuals hold
+    the reset states)."""
     h_dim = w_h.shape[0]
     zeros = jnp.zeros(gx.shape[1:2] + (h_dim,), gx.dtype)
 
-    def step(carry, g_t):
+    def step(carry, xs):
         h, c = carry
+        if keep is None:
+            g_t = xs
+        else:
+            g_t, k_t = xs
+            h, c = h * k_t[:, None], c * k_t[:, None]
         i, f, gg, o = jnp.split(g_t + h @ w_h, 4, axis=-1)
         i, f, gg, o = jax.nn.sigmoid(i), jax.nn.sigmoid(f), jnp.tanh(gg), jax.nn.sigmoid(o)
         c_new = f * c + i * gg
@@ -146,8 +162,32 @@ def _lstm_forward(gx, w_h):
         h_new = o * tc
         return (h_new, c_new), (h_new, (i, f, gg, o, c, tc, h))
 
-    _, (hs, res) = jax.lax.scan(step, (zeros, zeros), gx)
+    _, (hs, res) = jax.lax.scan(step, (zeros, zeros), gx if keep is None else (gx, keep))
     return hs, res
+
+
+def _lstm_backward(res, w_h, dhs, keep=None):
+    """``(dgx, dW_h)`` from the forward residuals; with ``keep``, the gradients carried to the
+    previous step are multiplied by ``keep_t`` (the reset's transpose)."""
+    i, f, gg, o, c_prev, tc, h_prev = res
+
+    def step(carry, xs):
+        dh_next, dc_next = carry
+        dh_out, i, f, gg, o, c_prev, tc = xs[:7]
+        dh = dh_out + dh_next
+        dc = dh * o * (1.0 - tc * tc) + dc_next
+        dg = jnp.concatenate([dc * gg * i * (1.0 - i), dc * c_prev * f * (1.0 - f),
+                              dc * i * (1.0 - gg * gg), dh * tc * o * (1.0 - o)], axis=-1)
+        if keep is None:
+            return (dg @ w_h.T, dc * f), dg
+        return ((dg @ w_h.T) * xs[7][:, None], (dc * f) * xs[7][:, None]), dg
+
+    zeros = jnp.zeros(dhs.shape[1:], dhs.dtype)
+    xs = (dhs, i, f, gg, o, c_prev, tc) + (() if keep is None else (keep,))
+    _, dgx = jax.lax.scan(step, (zeros, zeros), xs, reverse=True)
+    hp = h_prev.reshape((-1, h_prev.shape[-1]))
+    dw_h = hp.T @ dgx.reshape((-1, dgx.shape[-1]))
+    return dgx, dw_h.astype(w_h.dtype)
 
 
 @jax.custom_vjp
@@ -168,25 +208,33 @@ def _lstm_fwd(gx, w_h):
 
 
 def _lstm_bwd(saved, dhs):
-    (i, f, gg, o, c_prev, tc, h_prev), w_h = saved
-
-    def step(carry, xs):
-        dh_next, dc_next = carry
-        dh_out, i, f, gg, o, c_prev, tc = xs
-        dh = dh_out + dh_next
-        dc = dh * o * (1.0 - tc * tc) + dc_next
-        dg = jnp.concatenate([dc * gg * i * (1.0 - i), dc * c_prev * f * (1.0 - f),
-                              dc * i * (1.0 - gg * gg), dh * tc * o * (1.0 - o)], axis=-1)
-        return (dg @ w_h.T, dc * f), dg
-
-    zeros = jnp.zeros(dhs.shape[1:], dhs.dtype)
-    _, dgx = jax.lax.scan(step, (zeros, zeros), (dhs, i, f, gg, o, c_prev, tc), reverse=True)
-    hp = h_prev.reshape((-1, h_prev.shape[-1]))
-    dw_h = hp.T @ dgx.reshape((-1, dgx.shape[-1]))
-    return dgx, dw_h.astype(w_h.dtype)
+    res, w_h = saved
+    return _lstm_backward(res, w_h, dhs)
 
 
 lstm_recurrence.defvjp(_lstm_fwd, _lstm_bwd)
+
+
+@jax.custom_vjp
+def lstm_recurrence_reset(gx: jax.Array, w_h: jax.Array, keep: jax.Array) -> jax.Array:
+    """``lstm_recurrence`` over packed rows: ``keep: float[L, B]`` is 0 at each sentence start
+    (the state is reset to zero there, so each sentence runs as if alone in its row) and 1
+    elsewhere; ``gx [L, B, 4H]``, ``w_h [H, 4H]`` -> ``hs [L, B, H]``. The same hand-written
+    VJP; ``keep`` gets a zero cotangent."""
+    return _lstm_forward(gx, w_h, keep)[0]
+
+
+def _lstm_reset_fwd(gx, w_h, keep):
+    hs, res = _lstm_forward(gx, w_h, keep)
+    return hs, (res, w_h, keep)
+
+
+def _lstm_reset_bwd(saved, dhs):
+    res, w_h, keep = saved
+    return _lstm_backward(res, w_h, dhs, keep) + (jnp.zeros_like(keep),)
+
+
+lstm_recurrence_reset.defvjp(_lstm_reset_fwd, _lstm_reset_bwd)
 
 
 def sinusoidal_positions(length: int, dim: int) -> jax.Array:
@@ -207,8 +255,12 @@ class CausalSelfAttentionSublayer(nn.Module):
     dropout_rate: float = 0.0
 
     @nn.compact
-    def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+    def __call__(self, x: jax.Array, deterministic: bool,
+                 segments: jax.Array | None = None) -> jax.Array:
+        """``segments: int[B, L]`` (packed rows): attend only within the same segment too."""
         mask = nn.make_causal_mask(jnp.ones(x.shape[:2], jnp.int32))  # [B, 1, L, L]
+        if segments is not None:  # block-diagonal causal: each sentence sees only itself
+            mask = nn.combine_masks(mask, nn.make_attention_mask(segments, segments, jnp.equal))
         y = nn.MultiHeadDotProductAttention(
             num_heads=self.num_heads, dropout_rate=self.dropout_rate, name="attention")(
                 x, x, mask=mask, deterministic=deterministic)
@@ -262,17 +314,22 @@ def _embed(config: LMConfig, name: str = "embedding") -> nn.Embed:
 # ----------------------------------------------------------------------------------------------
 
 class LSTMLM(nn.Module):
-    """Embedding E → ``num_layers`` × LSTM H → dense E → dense V. ``int[B, L] -> float32[B, L, V]``."""
+    """Embedding E → ``num_layers`` × LSTM H → dense E → dense V. ``int[B, L] -> float32[B, L, V]``.
+
+    Packed rows (``fedpriv.models.bucketing.pack_sentences``): ``segments, positions: int[B, L]``;
+    the state is reset where ``positions == 0`` (``segments`` is not needed)."""
 
     config: LMConfig
 
     @nn.compact
-    def __call__(self, tokens: jax.Array, *, deterministic: bool = True) -> jax.Array:
+    def __call__(self, tokens: jax.Array, *, deterministic: bool = True,
+                 segments: jax.Array | None = None, positions: jax.Array | None = None) -> jax.Array:
         cfg = self.config
         emb = _embed(cfg)
         h = nn.Dropout(cfg.dropout_rate)(emb(tokens), deterministic=deterministic)
+        keep = None if positions is None else (positions != 0)
         for layer in range(cfg.num_layers):
-            h = LSTMLayer(cfg.hidden_dim, name=f"lstm_{layer}")(h)
+            h = LSTMLayer(cfg.hidden_dim, name=f"lstm_{layer}")(h, keep)
         return OutputHead(cfg.vocab_size, cfg.embed_dim, cfg.dropout_rate, name="head")(
             h, deterministic, emb if cfg.tie_embeddings else None)
 
@@ -284,7 +341,9 @@ class TransformerEmbed(nn.Module):
     config: LMConfig
 
     @nn.compact
-    def __call__(self, tokens: jax.Array, deterministic: bool):
+    def __call__(self, tokens: jax.Array, deterministic: bool, positions: jax.Array | None = None):
+        """``positions: int[B, L]`` (packed rows: each sentence's positions restart at 0)
+        index the position table instead of ``0 .. L-1``."""
         cfg = self.config
         length = tokens.shape[-1]
         emb = _embed(cfg)
@@ -294,26 +353,32 @@ class TransformerEmbed(nn.Module):
                 raise ValueError(f"sequence length {length} exceeds max_len={cfg.max_len}")
             table = self.param("positions", nn.initializers.normal(stddev=0.02),
                                (cfg.max_len, cfg.embed_dim))
-            x = x + table[:length]
-        else:
+            x = x + (table[:length] if positions is None else table[positions])
+        elif positions is None:
             x = x + sinusoidal_positions(length, cfg.embed_dim)
+        else:
+            x = x + sinusoidal_positions(length, cfg.embed_dim)[positions]
         x = nn.Dense(cfg.hidden_dim, name="embed_proj")(x)
         return nn.Dropout(cfg.dropout_rate)(x, deterministic=deterministic), emb
 
 
 class TransformerLM(nn.Module):
     """One (or ``num_layers``) post-LN causal transformer block(s) between E-dim embeddings and
-    the output head. ``int[B, L] -> float32[B, L, V]``."""
+    the output head. ``int[B, L] -> float32[B, L, V]``.
+
+    Packed rows (``fedpriv.models.bucketing.pack_sentences``): ``segments, positions: int[B, L]``;
+    attention is causal within each segment and positions restart at each sentence."""
 
     config: LMConfig
 
     @nn.compact
-    def __call__(self, tokens: jax.Array, *, deterministic: bool = True) -> jax.Array:
+    def __call__(self, tokens: jax.Array, *, deterministic: bool = True,
+                 segments: jax.Array | None = None, positions: jax.Array | None = None) -> jax.Array:
         cfg = self.config
-        x, emb = TransformerEmbed(cfg, name="embed")(tokens, deterministic)
+        x, emb = TransformerEmbed(cfg, name="embed")(tokens, deterministic, positions)
         for layer in range(cfg.num_layers):
             x = CausalSelfAttentionSublayer(cfg.num_heads, cfg.dropout_rate,
-                                            name=f"attn_{layer}")(x, deterministic)
+                                            name=f"attn_{layer}")(x, deterministic, segments)
             x = FeedForwardSublayer(cfg.ffn_width, cfg.dropout_rate,
                                     name=f"ffn_{layer}")(x, deterministic)
         return OutputHead(cfg.vocab_size, cfg.embed_dim, cfg.dropout_rate, name="head")(
@@ -335,9 +400,10 @@ class LMTask:
 
     Attributes:
       init: ``init(rng) -> params`` (a plain pytree).
-      apply: ``apply(params, tokens_in int[B, L], domain int[B] | None = None, rng=None)
-        -> logits float32[B, L, V]``; deterministic unless ``rng`` is given (dropout).
-        ``domain`` is required by domain-adaptive models and ignored by the others.
+      apply: ``apply(params, tokens_in int[B, L], domain int[B] | None = None, rng=None,
+        segments=None, positions=None) -> logits float32[B, L, V]``; deterministic unless ``rng``
+        is given (dropout). ``domain`` is required by domain-adaptive models and ignored by the
+        others; ``segments, positions: int[B, L]`` for packed rows (module docstring).
       loss_fn: ``loss_fn(params, batch, rng) -> (loss, aux)``: ``loss`` = Σ weighted NLL / number of
         real (non-PAD, mask=1) target tokens (0 when there are none); ``aux`` = metric sums
         ``loss_sum, num_tokens, num_correct, num_acc_tokens, num_examples`` (accuracy is
@@ -362,28 +428,38 @@ def make_lm_task(model: nn.Module) -> LMTask:
     """
     uses_domain = bool(getattr(model, "uses_domain", False))
 
-    def _call(params, tokens_in, domain, rng):
+    def _call(params, tokens_in, domain, rng, packing=None):
         deterministic = rng is None
         rngs = None if deterministic else {"dropout": rng}
         args = (tokens_in,)
         if uses_domain:
             if domain is None:
                 raise ValueError(f"{type(model).__name__} needs a 'domain' array")
+            if packing:
+                raise ValueError(f"{type(model).__name__} does not take packed rows (per-example "
+                                 "'domain'); use another batching")
             args = (tokens_in, jnp.asarray(domain, jnp.int32))
-        return model.apply({"params": params}, *args, deterministic=deterministic, rngs=rngs)
+        return model.apply({"params": params}, *args, deterministic=deterministic, rngs=rngs,
+                           **(packing or {}))
 
     def init(rng: jax.Array) -> Params:
         tokens = jnp.full((1, 2), BOS, jnp.int32)
         args = (tokens, jnp.zeros((1,), jnp.int32)) if uses_domain else (tokens,)
         return model.init(rng, *args, deterministic=True)["params"]
 
-    def apply(params, tokens_in, domain=None, rng=None):
-        return _call(params, tokens_in, domain, rng)
+    def apply(params, tokens_in, domain=None, rng=None, segments=None, positions=None):
+        packing = None if segments is None else {"segments": segments, "positions": positions}
+        return _call(params, tokens_in, domain, rng, packing)
 
     def _sums(params, batch, rng, use_weight):
+        weight = batch.get("weight") if use_weight else None
+        if "segments" in batch:  # packed rows: batch['mask'] counts each row's examples
+            packing = {"segments": batch["segments"], "positions": batch["positions"]}
+            logits = _call(params, batch["inputs"], batch.get("domain"), rng, packing)
+            sums = metrics.lm_sums(logits, batch["targets"], None, weight)
+            return dict(sums, num_examples=jnp.sum(batch["mask"]))
         inputs, targets = metrics.split_tokens(batch["tokens"])
         logits = _call(params, inputs, batch.get("domain"), rng)
-        weight = batch.get("weight") if use_weight else None
         return metrics.lm_sums(logits, targets, batch.get("mask"), weight)
 
     def loss_fn(params, batch, rng):

@@ -75,7 +75,8 @@ def lm_sums(logits: jax.Array, targets: jax.Array, example_mask: jax.Array | Non
       logits: ``float[B, L, V]`` next-token logits for the inputs ``tokens[:, :-1]``.
       targets: ``int[B, L]`` = ``tokens[:, 1:]``.
       example_mask: ``float[B]``, 1 for real examples and 0 for padding examples (default all 1).
-      weight: optional ``float[B]`` instance weights; they scale ``loss_sum`` only.
+      weight: optional ``float[B]`` instance weights (or ``float[B, L]`` per position: packed
+        rows); they scale ``loss_sum`` only.
     Returns:
       ``loss_sum``: Σ m_b w_b NLL over non-PAD targets; ``num_tokens``: # non-PAD targets of real
       examples (the loss/perplexity denominator); ``num_correct``/``num_acc_tokens``: numerator and
@@ -86,7 +87,12 @@ def lm_sums(logits: jax.Array, targets: jax.Array, example_mask: jax.Array | Non
     tok = (targets != PAD).astype(jnp.float32) * ex[:, None]
     nll = token_nll(logits, targets)
     # `where`, not a product, so a non-finite NLL at a masked position cannot leak into the sum.
-    w_tok = tok if weight is None else tok * weight.astype(jnp.float32)[:, None]
+    if weight is None:
+        w_tok = tok
+    elif weight.ndim == tok.ndim:  # per-position weights (packed rows)
+        w_tok = tok * weight.astype(jnp.float32)
+    else:
+        w_tok = tok * weight.astype(jnp.float32)[:, None]
     loss_sum = jnp.sum(jnp.where(tok > 0, nll * w_tok, 0.0))
     acc_tok = in_vocab_mask(targets).astype(jnp.float32) * ex[:, None]
     pred = jnp.argmax(logits, axis=-1)

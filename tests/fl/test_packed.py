@@ -260,13 +260,51 @@ def test_sorted_batches_keep_each_clients_examples_and_sort_within_batches():
 def test_batching_options_are_checked():
     data = _lm_clients(4)
     with pytest.raises(ValueError, match="batching"):
-        pack_cohort(data, list(data), B, batching="packed")
+        pack_cohort(data, list(data), B, batching="pack")
     alg = dp_fedavg(loss_fn, optax.sgd(0.05), server_optimizer("sgd", 1.0), clip_norm=1.0,
                     noise_multiplier=0.0, expected_cohort_size=4)
-    with pytest.raises(ValueError, match="one sequential lane"):
-        CohortExecutor(alg, data, batch_size=B, capacity=4, lanes=2, batching="trimmed")
+    for b in ("trimmed", "packed"):
+        with pytest.raises(ValueError, match="one sequential lane"):
+            CohortExecutor(alg, data, batch_size=B, capacity=4, lanes=2, batching=b)
+    with pytest.raises(ValueError, match="per-example scalar"):
+        pack_cohort({k: dict(v, extra=np.zeros((len(v["tokens"]), 2))) for k, v in data.items()},
+                    list(data), B, batching="packed")
     with pytest.raises(ValueError, match="batching"):
         CohortExecutor(alg, data, batch_size=B, capacity=4, batching="sort")
     # vmapped lanes keep the full width (lax.switch under vmap would run every width)
     packed = pack_cohort(data, list(data), B, lanes=2, batching="sorted")
     assert packed.lanes.bucket is None and packed.lanes.widths == ()
+
+
+def test_packed_round_equals_padded_with_bounded_row_counts():
+    """batching='packed': a full DP-FedAvg round (engine: packing, lane, clipping, noise, server
+    update) gives the padded path's parameters and metrics up to float order, on fewer executed
+    positions; each step runs on one of at most 8 row counts (compiled bodies). (Both models'
+    packed losses and gradients: tests/models/test_length_buckets.py.)"""
+    from fedpriv.models.bucketing import count_buckets
+    task, params = _tiny_lm()
+    data = _lm_clients(12, seed=3)
+    alg = dp_fedavg(task.loss_fn, optax.sgd(0.5), server_optimizer("sgd", 1.0), clip_norm=0.3,
+                    noise_multiplier=1.0, expected_cohort_size=8)
+    runs = {}
+    for batching in ("padded", "packed"):
+        ex = CohortExecutor(alg, data, batch_size=B, capacity=8, max_steps=4, lanes=1, batching=batching)
+        packed = ex.pack(list(data)[:8], rng=np.random.default_rng(7))
+        state, m = ex.run(alg.init(params, jax.random.key(1)), packed, jax.random.key(2))
+        runs[batching] = (state, m, ex, packed)
+    (ps, pm, pe, _), (qs, qm, qe, packed) = runs["padded"], runs["packed"]
+    scale = max(float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree_util.tree_leaves(ps.params),
+                                                                 jax.tree_util.tree_leaves(params)))
+    for a, c in zip(jax.tree_util.tree_leaves(ps.params), jax.tree_util.tree_leaves(qs.params)):
+        np.testing.assert_allclose(np.asarray(c), np.asarray(a), rtol=1e-5, atol=1e-5 * scale)
+    assert 0 < float(pm["frac_clipped"]) < 1  # clipping active, not for every client
+    for k in ("frac_clipped", "num_clients", "num_tokens", "num_correct", "num_examples"):
+        assert float(qm[k]) == float(pm[k]), k
+    np.testing.assert_allclose(float(qm["loss_sum"]), float(pm["loss_sum"]), rtol=1e-5)
+    assert qe.executed_steps == qe.real_steps == pe.real_steps == pe.executed_steps
+    assert qe.real_positions == pe.real_positions and qe.executed_positions < 0.75 * pe.executed_positions
+    lanes = packed.lanes  # the bound: every step's rows fit its bucket, at most 8 row counts
+    assert lanes.widths == count_buckets(B, 8) and len(lanes.widths) <= 8 and lanes.trim_axis == 0
+    used = (np.asarray(lanes.data["mask"]) > 0).sum(-1)[0]                  # rows in use per data step
+    width = np.asarray(lanes.widths)[np.asarray(lanes.bucket)[0]]
+    assert np.all(used <= width) and len(set(width[used > 0].tolist())) >= 2

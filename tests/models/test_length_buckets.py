@@ -101,3 +101,105 @@ def test_length_sorted_batches_partition_rows():
         seen.extend(rows.tolist())
     assert sorted(seen) == list(range(37))
     assert list(lengths[seen]) == sorted(lengths)
+
+
+# ----------------------------------------------------------------------------- packed rows
+@given(n=st.integers(1, 300), k=st.integers(1, 12))
+@settings(max_examples=60, deadline=None)
+def test_count_buckets_are_bounded_and_cover(n, k):
+    c = bucketing.count_buckets(n, k)
+    assert 1 <= len(c) <= k and c[-1] == n and min(c) >= 1 and list(c) == sorted(set(c))
+    for rows in range(1, n + 1):
+        assert c[bucketing.bucket_index(rows, c)] >= rows
+
+
+def _packable_rows(rng, vocab, n=10):
+    """``n`` rows of varied lengths (short and long sentences, one truncated at full width, one
+    with an interior PAD, one BOS alone: no target) and a mask with one padding example."""
+    tok = _rows(rng, n, T, vocab)
+    tok[0] = np.concatenate([[2], rng.integers(4, vocab, T - 1)])          # truncated: no EOS
+    tok[1, :] = 0
+    tok[1, :6] = [2, 5, PAD, 7, 8, 3]                                       # interior PAD target
+    tok[2, :] = 0
+    tok[2, 0] = 2                                                           # no target at all
+    for i in range(3, n):                                                   # mostly short rows
+        k = int(rng.integers(2, 8)) if i % 3 else int(rng.integers(8, T))
+        tok[i, :] = 0
+        tok[i, :k] = np.concatenate([[2], rng.integers(4, vocab, k - 2), [3]])
+    mask = np.ones(n, np.float32)
+    mask[-1] = 0.0
+    return tok, mask
+
+
+def test_pack_sentences_keeps_every_target_once():
+    rng = np.random.default_rng(5)
+    tok, mask = _packable_rows(rng, 50, n=16)
+    packed, rows = bucketing.pack_sentences(tok, mask, extra={"weight": np.arange(16, dtype=np.float32)})
+    L = T - 1
+    assert packed["inputs"].shape == (16, L) and 1 < rows < int(mask.sum())
+    assert float(packed["mask"].sum()) == mask.sum() and not packed["mask"][rows:].any()
+    got = []
+    for r in range(16):
+        for s in range(1, packed["segments"][r].max(initial=0) + 1):
+            at = packed["segments"][r] == s
+            np.testing.assert_array_equal(packed["positions"][r][at], np.arange(at.sum()))
+            (w,) = set(packed["weight"][r][at].tolist())
+            got.append((int(w), tuple(packed["inputs"][r][at]), tuple(packed["targets"][r][at])))
+    lens = bucketing.row_lengths(tok)
+    want = [(b, tuple(tok[b, :lens[b] - 1]), tuple(tok[b, 1:lens[b]]))
+            for b in range(16) if mask[b] and lens[b] > 1]
+    assert sorted(got) == sorted(want)
+
+
+@pytest.mark.parametrize("arch", ["lstm", "transformer"])
+def test_packed_batch_equals_padded_losses_and_gradients(arch):
+    """Packed rows (several sentences per row, LSTM state / attention reset at each sentence,
+    positions restarting) give every example the padded batch's loss and gradient, and the
+    batch its loss, gradient and metric sums, up to float summation order."""
+    vocab, n = 50, 10
+    task = make_lm_task(make_lm(LMConfig(vocab_size=vocab, arch=arch, embed_dim=8, hidden_dim=16,
+                                         num_heads=2, max_len=T)))
+    params = task.init(jax.random.key(1))
+    tok, mask = _packable_rows(np.random.default_rng(2), vocab, n)
+    eye = np.eye(n, dtype=np.float32)
+    # example b's share of the loss: one-hot instance weights (padded [n], packed per position)
+    packs = [bucketing.pack_sentences(tok, mask, extra={"weight": eye[b]}) for b in range(n)]
+    rows = packs[0][1]
+    assert 1 < rows < int(mask.sum()) - 1  # several sentences share rows
+    packed = {k: np.stack([p[k][:rows] for p, _ in packs]) for k in packs[0][0]}
+    padded = {"tokens": np.repeat(tok[None], n, 0), "mask": np.repeat(mask[None], n, 0), "weight": eye}
+
+    def per_example(p, batches):
+        def one(b):
+            (loss, aux), g = jax.value_and_grad(task.loss_fn, has_aux=True)(p, b, None)
+            return loss, aux, g
+        return jax.vmap(one)(batches)
+
+    def whole(b):  # the whole batch, no weights: the step's loss and gradient
+        return {k: v[:1] for k, v in b.items() if k != "weight"}
+
+    # the test has teeth: the same rows read as ONE sentence each (no reset, no segment mask,
+    # positions running on) change the losses of the examples not first in their row
+    merged = dict(packed, segments=np.minimum(packed["segments"], 1),
+                  positions=np.broadcast_to(np.arange(T - 1), packed["positions"].shape))
+    ref, got, step_ref, step_got, bad = jax.jit(lambda p: (  # one compiled program
+        per_example(p, padded), per_example(p, packed), per_example(p, whole(padded)),
+        per_example(p, whole(packed)), per_example(p, merged)[0]))(params)
+    # float32: the same terms summed in another order (the batch's token sums, attention over
+    # more, exactly-zero-weighted keys, the LSTM's dW_h over more rows): a few ulps of each
+    # loss; gradients to 1e-4 relative or 1e-5 of the largest entry (some are 0 in exact math)
+    for (lr, ar, gr), (lg, ag, gg) in ((ref, got), (step_ref, step_got)):
+        np.testing.assert_allclose(np.asarray(lg), np.asarray(lr), rtol=1e-5, atol=1e-7)
+        for k in ("num_tokens", "num_correct", "num_acc_tokens", "num_examples"):
+            np.testing.assert_array_equal(np.asarray(ag[k]), np.asarray(ar[k]))
+        np.testing.assert_allclose(np.asarray(ag["loss_sum"]), np.asarray(ar["loss_sum"]), rtol=1e-5)
+        scale = max(float(np.max(np.abs(np.asarray(a)))) for a in jax.tree.leaves(gr))
+        for a, b in zip(jax.tree.leaves(gr), jax.tree.leaves(gg)):
+            np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-5 * scale)
+    assert np.count_nonzero(np.asarray(ref[0])) >= 6 and float(step_ref[1]["num_examples"][0]) == n - 1
+    # the test has teeth: the same rows read as ONE sentence each (no reset, no segment mask,
+    # positions running on) change the losses of the examples not first in their row
+    later = np.asarray([(p["segments"][:rows] * p["weight"][:rows]).max() > 1 for p, _ in packs])
+    assert later.sum() >= 3
+    bad = np.asarray(bad)
+    assert np.all(np.abs(bad - np.asarray(ref[0]))[later] > 1e-4 * np.abs(np.asarray(ref[0]))[later])
