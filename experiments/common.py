@@ -156,6 +156,7 @@ def printing_main(run, doc: str, name: str, *shown: str):
             if os.path.exists(path := os.path.join(workdir, f)):
                 print(open(path).read())
     main.__doc__ = f"``python -m experiments.{name}``: run, then print {', '.join(shown)}."
+    main.__module__ = run.__module__  # cli names the experiment in its one-line errors
     return main
 
 
