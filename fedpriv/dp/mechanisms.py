@@ -492,5 +492,4 @@ Mechanism = DPConfig  # the base every mechanism subclasses (a frozen dataclass)
 _CONSTRUCTORS = (DPConfig, MatrixDPConfig, DDGDPConfig)
 for _cls in (GaussianMechanism, TreeMechanism, BandedMechanism, BLTMechanism, DDGMechanism):
     register_mechanism(_cls.__dataclass_fields__["mechanism"].default, _cls)
-from fedpriv.dp import optimized_banded  # noqa: E402,F401 (a mechanism in its own file: "banded_opt")
-BUILTIN_MECHANISMS = mechanism_names()  # ("gaussian", "tree", "banded", "blt", "ddg", "banded_opt")
+BUILTIN_MECHANISMS = mechanism_names()  # ("gaussian", "tree", "banded", "blt", "ddg")

@@ -37,6 +37,7 @@ from fedpriv.data import (WordTokenizer, load_chitchat, load_public_pool, load_s
                           load_simpsons, train_sentencepiece)
 from fedpriv.data import paper_corpora
 from fedpriv.dp import accounting, population
+from fedpriv.dp import optimized_banded  # noqa: F401 (registers "banded_opt", a mechanism in its own file)
 from fedpriv.dp.mechanisms import UnknownMechanism, get_mechanism
 from fedpriv.dp.ledger import PrivacyLedger
 from fedpriv.fl import algorithms as algs

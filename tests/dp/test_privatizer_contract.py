@@ -151,6 +151,7 @@ BANDED, BLT, TREE_R = M.banded_strategy(3), M.blt_strategy(16, 3), 4
 
 def _banded_opt():
     pytest.importorskip("jax_privacy")
+    from fedpriv.dp import optimized_banded  # noqa: F401 (registers "banded_opt")
     from fedpriv.dp.mechanisms import MatrixDPConfig
     return MatrixDPConfig(1.0, 1.0, mechanism="banded_opt", bands=3, min_separation=3, mf_rounds=N)
 CASES = [
