@@ -63,8 +63,18 @@ def test_every_scale_loads(name, scale):
     assert common.load_config(f"configs/{name}.py:{scale}") is not None
 
 
-@pytest.mark.parametrize("name,scale", PAIRS)
+# the two slowest accountings (~1 min each) run from their own file,
+# tests/experiments/test_configs_heavy.py, so that pytest-xdist (--dist loadfile) can run them
+# beside this file
+HEAVY = [("population_expansion", "small"), ("iw_regime", "small")]
+
+
+@pytest.mark.parametrize("name,scale", [p for p in PAIRS if p not in HEAVY])
 def test_every_scale_is_accounted(name, scale):
+    check_accounted(name, scale)
+
+
+def check_accounted(name: str, scale: str) -> None:
     """The plan's every charge is accepted by a ledger with the run's budget: the run would not
     be refused, and no reported epsilon exceeds its claim."""
     if scale == "paper":  # a paper scale plans (both epsilons), or refuses in one line
