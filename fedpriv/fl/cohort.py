@@ -381,8 +381,7 @@ def pack_cohort(dataset: Mapping[Any, Mapping[str, np.ndarray]], client_ids: Seq
 
     Args:
       dataset: client id -> dict of arrays with a shared leading example axis.
-      client_ids: the sampled clients, in cohort order (position = PRNG slot); may be empty
-        (a round that releases only noise).
+      client_ids: the sampled clients, in cohort order (position = PRNG slot); may be empty.
       batch_size: local batch size B; a client with n examples takes ``ceil(n / B)`` steps per
         local epoch (at most ``max_steps``; examples beyond ``max_steps * B`` are dropped).
       lanes: W, clients trained concurrently (vmapped); 1 = one sequential lane.
