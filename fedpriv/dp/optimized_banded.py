@@ -32,13 +32,10 @@ import numpy as np
 
 from fedpriv.dp.matrix import BandedStrategy
 from fedpriv.dp.mechanisms import MatrixDPConfig, register_mechanism
+from fedpriv.data.errors import MissingResourceError
 from fedpriv.errors import FedprivError
 
 __all__ = ["OptimizedBandedMechanism", "optimized_banded_strategy"]
-
-
-class MissingOptionalDependency(FedprivError, ImportError):
-    """An optional package a mechanism needs is not installed."""
 
 
 @functools.lru_cache(maxsize=32)
@@ -55,9 +52,9 @@ def optimized_banded_strategy(bands: int, rounds: int, steps: int = 250) -> Band
     try:
         import jax
         from jax_privacy.matrix_factorization import toeplitz
-    except ImportError as e:
-        raise MissingOptionalDependency(
-            f"mechanism 'banded_opt' needs jax_privacy ({e}); install it: pip install 'fedpriv[mf]'") from None
+    except ImportError:
+        raise MissingResourceError("package `jax_privacy` (mechanism 'banded_opt')",
+                                   hint="pip install 'fedpriv[mf]'") from None
     # a compile-time constant: evaluated eagerly even when the privatizer is built in a trace
     with jax.ensure_compile_time_eval(), jax.enable_x64(True):
         coef = np.asarray(toeplitz.optimize_banded_toeplitz(int(rounds), int(bands),
