@@ -87,8 +87,10 @@ class LMFLConfig:
     # up to float order; needs one lane), "sorted" (each client's examples sorted by length into
     # batches, batch order shuffled, then trimmed: another local SGD trajectory, less padding),
     # "packed" (the padded batches, each step's sentences packed end to end into fewer rows with
-    # the LSTM state / attention reset per sentence: the same numbers up to float order; one lane)
-    batching: str = "padded"
+    # the LSTM state / attention reset per sentence: the same numbers up to float order; one lane),
+    # "auto": packed on one sequential lane (CPU), padded on vmapped lanes (GPU/TPU).
+    # padded/trimmed/packed/auto identify the same run (fedpriv.recipes.lm.SAME_NUMBERS_BATCHINGS)
+    batching: str = "auto"
     # client forward/backward precision: "bfloat16" casts the parameters for the local pass
     # (mixed precision); gradients, clipping, sums and noise stay float32 (the DP release is
     # unchanged). For accelerators: on a CPU bfloat16 is emulated and slower.
@@ -104,7 +106,7 @@ class LMFLConfig:
               non_negative=("noise_multiplier", "server_momentum", "seed"), open_unit=("delta",),
               choices={"corpus": CORPORA, "tokenizer": TOKENIZERS, "arch": ARCHS,
                        "algorithm": ALGORITHMS, "server_optimizer": SERVER_OPTIMIZERS,
-                       "batching": BATCHINGS, "client_compute": CLIENT_COMPUTE},
+                       "batching": BATCHINGS + ("auto",), "client_compute": CLIENT_COMPUTE},
               fractions=("split",))
         check_lanes(self.lanes)
         if self.arch == "transformer" and self.hidden_dim % self.num_heads:

@@ -14,6 +14,7 @@ import dataclasses
 import os
 
 from configs.common import ConfigError, check, check_lanes, from_scale, refuse_nonprivate
+from fedpriv.fl.cohort import BATCHINGS
 from configs.lm_fl import CORPORA
 
 ROWS = ("none", "pretrain_lm", "pretrain_distill_long", "pretrain_distill", "mid_random_lm",
@@ -64,6 +65,7 @@ class PublicTrainingConfig:
     server_lr: float = 1.0
     server_momentum: float = 0.9
     lanes: str = "auto"                   # clients trained concurrently (see configs/lm_fl.py)
+    batching: str = "auto"                # local batches (configs/lm_fl.py); auto: packed on a CPU
     # public training (§3.2, §4, §5; App. B.2–B.3)
     q: float = 0.0008                     # fraction of the pool for distillation / mid-training
     pretrain_fraction: float = 1.0        # "pre-training w/ public data" (LM loss)
@@ -115,7 +117,8 @@ class PublicTrainingConfig:
               choices={"corpus": CORPORA,
                        "arch": ("lstm", "transformer"),
                        "algorithm": ("fedavg", "dp_fedavg", "dp_ftrl"),
-                       "server_optimizer": ("sgd", "sgdm", "adam")},
+                       "server_optimizer": ("sgd", "sgdm", "adam"),
+                       "batching": BATCHINGS + ("auto",)},
               fractions=("split",))
         check_lanes(self.lanes)
         if self.reuse_workdir is not None and not os.path.isdir(self.reuse_workdir):

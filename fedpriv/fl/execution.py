@@ -30,7 +30,9 @@ float order); ``"sorted"`` also sorts each client's examples by length into batc
 different local SGD trajectory, much less padding); ``"packed"`` keeps the padded batches and
 packs each step's sentences end to end into fewer rows (the same numbers up to float order, the
 least padding). Trimming and packing need one sequential lane (the CPU default); vmapped lanes
-keep the full width (``"packed"`` is then refused: it would only add work).
+keep the full width (``"packed"`` is then refused: it would only add work). ``"auto"`` (the LM
+configs' default) is ``"packed"`` on one sequential lane and ``"padded"`` on vmapped lanes: the
+same numbers up to float order either way.
 
 Compiled shapes are bounded: lanes W and lane depth D are powers of two and the cohort
 capacity K is the sampler's fixed size (or a power of two for Poisson sampling), so a run
@@ -140,6 +142,8 @@ class CohortExecutor:
         if not (self.lanes == "balanced" or (isinstance(self.lanes, int) and self.lanes >= 1)):
             raise ValueError(f"lanes must be 'auto', 'balanced' or an int >= 1, got {lanes!r}")
         self.max_lanes = int(max_lanes)
+        if batching == "auto":  # the LM configs' default: packed where it runs (one lane)
+            batching = "packed" if self.lanes == 1 else "padded"
         if batching not in BATCHINGS:
             raise ValueError(f"batching must be one of {BATCHINGS}, got {batching!r}")
         if batching in ("trimmed", "packed") and self.lanes != 1:

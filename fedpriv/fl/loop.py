@@ -527,8 +527,9 @@ def train(algorithm: FederatedAlgorithm, init_params, dataset: Mapping, client_i
         under ``jax.distributed`` each process builds only its own lanes.
       lanes: clients trained concurrently: ``"auto"`` (backend default, see
         ``fedpriv.fl.execution``), ``"balanced"`` or an int.
-      batching: local batches ``"padded"``, ``"trimmed"``, ``"sorted"`` by length or
-        ``"packed"`` (``fedpriv.fl.cohort``, "Length-aware batches").
+      batching: local batches ``"padded"``, ``"trimmed"``, ``"sorted"`` by length,
+        ``"packed"`` (``fedpriv.fl.cohort``, "Length-aware batches") or ``"auto"`` (packed on
+        one sequential lane, else padded; ``fedpriv.fl.execution``).
       stop_after: stop (with a checkpoint) after this many rounds *in this call* — used to
         simulate an interruption.
       derived_metrics: ratios written per round, ``{name: (sum, (count, ...))}``

@@ -452,15 +452,9 @@ def make_lm_task(model: nn.Module) -> LMTask:
         return _call(params, tokens_in, domain, rng, packing)
 
     def _sums(params, batch, rng, use_weight):
-        weight = batch.get("weight") if use_weight else None
-        if "segments" in batch:  # packed rows: batch['mask'] counts each row's examples
-            packing = {"segments": batch["segments"], "positions": batch["positions"]}
-            logits = _call(params, batch["inputs"], batch.get("domain"), rng, packing)
-            sums = metrics.lm_sums(logits, batch["targets"], None, weight)
-            return dict(sums, num_examples=jnp.sum(batch["mask"]))
-        inputs, targets = metrics.split_tokens(batch["tokens"])
-        logits = _call(params, inputs, batch.get("domain"), rng)
-        return metrics.lm_sums(logits, targets, batch.get("mask"), weight)
+        inputs, targets, packing, row_mask = batch_view(batch)
+        logits = _call(params, inputs, batch.get("domain"), rng, packing or None)
+        return view_sums(batch, logits, targets, row_mask, batch.get("weight") if use_weight else None)
 
     def loss_fn(params, batch, rng):
         sums = _sums(params, batch, rng, use_weight=True)
@@ -472,6 +466,25 @@ def make_lm_task(model: nn.Module) -> LMTask:
 
     return LMTask(init=jax.jit(init), apply=apply, loss_fn=loss_fn, eval_fn=eval_fn,
                   uses_domain=uses_domain)
+
+
+def batch_view(batch) -> tuple[jax.Array, jax.Array, dict, jax.Array | None]:
+    """``(inputs[B, L], targets[B, L], packing, row_mask)`` of a padded or packed LM batch (module
+    docstring): ``packing`` is ``{}`` or ``{'segments', 'positions'}`` (the ``apply`` keywords),
+    ``row_mask`` the padded batch's ``mask`` (None for packed rows: PAD targets already mask).
+    A loss written over this view works under every ``batching`` of the engine."""
+    if "segments" in batch:
+        return (batch["inputs"], batch["targets"],
+                {"segments": batch["segments"], "positions": batch["positions"]}, None)
+    inputs, targets = metrics.split_tokens(batch["tokens"])
+    return inputs, targets, {}, batch.get("mask")
+
+
+def view_sums(batch, logits, targets, row_mask, weight=None) -> dict:
+    """``metrics.lm_sums`` of a :func:`batch_view`; on packed rows ``num_examples`` counts the
+    examples (``batch['mask']``: examples per row), not the rows."""
+    sums = metrics.lm_sums(logits, targets, row_mask, weight)
+    return dict(sums, num_examples=jnp.sum(batch["mask"])) if "segments" in batch else sums
 
 
 def count_params(params: Params) -> int:

@@ -154,6 +154,7 @@ class PrivateTraining:
     progress: bool = True
     log_fn: Callable[[dict], None] | None = None
     lanes: str | int = "auto"
+    batching: str = "padded"   # local batches (`fedpriv.fl.loop.train`)
 
     def run(self, init_params, workdir: str, ledger: PrivacyLedger | None = None,
             stop_after: int | None = None) -> TrainResult:
@@ -164,7 +165,7 @@ class PrivateTraining:
                      eval_fn=self.eval_fn, eval_every=self.eval_every,
                      checkpoint_every=self.checkpoint_every, ledger=ledger, stage=self.stage,
                      fingerprint=self.fingerprint, progress=self.progress, stop_after=stop_after,
-                     log_fn=self.log_fn, lanes=self.lanes)
+                     log_fn=self.log_fn, lanes=self.lanes, batching=self.batching)
 
     def template(self, init_params):
         """A server state with the structure of this run's checkpoints."""

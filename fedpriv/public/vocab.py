@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedpriv.data.federated import FederatedDataset
-from fedpriv.models import llama, metrics
+from fedpriv.models import llama, lm, metrics
 from fedpriv.public import distill
 
 
@@ -93,11 +93,11 @@ def unk_free_loss_task(task):
     changes: a loss built from ``apply`` (`distill.make_distill_loss`) keeps UNK targets.
     Returns an `LMTask`.
     """
-    def loss_fn(params, batch, rng):
-        inputs, targets = metrics.split_tokens(batch["tokens"])
-        logits = task.apply(params, inputs, batch.get("domain"), rng)
+    def loss_fn(params, batch, rng):  # padded or packed batches (`lm.batch_view`)
+        inputs, targets, packing, row_mask = lm.batch_view(batch)
+        logits = task.apply(params, inputs, batch.get("domain"), rng, **packing)
         targets = jnp.where(targets == metrics.UNK, metrics.PAD, targets)
-        sums = metrics.lm_sums(logits, targets, batch.get("mask"), batch.get("weight"))
+        sums = lm.view_sums(batch, logits, targets, row_mask, batch.get("weight"))
         return sums["loss_sum"] / jnp.maximum(sums["num_tokens"], 1.0), sums
 
     return dataclasses.replace(task, loss_fn=loss_fn)

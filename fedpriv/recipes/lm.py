@@ -257,6 +257,11 @@ def build_algorithm(cfg, num_clients: int, loss_fn, prior_events=(), num_params:
     return alg, sampler, algs.privacy_event(alg.dp, sampler, cfg.rounds), z  # what the loop charges
 
 
+# local batchings that compute the same numbers up to float summation order
+# (fedpriv.fl.cohort "Length-aware batches"): a run resumes / is read back across them (not
+# bit-identically); "sorted" is another local SGD trajectory and identifies its runs
+SAME_NUMBERS_BATCHINGS = ("padded", "trimmed", "packed", "auto")
+
 # config fields that do not identify a run (the loop fingerprints rounds-independent privacy
 # and data fields itself: DP config, sampler, seed, population)
 _NOT_FINGERPRINTED = ("rounds", "eval_every", "eval_batch_size", "max_eval_examples",
@@ -270,8 +275,8 @@ def run_fingerprint(cfg) -> dict:
         d.pop("num_heads", None)  # no effect on an LSTM (and runs from before the field resume)
     if d.get("algorithm") != "dp_ddg":
         d.pop("ddg_bits", None)  # likewise
-    if d.get("batching") == "padded":
-        d.pop("batching")  # runs from before the field were padded, and resume
+    if d.get("batching") in SAME_NUMBERS_BATCHINGS:
+        d.pop("batching")  # the same computation up to float order (and runs from before the field)
     if d.get("client_compute") == "float32":
         d.pop("client_compute")  # likewise
     return {k: v for k, v in d.items() if k not in _NOT_FINGERPRINTED}
@@ -412,7 +417,7 @@ def run_lm_fl(cfg, workdir: str, *, prepared: Prepared | None = None, init_param
                      seed=cfg.seed, workdir=workdir, max_steps=cfg.max_local_steps, eval_fn=eval_fn,
                      eval_every=cfg.eval_every, checkpoint_every=cfg.checkpoint_every, ledger=ledger,
                      stage=stage, fingerprint=run_fingerprint(cfg), progress=progress, log_fn=log_row,
-                     lanes=cfg.lanes, batching=getattr(cfg, "batching", "padded"), log=log)
+                     lanes=cfg.lanes, batching=getattr(cfg, "batching", "auto"), log=log)
     if result.ledger is not None:  # the cost recorded for this run (more if a resume extended it)
         mine = next(e for e in result.ledger.report()["entries"] if e["name"] == stage)
         eps, eps_real = mine["epsilon_alone"], mine.get("epsilon_executed_alone", eps_real)

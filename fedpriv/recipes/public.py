@@ -194,6 +194,8 @@ def run_key(cfg, row: str, seed: int, eps: float) -> str:
     only choose which runs exist, and T' as the row uses it (0 for pre-training rows). Two runs
     with the same key are the same computation (the engine is deterministic given its seeds)."""
     fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _NOT_IN_RUN_KEY}
+    if fields.get("batching") in lm.SAME_NUMBERS_BATCHINGS:
+        fields.pop("batching")  # the same computation up to float order (and keys from before it)
     fields.update(row=row, seed=seed, epsilon=float(eps),
                   t_prime=cfg.t_prime_rounds if row.startswith("mid") else 0)
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -262,7 +264,7 @@ def run_rows(cfg, workdir: str, *, teacher=None, progress: bool = True, log=prin
                 alg, sampler, prepared.train, ids, rounds=T, batch_size=cfg.batch_size, seed=seed,
                 max_steps=cfg.max_local_steps, eval_fn=eval_fn,
                 eval_every=cfg.eval_every, checkpoint_every=cfg.checkpoint_every,
-                progress=progress, log_fn=log_row, lanes=cfg.lanes)
+                progress=progress, log_fn=log_row, lanes=cfg.lanes, batching=cfg.batching)
             base = os.path.join(workdir, f"seed{seed}", f"eps{eps:g}")
             for row in cfg.rows:
                 sub = os.path.join(base, row)

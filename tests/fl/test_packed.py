@@ -271,6 +271,9 @@ def test_batching_options_are_checked():
                     list(data), B, batching="packed")
     with pytest.raises(ValueError, match="batching"):
         CohortExecutor(alg, data, batch_size=B, capacity=4, batching="sort")
+    # "auto" (the LM configs' default): packed on one lane, padded on vmapped lanes
+    assert CohortExecutor(alg, data, batch_size=B, capacity=4, lanes=1, batching="auto").batching == "packed"
+    assert CohortExecutor(alg, data, batch_size=B, capacity=4, lanes=2, batching="auto").batching == "padded"
     # vmapped lanes keep the full width (lax.switch under vmap would run every width)
     packed = pack_cohort(data, list(data), B, lanes=2, batching="sorted")
     assert packed.lanes.bucket is None and packed.lanes.widths == ()
@@ -308,3 +311,29 @@ def test_packed_round_equals_padded_with_bounded_row_counts():
     used = (np.asarray(lanes.data["mask"]) > 0).sum(-1)[0]                  # rows in use per data step
     width = np.asarray(lanes.widths)[np.asarray(lanes.bucket)[0]]
     assert np.all(used <= width) and len(set(width[used > 0].tolist())) >= 2
+
+
+def test_unk_free_loss_takes_packed_batches():
+    """The public-training student's loss (UNK targets untrained, `unk_free_loss_task`) gives the
+    same loss and gradient on a packed batch as on its padded batch, and still drops UNK targets
+    (it differs from the plain loss): the loss wrappers read batches through `lm.batch_view`."""
+    from fedpriv.models.bucketing import pack_sentences
+    from fedpriv.models.metrics import UNK
+    from fedpriv.public.vocab import unk_free_loss_task
+    task, params = _tiny_lm()
+    free = unk_free_loss_task(task)
+    tok = np.concatenate([_lm_clients(1, seed=5)["u00"]["tokens"][:6]] * 2)[:8]
+    tok[:, 2] = np.where(tok[:, 2] > 3, UNK, tok[:, 2])  # some UNK targets
+    mask = np.array([1, 1, 1, 1, 1, 1, 0, 1], np.float32)
+    padded = {"tokens": jnp.asarray(tok), "mask": jnp.asarray(mask)}
+    packed = {k: jnp.asarray(v) for k, v in pack_sentences(tok, mask, 0)[0].items()}
+    rng = jax.random.key(0)
+    for fn in (free.loss_fn, task.loss_fn):
+        (la, sa), ga = jax.value_and_grad(fn, has_aux=True)(params, padded, rng)
+        (lb, sb), gb = jax.value_and_grad(fn, has_aux=True)(params, packed, rng)
+        np.testing.assert_allclose(float(lb), float(la), rtol=1e-5)
+        for k in ("num_tokens", "num_examples"):
+            assert float(sb[k]) == float(sa[k]), k
+        for a, b in zip(jax.tree_util.tree_leaves(ga), jax.tree_util.tree_leaves(gb)):
+            np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-6)
+    assert float(free.loss_fn(params, packed, rng)[1]["num_tokens"]) < float(task.loss_fn(params, packed, rng)[1]["num_tokens"])
