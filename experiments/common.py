@@ -126,10 +126,24 @@ INVOCATION_FILE = "invocation.json"
 _LAST_RUN: dict = {}
 
 
+def code_paths() -> list[str]:
+    """The repository's ``fedpriv/`` source files this process has imported (repo-relative,
+    sorted): after a run, the library code its results depend on (the results page's
+    staleness reads them)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    lib = os.path.join(root, "fedpriv") + os.sep
+    out = set()
+    for m in list(sys.modules.values()):
+        f = getattr(m, "__file__", None)
+        if f and os.path.abspath(f).startswith(lib) and f.endswith(".py"):
+            out.add(os.path.relpath(os.path.abspath(f), root).replace(os.sep, "/"))
+    return sorted(out)
+
+
 def record_invocation() -> None:
     """After an experiment's ``main`` returned normally under :func:`cli`: write
-    ``<workdir>/invocation.json`` (module, ``--config`` spec, time, git commit (full) and whether
-    the tree had uncommitted changes), which the results page (``python -m experiments.results``)
+    ``<workdir>/invocation.json`` (module, ``--config`` spec, time, git commit (full), whether
+    the tree had uncommitted changes and the ``fedpriv/`` files imported: :func:`code_paths`), which the results page (``python -m experiments.results``)
     shows next to the artefact, and the run's compact summary (``experiments.results.
     record_compact``: ``<workdir>/compact.json``, published under ``experiments/results/summaries/``
     for a ``small`` / ``paper`` run). A run that failed writes nothing, so the files always
@@ -140,7 +154,7 @@ def record_invocation() -> None:
     from fedpriv.report import git_state
     inv = {"module": _LAST_RUN["module"], "config": _LAST_RUN["config"],
            "command": f"python -m {_LAST_RUN['module']} --config {_LAST_RUN['config']}",
-           "time": time.strftime("%Y-%m-%d %H:%M:%S"), **git_state()}
+           "time": time.strftime("%Y-%m-%d %H:%M:%S"), **git_state(), "code_paths": code_paths()}
     save_json(inv, os.path.join(_LAST_RUN["workdir"], INVOCATION_FILE))
     from experiments import results  # here: results imports this module
     results.record_compact(inv, _LAST_RUN["workdir"])

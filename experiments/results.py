@@ -18,9 +18,11 @@ and the text of the artefacts' Markdown tables (no checkpoints). A run at a ``sm
 figures as ``experiments/results/<artefact>-<name>``): commit those, and the page regenerates on
 any checkout. Smoke runs never publish.
 
-**Staleness.** An artefact depends on ``fedpriv/``, its config and its experiment module (plus
-``Artefact.depends``); its results are STALE when a commit after the one it ran at touched any of
-them (``git log <commit>..HEAD -- <paths>``), or when the commit is unknown.
+**Staleness.** An artefact depends on ``fedpriv/`` (or, for a run that recorded them, the
+``fedpriv/`` files it had imported: ``code_paths``), its config and its experiment module (plus
+the configs / modules they import and ``Artefact.depends``); its results are STALE when the code
+of any of them differs between the commit it ran at and HEAD (``staleness``: an edit of
+docstrings, comments or layout only is not a change), or when the commit is unknown.
 
     python -m experiments.results                    # runs/ (+ committed summaries) -> RESULTS.md
     python -m experiments.results --json             # every verdict with its numbers and commit
@@ -31,6 +33,7 @@ shows (e.g. from an empty ``runs/``); ``--force`` overrides.
 """
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -117,15 +120,60 @@ def dependencies(a: Artefact, root: str | None = None) -> list[str]:
     return paths + [p for p in getattr(a, "depends", ()) if p not in paths]
 
 
-def staleness(commit: str | None, paths, repo: str | None = None) -> dict:
-    """How old a run at ``commit`` is and whether ``paths`` changed since.
+def _code(text: str | None) -> str | None:
+    """What a Python source computes: its AST without docstrings, comments or positions
+    (``ast.dump``); None when there is no file or it does not parse."""
+    if text is None:
+        return None
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
 
-    Returns ``{"commit", "commits_behind", "stale", "changed_by", "reason"}``: ``commits_behind``
-    = ``git rev-list --count <commit>..HEAD``; ``stale`` when a commit in ``<commit>..HEAD``
-    touched ``paths`` (``changed_by``: the newest, short hash and subject) or when ``commit`` is
-    missing or unknown to this repository (fail closed)."""
+
+def code_changes(commit: str, paths, repo: str | None = None, loaded=None) -> list[str]:
+    """The files under ``paths`` whose code differs between ``commit`` and HEAD: every changed
+    file except a Python file whose only changes are docstrings, comments or layout (equal
+    :func:`_code`; a file added, deleted or not parsing counts as changed) and, given ``loaded``
+    (the ``fedpriv/*.py`` files a run imported), a ``fedpriv/`` Python file the run never
+    imported (its data files always count)."""
     repo = repo or ROOT
-    out = {"commit": commit or None, "commits_behind": None, "stale": True, "changed_by": None, "reason": ""}
+    names = _git(["diff", "--name-only", commit, "HEAD", "--", *paths], repo)
+    loaded = set(loaded) if loaded else None
+    out = []
+    for f in (names.splitlines() if names else []):
+        if loaded is not None and f.startswith("fedpriv/") and f.endswith(".py") and f not in loaded:
+            continue
+        if f.endswith(".py"):
+            old = _git(["show", f"{commit}:{f}"], repo)
+            new = _git(["show", f"HEAD:{f}"], repo)
+            if old is not None and new is not None and _code(old) is not None and _code(old) == _code(new):
+                continue
+        out.append(f)
+    return out
+
+
+def staleness(commit: str | None, paths, repo: str | None = None, loaded=None) -> dict:
+    """How old a run at ``commit`` is and whether the code it depends on changed since.
+
+    ``paths``: the artefact's :func:`dependencies`; ``loaded``: the ``fedpriv/`` Python files the
+    run had imported when it finished (``invocation.json``'s ``code_paths``; the others then do
+    not count). Returns ``{"commit", "commits_behind", "stale", "changed_by",
+    "changed_files", "reason"}``: ``commits_behind`` = ``git rev-list --count <commit>..HEAD``;
+    ``stale`` when :func:`code_changes` finds a file of them whose code changed (docstring-,
+    comment- or layout-only edits do not count; ``changed_by``: the newest commit that touched
+    one, short hash and subject) or when ``commit`` is missing or unknown to this repository
+    (fail closed)."""
+    repo = repo or ROOT
+    out = {"commit": commit or None, "commits_behind": None, "stale": True, "changed_by": None,
+           "changed_files": [], "reason": ""}
     full = commit and _git(["rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"], repo)
     if not full:
         out["reason"] = ("no commit recorded" if not commit else
@@ -133,11 +181,14 @@ def staleness(commit: str | None, paths, repo: str | None = None) -> dict:
         return out
     behind = _git(["rev-list", "--count", f"{full}..HEAD"], repo)
     out["commits_behind"] = int(behind) if behind and behind.isdigit() else None
-    changed = _git(["log", "-1", "--format=%h %s", f"{full}..HEAD", "--", *paths], repo)
-    out["stale"] = bool(changed)
+    files = code_changes(full, paths, repo, loaded)
+    changed = files and _git(["log", "-1", "--format=%h %s", f"{full}..HEAD", "--", *files], repo)
+    out["stale"] = bool(files)
     out["changed_by"] = changed or None
-    out["reason"] = (f"{', '.join(paths)} changed since (newest: {changed})" if changed else
-                     "nothing it depends on changed since")
+    out["changed_files"] = files
+    shown = ", ".join(files[:6]) + (f" and {len(files) - 6} more" if len(files) > 6 else "")
+    out["reason"] = (f"the code of {shown} changed since (newest: {changed})" if files else
+                     "nothing it depends on changed since (docstring, comment and layout edits aside)")
     return out
 
 
@@ -296,7 +347,7 @@ def collect(runs: str = "runs", summary_dir: str | None = None, repo: str | None
                 trained = list(rec.get("trained_at", ()))
                 commit = oldest_commit([*[c for c in trained if c], commit] if commit else
                                        [c for c in trained if c], repo) or commit
-                st = staleness(commit, dependencies(a, repo), repo)
+                st = staleness(commit, dependencies(a, repo), repo, rec.get("code_paths"))
                 if None in trained:  # a run read back recorded no commit: its code is unknown
                     st.update(stale=True, reason="a training run it read back recorded no commit")
                 item.update(source=kind, record=rec, outputs=outputs, workdir=workdir,

@@ -165,17 +165,28 @@ def test_page_from_a_committed_compact_summary_with_staleness_and_json(tmp_path,
     assert "#### Latency table" in page and "![fig1: latency.png](results/fig1-latency.png)" in page
     assert f"| fig1 | P | `configs/latency_figure.py:small` | {ran_at[:7]} (1 commits old) |" in page
 
+    # docstring / comment / layout edits are not code changes; a run's unimported modules don't count
+    _commit(repo, "fedpriv/core.py", '"""The core."""\n# one\nx = (\n    1)\n', "document the library")
+    assert not results.staleness(ran_at, deps, str(repo))["stale"]
+    _commit(repo, "fedpriv/other.py", "y = 1\n", "a module the run never imported")
+    st = results.staleness(ran_at, deps, str(repo), loaded=["fedpriv/core.py"])
+    assert not st["stale"] and results.staleness(ran_at, deps, str(repo))["stale"]  # unknown imports: any
+    _commit(repo, "fedpriv/corpus.txt", "words\n", "library data")
+    assert results.staleness(ran_at, deps, str(repo), loaded=["fedpriv/core.py"])["changed_files"] == \
+        ["fedpriv/corpus.txt"]                                            # data files always count
     _commit(repo, "fedpriv/core.py", "x = 2\n", "change the library")
+    st = results.staleness(ran_at, deps, str(repo), loaded=["fedpriv/core.py"])
+    assert st["stale"] and "fedpriv/core.py" in st["changed_files"]
     page = build()
-    assert "**STALE**: fedpriv, configs/latency_figure.py, experiments/latency_figure.py changed since " \
+    assert "**STALE**: the code of fedpriv/core.py, fedpriv/corpus.txt, fedpriv/other.py changed since " \
            "(newest: " in page and "change the library)" in page
-    assert f"{ran_at[:7]} (2 commits old) STALE" in page
+    assert f"{ran_at[:7]} (5 commits old) STALE" in page
 
     rows = results.as_json(str(tmp_path / "empty_runs"), str(summaries), str(repo))
     assert [r["status"] for r in rows] == ["reproduced", "inconclusive (below the trivial baseline)",
                                            "not testable here"]
     r = rows[0]
-    assert r["commit"] == ran_at and r["commits_behind"] == 2 and r["stale"] is True
+    assert r["commit"] == ran_at and r["commits_behind"] == 5 and r["stale"] is True
     assert r["sides"][0]["values"] == {"0": 10.0, "1": 11.0, "2": 12.5} and r["sides"][0]["trivial"] == 4.0
     assert r["method"] == "paired t" and r["ci"][0] > 0 and r["gap"] == pytest.approx(2.0, rel=1e-12)
     # the command line: --json prints it (and writes nothing)
