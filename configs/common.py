@@ -385,6 +385,20 @@ def with_lm_config(cls, scales: dict, lm_scales: dict, arg: str | None, lm_confi
                            scale_fields=set(scales[scale]))
 
 
+@dataclasses.dataclass(frozen=True)
+class PrivateCorpusFields:
+    """The private-corpus fields of the configs that build on the private users' text
+    (``configs/public_training.py``, ``configs/wang_figure3.py``): users split by client, messages
+    truncated to ``seq_len`` tokens, at most ``max_examples_per_client`` per user."""
+    corpus: str = "chitchat"
+    max_clients: int | None = None
+    split: tuple = (0.8, 0.1, 0.1)
+    split_seed: int = 0
+    seq_len: int = 20
+    max_examples_per_client: int = 256
+    batch_size: int = 16
+
+
 def check_lanes(value) -> None:
     """``lanes`` (``fedpriv.fl.execution``): "auto", "balanced" or a positive integer."""
     if value in ("auto", "balanced") or (str(value).isdigit() and int(value) >= 1):

@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from configs.common import ConfigError, check, check_lanes, from_scale, refuse_nonprivate
+from configs.common import (ConfigError, PrivateCorpusFields, check, check_lanes, from_scale,
+                            refuse_nonprivate)
 from fedpriv.fl.cohort import BATCHINGS
 from configs.lm_fl import CORPORA
 
@@ -22,19 +23,14 @@ ROWS = ("none", "pretrain_lm", "pretrain_distill_long", "pretrain_distill", "mid
 
 
 @dataclasses.dataclass(frozen=True)
-class PublicTrainingConfig:
+class PublicTrainingConfig(PrivateCorpusFields):
     # private data (chitchat users; split by client), or the papers' own (configs/lm_fl.py:
     # corpus=stackoverflow | reddit_jsonl with corpus_path); public pool: public_pool_path (a C4
     # TFDS directory or .txt/.jsonl files; None: the packaged pool)
-    corpus: str = "chitchat"
+    # (PrivateCorpusFields: corpus, max_clients, split, split_seed, seq_len,
+    # max_examples_per_client, batch_size)
     corpus_path: str | None = None
     public_pool_path: str | None = None
-    max_clients: int | None = None
-    split: tuple = (0.8, 0.1, 0.1)
-    split_seed: int = 0
-    seq_len: int = 20
-    max_examples_per_client: int = 256
-    batch_size: int = 16
     max_local_steps: int | None = 16
     # teacher and student vocabulary (§4.1; App. B.3)
     teacher_path: str | None = None       # None: the packaged SmolLM2-135M GGUF

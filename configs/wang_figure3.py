@@ -9,20 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from configs.common import check, from_scale
+from configs.common import PrivateCorpusFields, check, from_scale
 from configs.lm_fl import PACKAGED_CORPORA
 
 
 @dataclasses.dataclass(frozen=True)
-class WangFigure3Config:
-    # private data (chitchat users, split by client: oracle on train users, samples of test users)
-    corpus: str = "chitchat"
-    max_clients: int | None = None
-    split: tuple = (0.8, 0.1, 0.1)
-    split_seed: int = 0
-    seq_len: int = 20
-    max_examples_per_client: int = 256
-    batch_size: int = 16
+class WangFigure3Config(PrivateCorpusFields):
+    # private data (PrivateCorpusFields: chitchat users, split by client: oracle on train users,
+    # samples of test users)
     # teacher and student vocabulary
     teacher_path: str | None = None       # None: the packaged SmolLM2-135M GGUF
     vocab_kept: int | None = None

@@ -174,6 +174,25 @@ def printing_main(run, doc: str, name: str, *shown: str):
     return main
 
 
+def grouped(rows: list[dict], key: str) -> dict:
+    """``rows`` grouped by ``row[key]`` (e.g. one group per mechanism over seeds), first-seen order."""
+    out = {}
+    for r in rows:
+        out.setdefault(r[key], []).append(r)
+    return out
+
+
+def seed_columns(rs: list[dict], val_loss: bool = False) -> dict:
+    """The mean ± std columns over the seeds ``rs`` of one comparison row: val / test accuracy
+    (%), optionally val loss, and s / round."""
+    out = {"val accuracy (%)": pm([r["val_accuracy"] for r in rs], 100),
+           "test accuracy (%)": pm([r["test_accuracy"] for r in rs], 100)}
+    if val_loss:
+        out["val loss"] = pm([r["val_loss"] for r in rs], 1, 3)
+    out["s / round"] = pm([r["s_per_round"] for r in rs], 1, 2)
+    return out
+
+
 def publish_rows(rows: list[dict], table: list[dict], workdir: str, name: str, *, title: str,
                  notes: list[str], verdicts: list, config, seeds, runs_name: str = "runs") -> None:
     """The end of a seeds x rows experiment: every run (``<runs_name>.{csv,md}``), the verdicts,

@@ -44,16 +44,10 @@ def run(cfg, workdir: str, progress: bool = True) -> list[dict]:
 
 
 def aggregate(rows: list[dict]) -> list[dict]:
-    table = []
-    for name in dict.fromkeys(r["row"] for r in rows):
-        rs = [r for r in rows if r["row"] == name]
-        table.append({"mechanism": name, "z": rs[0]["noise_multiplier"], "epsilon": rs[0]["epsilon"],
-                      "val accuracy (%)": common.pm([r["val_accuracy"] for r in rs], 100),
-                      "test accuracy (%)": common.pm([r["test_accuracy"] for r in rs], 100),
-                      "val loss": common.pm([r["val_loss"] for r in rs], 1, 3),
-                      "s / round": common.pm([r["s_per_round"] for r in rs], 1, 2),
-                      "wrapped coords": sum(r["overflow_coords"] for r in rs), "seeds": len(rs)})
-    return table
+    return [{"mechanism": name, "z": rs[0]["noise_multiplier"], "epsilon": rs[0]["epsilon"],
+             **common.seed_columns(rs, val_loss=True),
+             "wrapped coords": sum(r["overflow_coords"] for r in rs), "seeds": len(rs)}
+            for name, rs in common.grouped(rows, "row").items()]
 
 
 #: the equivalence margin of "loses nothing" (val accuracy, percentage points)

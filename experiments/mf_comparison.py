@@ -29,15 +29,9 @@ def run(cfg, workdir: str, progress: bool = True) -> list[dict]:
 
 
 def aggregate(rows: list[dict]) -> list[dict]:
-    table = []
-    for name in dict.fromkeys(r["algorithm"] for r in rows):
-        rs = [r for r in rows if r["algorithm"] == name]
-        table.append({"algorithm": name, "epsilon": rs[0]["epsilon"], "z": rs[0]["noise_multiplier"],
-                      "val accuracy (%)": common.pm([r["val_accuracy"] for r in rs], 100),
-                      "test accuracy (%)": common.pm([r["test_accuracy"] for r in rs], 100),
-                      "s / round": common.pm([r["s_per_round"] for r in rs], 1, 2),
-                      "seeds": len(rs)})
-    return table
+    return [{"algorithm": name, "epsilon": rs[0]["epsilon"], "z": rs[0]["noise_multiplier"],
+             **common.seed_columns(rs), "seeds": len(rs)}
+            for name, rs in common.grouped(rows, "algorithm").items()]
 
 
 def verdicts(rows: list[dict]) -> list:

@@ -107,6 +107,15 @@ def plot_curves(curves: dict[str, tuple[list, list]], path: str, xlabel: str, yl
         ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7 if len(curves) > 6 else None)
+    return save_figure(fig, path)
+
+
+def save_figure(fig, path: str, title: str = "") -> str:
+    """Every figure's last step: optional ``suptitle``, tight layout, a 120-dpi PNG at ``path``,
+    the figure closed (no pyplot state left behind). Returns ``path``."""
+    import matplotlib.pyplot as plt
+    if title:
+        fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -171,12 +180,7 @@ def bar_chart(groups: dict[str, dict[str, tuple[float, float]]], path: str, ylab
         ax.grid(axis="y", alpha=0.3)
         if len(names) > 1:
             ax.legend()
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, title)
 
 
 # --------------------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ from fedpriv.data import sources as _src
 from fedpriv.data.sources import require_file
 from fedpriv.data.errors import MalformedDataError, MissingResourceError
 from fedpriv.data.parsing import (QUOTE_LINE, Parsed, connect_ro, duplicate_keys, is_client_id,
-                                  is_text, load_federated, loads_json)
+                                  is_text, load_federated, loader_settings, loads_json)
 # `strip_directions` is also an argument of load_simpsons
 from fedpriv.data.parsing import strip_directions as _strip_directions
 from fedpriv.data.text import FederatedText, normalize_whitespace, split_sentences
@@ -112,10 +112,7 @@ def load_chitchat(*, path: str | os.PathLike | None = None,
         return out
 
     return load_federated("chitchat", [src], {"min_chars": min_chars}, parse,
-                          cache_dir=cache_dir, use_cache=use_cache, progress=progress,
-                          max_examples_per_client=max_examples_per_client,
-                          min_examples_per_client=min_examples_per_client, seed=seed,
-                          max_malformed=max_malformed)
+                          **loader_settings(locals()))
 
 
 # --------------------------------------------------------------------------------------------
@@ -256,10 +253,7 @@ def load_shakespeare(*, path: str | os.PathLike | None = None,
         return out
 
     return load_federated("shakespeare", [src], {"unit": unit, "edition": edition}, parse,
-                          cache_dir=cache_dir, use_cache=use_cache, progress=progress,
-                          max_examples_per_client=max_examples_per_client,
-                          min_examples_per_client=min_examples_per_client, seed=seed,
-                          max_malformed=max_malformed)
+                          **loader_settings(locals()))
 
 
 # --------------------------------------------------------------------------------------------
@@ -313,7 +307,4 @@ def load_simpsons(*, path: str | os.PathLike | None = None,
         return out
 
     return load_federated("simpsons", [src], {"strip_directions": strip_directions}, parse,
-                          cache_dir=cache_dir, use_cache=use_cache, progress=progress,
-                          max_examples_per_client=max_examples_per_client,
-                          min_examples_per_client=min_examples_per_client, seed=seed,
-                          max_malformed=max_malformed)
+                          **loader_settings(locals()))

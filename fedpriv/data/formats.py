@@ -21,7 +21,7 @@ from fedpriv.data import cache as cache_lib
 from fedpriv.data.errors import (ConfigError, EmptyCorpusError, MalformedDataError,
                                  MissingResourceError)
 from fedpriv.data.parsing import (Parsed, connect_ro, duplicate_keys, is_client_id, is_text,
-                                  load_federated, loads_json)
+                                  load_federated, loader_settings, loads_json)
 from fedpriv.data.sources import require_file
 from fedpriv.data.text import FederatedText, normalize_whitespace
 
@@ -140,10 +140,7 @@ def load_stackoverflow_sqlite(path: str | os.PathLike, split: str = "train", *,
 
     return load_federated(f"stackoverflow_{split}", [db],
                           {"split": split, "field": field, "max_clients": max_clients}, parse,
-                          cache_dir=cache_dir, use_cache=use_cache, progress=progress,
-                          max_examples_per_client=max_examples_per_client,
-                          min_examples_per_client=min_examples_per_client, seed=seed,
-                          max_malformed=max_malformed)
+                          **loader_settings(locals()))
 
 
 def load_jsonl(path: str | os.PathLike, *, user_key: str = "user", text_key: str = "text",
@@ -231,10 +228,7 @@ def load_jsonl(path: str | os.PathLike, *, user_key: str = "user", text_key: str
         return out
 
     return load_federated("jsonl", [src], {"user_key": user_key, "text_key": text_key}, parse,
-                          cache_dir=cache_dir, use_cache=use_cache, progress=progress,
-                          max_examples_per_client=max_examples_per_client,
-                          min_examples_per_client=min_examples_per_client, seed=seed,
-                          max_malformed=max_malformed)
+                          **loader_settings(locals()))
 
 
 def load_text_dir(directory: str | os.PathLike, *, pattern: str = "*.txt",
@@ -285,7 +279,4 @@ def load_text_dir(directory: str | os.PathLike, *, pattern: str = "*.txt",
 
     return load_federated("text_dir", files, {"pattern": pattern,
                                               "names": [p.name for p in files]}, parse,
-                          cache_dir=cache_dir, use_cache=use_cache, progress=progress,
-                          max_examples_per_client=max_examples_per_client,
-                          min_examples_per_client=min_examples_per_client, seed=seed,
-                          max_malformed=max_malformed)
+                          **loader_settings(locals()))

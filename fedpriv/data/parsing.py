@@ -118,6 +118,17 @@ def store(path: pathlib.Path | None, entry: Mapping[str, Any], stats_d: Mapping[
                      seconds=time.perf_counter() - t0)
 
 
+# the keywords every corpus loader takes and hands to `load_federated` unchanged
+LOADER_SETTINGS = ("cache_dir", "use_cache", "progress", "max_examples_per_client",
+                   "min_examples_per_client", "seed", "max_malformed")
+
+
+def loader_settings(scope) -> dict:
+    """``LOADER_SETTINGS`` picked from a loader's ``locals()``: its call of `load_federated` is
+    ``load_federated(name, sources, options, parse, **loader_settings(locals()))``."""
+    return {k: scope[k] for k in LOADER_SETTINGS}
+
+
 def load_federated(name: str, source_paths: Sequence[pathlib.Path], options: Mapping[str, Any],
                    parse: Callable[[bool], Parsed], *, cache_dir, use_cache: bool,
                    progress: bool, max_examples_per_client, min_examples_per_client: int,

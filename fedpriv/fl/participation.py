@@ -39,7 +39,7 @@ import numpy as np
 from fedpriv.dp import accounting
 from fedpriv.dp.matrix import BandedStrategy, MinSeparationError, matrix_event
 from fedpriv.errors import FedprivError
-from fedpriv.fl.samplers import FixedCohortSampler
+from fedpriv.fl.samplers import FixedCohortSampler, periodic_event
 
 
 class AmplificationError(FedprivError, ValueError):
@@ -74,19 +74,7 @@ class CyclicSampler(FixedCohortSampler):
     def amplified_event(self, release, rounds: int) -> dpa.DpEvent:
         """Fresh releases once per participation; a tree only if it restarts every ``b`` rounds
         (each client once per tree). Matrix mechanisms go through ``matrix_privacy_event``."""
-        if isinstance(release, dpa.DpEvent):
-            release = accounting.RoundRelease(fresh=release)
-        k = self.max_participations(rounds)
-        parts = []
-        if release.is_tree:
-            if release.restart_every != self.min_separation:
-                raise ValueError(f"tree restarts every {release.restart_every} rounds but a "
-                                 f"client returns every {self.min_separation}: twice in one tree")
-            parts.append(accounting.dp_ftrl_event(release.tree_noise_multiplier, rounds,
-                                                  self.min_separation))
-        if release.fresh is not None:
-            parts.append(dpa.SelfComposedDpEvent(release.fresh, k))
-        return parts[0] if len(parts) == 1 else dpa.ComposedDpEvent(parts)
+        return periodic_event(release, rounds, self.min_separation, self.max_participations(rounds))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -90,6 +90,25 @@ def _as_release(release) -> accounting.RoundRelease:
     raise TypeError(f"expected a RoundRelease or a DpEvent, got {type(release).__name__}")
 
 
+def periodic_event(release, rounds: int, period: int, participations: int) -> dpa.DpEvent:
+    """The event of ``rounds`` rounds of a sampler that puts each client in at most one round of
+    every ``period`` (an epoch of a shuffled pass, a min-separation group cycle) and in at most
+    ``participations`` rounds: a tree must restart every ``period`` rounds, so each client is in
+    each tree at most once (DP-FTRL's restarted-tree accounting, ``accounting.dp_ftrl_event``);
+    a fresh release composes ``participations`` times. Any other restart is refused."""
+    release = _as_release(release)
+    parts = []
+    if release.is_tree:
+        if release.restart_every != period:
+            raise ValueError(f"tree restarts every {release.restart_every} rounds but the sampler's "
+                             f"period (each client at most once in it) is {period} rounds: a client "
+                             f"could appear twice in one tree")
+        parts.append(accounting.dp_ftrl_event(release.tree_noise_multiplier, rounds, period))
+    if release.fresh is not None:
+        parts.append(dpa.SelfComposedDpEvent(release.fresh, participations))
+    return parts[0] if len(parts) == 1 else dpa.ComposedDpEvent(parts)
+
+
 def _no_tree(release: accounting.RoundRelease, sampler) -> None:
     if release.is_tree:
         raise ValueError(f"DP-FTRL's tree accounting needs each client at most once per tree; "
@@ -201,19 +220,7 @@ class ShuffledPassSampler(FixedCohortSampler):
     def amplified_event(self, release, rounds: int) -> dpa.DpEvent:
         """Each client is in one round per epoch: per epoch, one tree (DP-FTRL, restarting
         every epoch) and one fresh release; composed over the epochs of ``rounds``."""
-        release = _as_release(release)
-        epochs = len(self.steps_per_epoch(rounds))
-        parts = []
-        if release.is_tree:
-            if release.restart_every != self.rounds_per_epoch:
-                raise ValueError(
-                    f"tree restarts every {release.restart_every} rounds but an epoch has "
-                    f"{self.rounds_per_epoch}: a client could appear twice in one tree")
-            parts.append(accounting.dp_ftrl_event(release.tree_noise_multiplier, rounds,
-                                                  self.rounds_per_epoch))
-        if release.fresh is not None:
-            parts.append(dpa.SelfComposedDpEvent(release.fresh, epochs))
-        return parts[0] if len(parts) == 1 else dpa.ComposedDpEvent(parts)
+        return periodic_event(release, rounds, self.rounds_per_epoch, len(self.steps_per_epoch(rounds)))
 
     def sample(self, round_idx: int) -> np.ndarray:
         epoch, pos = divmod(round_idx, self.rounds_per_epoch)

@@ -32,6 +32,7 @@ from typing import Callable, Mapping, Sequence
 import jax
 import numpy as np
 
+from fedpriv import report
 from fedpriv.fred.distance import gaussian_stats, pca_basis
 from fedpriv.fred.embed import HELD_OUT, embed_all
 from fedpriv.fred.private import fred, private_stats
@@ -261,12 +262,7 @@ def plot_fred_vs_y(fr: dict, path: str, pair: tuple[float, float] = (99, 100),
     b.set_xlim(-0.6, len(idx) - 0.4)
     b.set_ylabel("private FreD (trials; bars: min-max)")
     b.grid(alpha=0.3)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return report.save_figure(fig, path, title)
 
 
 # ============================================================================================

@@ -189,7 +189,4 @@ def plot_figure3(rows: list[dict], path: str, title: str = "") -> str:
         ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return report.save_figure(fig, path)

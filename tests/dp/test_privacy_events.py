@@ -151,10 +151,18 @@ def test_noise_free_count_and_unknown_samplers_fail_closed():
 
 
 def test_tree_restart_must_equal_the_epoch():
-    s = ShuffledPassSampler(200, 20)  # 10 rounds per epoch
-    for restart in (5, 20):
-        with pytest.raises(ValueError, match="a client could appear twice in one tree"):
-            privacy_event(DPConfig(1.0, 1.0, "tree", restart), s, 25)
+    """A shuffled pass (a client once per epoch) and a cyclic sampler (once per min-separation
+    cycle) both account a tree only when it restarts with their period; the accepted events are
+    the restarted-tree event, composed with the fresh releases of each participation."""
+    from fedpriv.fl.participation import CyclicSampler
+    for s, period, k in ((ShuffledPassSampler(200, 20), 10, 3), (CyclicSampler(200, 20), 10, 3)):
+        for restart in (period // 2, 2 * period):
+            with pytest.raises(ValueError, match="a client could appear twice in one tree"):
+                privacy_event(DPConfig(1.0, 1.0, "tree", restart), s, 25)
+        ev = privacy_event(DPConfig(1.0, 1.0, "tree", period), s, 25)
+        assert ev == acc.dp_ftrl_event(1.0, 25, period)
+        fresh = s.amplified_event(dpa.GaussianDpEvent(2.0), 25)
+        assert fresh == dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(2.0), k)  # 25 rounds: 3 periods
 
 
 def test_sampler_amplifies_any_per_round_event():
