@@ -399,7 +399,8 @@ def markdown(out: dict) -> str:
              f"cohort {out['clients']}, {out['device']}", "",
              f"client sizes: {out['client_size']}; client compute {out['compute_dtype']}; jax {out['jax']}", "",
              "| path | s/round | tokens/s |", "|---|---|---|",
-             f"| engine (lanes={out['lanes']}) | {out['engine_seconds_per_round']:.3f} | {out['engine_tokens_per_s']:,.0f} |",
+             f"| engine (lanes={out['lanes']}) | {out['engine_seconds_per_round']:.3f} | "
+             f"{out['engine_tokens_per_s']:,.0f} |",
              f"| per-client loop | {out['loop_seconds_per_round']:.3f} | {out['loop_tokens_per_s']:,.0f} |", "",
              f"- engine / loop: **{out['engine_over_loop']:.2f}x**; executed / real local steps: "
              f"{out['executed_over_real_steps']:.3f}; engine vs loop max |param diff| "

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from configs.common import (ConfigError, apply_overrides, check, refuse_derived, refuse_nonprivate,
-                            split_spec)
+from configs.common import ConfigError, apply_overrides, check, refuse_derived, refuse_nonprivate, split_spec
 from configs.lm_fl import get_config as lm_config
 
 

@@ -155,10 +155,12 @@ BASE = LMFLConfig()
 # * eps 1.77 / z ~ 8.83: client lr and clip from two sub-grids of App. C at 120 rounds (server
 #   {0.05, 0.1, 0.2} x client {0.1, 0.5} x clip {0.3, 1.0}, and server {0.3, 0.5} x client
 #   {0.5, 1.0} x clip {1.0, 3.0}, the latter all below):
-#     python -m experiments.lm_sweep --config "configs/lm_sweep.py:small,server_lrs=0.05/0.1/0.2,client_lrs=0.1/0.5,clip_norms=0.3/1.0,target_epsilon=1.77"
+#     python -m experiments.lm_sweep --config "configs/lm_sweep.py:small,server_lrs=0.05/0.1/0.2,\
+#         client_lrs=0.1/0.5,clip_norms=0.3/1.0,target_epsilon=1.77"
 #   (best: server 0.2, client 0.5, clip 1.0: val 3.75 +- 0.61 % over 3 seeds, the most-frequent
 #   token 3.92 %); the server lr then re-chosen for a long run, z = 8.83 over 800 rounds:
-#     python -m experiments.lm_fl --config "configs/lm_fl.py:small,target_epsilon=None,noise_multiplier=8.83,clip_norm=1.0,server_lr=0.05,rounds=800"
+#     python -m experiments.lm_fl --config "configs/lm_fl.py:small,target_epsilon=None,\
+#         noise_multiplier=8.83,clip_norm=1.0,server_lr=0.05,rounds=800"
 #   server lr 0.2 peaks at 5.6 % (round 100) and drifts to 2.5 % (val loss 6.3 -> 10.3: the
 #   noise of ~12 tree epochs accumulates); 0.05 climbs to 12.6 % (privacy_utility:small, 3
 #   seeds: 13.11 +- 0.30 % validation, 3.3x the most-frequent token).

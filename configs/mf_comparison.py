@@ -30,7 +30,8 @@ class MFComparisonConfig:
 
 
 SCALES = {"smoke": dict(), "small": dict(seeds=(0, 1, 2)), "paper": dict(seeds=(0, 1, 2))}
-LM_SCALE = {"smoke": "smoke,rounds=3,eval_every=3", "small": "small", "paper": "paper,noise_multiplier=None,target_epsilon=1.77,simulated_population=None"}
+LM_SCALE = {"smoke": "smoke,rounds=3,eval_every=3", "small": "small",
+            "paper": "paper,noise_multiplier=None,target_epsilon=1.77,simulated_population=None"}
 
 
 def get_config(arg: str = "small") -> MFComparisonConfig:

@@ -14,9 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from configs.common import ConfigError, check, from_scale
-
-from fedpriv.expansion import (KOGA_MAX_TOKENS_PER_CLIENT, KOGA_SEQ_LEN, SOURCE, TARGET, Stage,
-                               TrainingScheme)
+from fedpriv.expansion import KOGA_MAX_TOKENS_PER_CLIENT, KOGA_SEQ_LEN, SOURCE, TARGET, Stage, TrainingScheme
 
 TOTAL_BUDGET = (2.0, 1e-6)  # (eps, delta) per user for a whole scheme (Sec. 4.2)
 UNIGRAM_BUDGET = (0.8, 0.0)  # (eps0, delta0) for the unigram release of IW and IWPT

@@ -44,7 +44,8 @@ class PrivacyUtilityConfig:
                                ("epsilons", self.epsilons, lambda e: e > 0),
                                ("server_lrs", self.server_lrs or (), lambda v: v > 0)):
             if not all(ok(v) for v in vals) or (name != "server_lrs" and not vals):
-                raise ConfigError(f"{name} = {vals!r}: invalid (tokenizers: name[:vocab size > 4], name in {TOKENIZERS}; "
+                raise ConfigError(f"{name} = {vals!r}: invalid (tokenizers: name[:vocab size > 4], "
+                                  f"name in {TOKENIZERS}; "
                                   "seeds >= 0; epsilons and server_lrs > 0)")
 
 

@@ -13,10 +13,9 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from configs.common import (ConfigError, PrivateCorpusFields, check, check_lanes, from_scale,
-                            refuse_nonprivate)
-from fedpriv.fl.cohort import BATCHINGS
+from configs.common import ConfigError, PrivateCorpusFields, check, check_lanes, from_scale, refuse_nonprivate
 from configs.lm_fl import CORPORA
+from fedpriv.fl.cohort import BATCHINGS
 
 ROWS = ("none", "pretrain_lm", "pretrain_distill_long", "pretrain_distill", "mid_random_lm",
         "mid_random", "mid_dm", "mid_dm_priv_only")

@@ -35,14 +35,16 @@ ARTEFACTS = (
              "pre-training (with pre-training: wang-table2's pretrain_lm row)", "privacy_utility", "privacy_utility",
              outputs=("table1.md", "privacy_utility.md"), claims=('(Table 1)',)),
     Artefact("wang-figure1", "Wang et al. 2023", "tokenizers (SentencePiece vs word vocabularies), next-token "
-             "accuracy without / with OOV", "privacy_utility", "privacy_utility", outputs=("figure1.png",), claims=('(Figure 1)',)),
+             "accuracy without / with OOV", "privacy_utility", "privacy_utility", outputs=("figure1.png",),
+             claims=('(Figure 1)',)),
     Artefact("wang-table2", "Wang et al. 2023", "public pre-/mid-training, LLM distillation, distribution "
              "matching", "public_training", "public_training",
              outputs=("public_training.md", "public_training.png"), claims=('Table 2', 'Tables 1/2')),
     Artefact("wang-table3", "Wang et al. 2023", "with vs without log p_pub (rows of wang-table2's output)",
              "public_training", "public_training", outputs=("public_training.md",), claims=('Table 3',)),
     Artefact("wang-table4-5", "Wang et al. 2023", "timing T' of distribution matching / of mid-training "
-             "(T' = 0, T/4, T/2, 3T/4, T)", "wang_ablations", "wang_ablations", outputs=("table4.md", "table5.md"), claims=('Table 4', 'Table 5')),
+             "(T' = 0, T/4, T/2, 3T/4, T)", "wang_ablations", "wang_ablations", outputs=("table4.md", "table5.md"),
+             claims=('Table 4', 'Table 5')),
     Artefact("wang-figure2-4", "Wang et al. 2023", "accuracy after private FL vs distillation steps; vs top-k",
              "wang_ablations", "wang_ablations",
              outputs=("accuracy_vs_distill_steps.md", "accuracy_vs_distill_steps.png", "accuracy_vs_topk.md",
@@ -61,7 +63,8 @@ ARTEFACTS = (
              "prefinetuning set from the private distribution", "fred_mixtures", "fred_mixtures",
              outputs=("fred_mixtures.md",), claims=('(Table 2)',)),
     Artefact("hou-figure2", "Hou et al. 2023", "FreD vs Y% (non-private, private over trials); private FreD "
-             "separating 99% from 100%", "fred_mixtures", "fred_mixtures", outputs=("fred_vs_y.png",), claims=('FreD',)),
+             "separating 99% from 100%", "fred_mixtures", "fred_mixtures", outputs=("fred_vs_y.png",),
+             claims=('FreD',)),
     Artefact("koga-table1", "Koga et al. 2023", "8 schemes x 2 domain-adaptation datasets",
              "population_expansion", "population_expansion", outputs=("table.md", "table1.png")),
     Artefact("mf-comparison", "beyond the papers", "tree vs banded / BLT matrix-factorization DP-FTRL vs "

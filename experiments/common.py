@@ -143,7 +143,8 @@ def code_paths() -> list[str]:
 def record_invocation() -> None:
     """After an experiment's ``main`` returned normally under :func:`cli`: write
     ``<workdir>/invocation.json`` (module, ``--config`` spec, time, git commit (full), whether
-    the tree had uncommitted changes and the ``fedpriv/`` files imported: :func:`code_paths`), which the results page (``python -m experiments.results``)
+    the tree had uncommitted changes and the ``fedpriv/`` files imported: :func:`code_paths`),
+    which the results page (``python -m experiments.results``)
     shows next to the artefact, and the run's compact summary (``experiments.results.
     record_compact``: ``<workdir>/compact.json``, published under ``experiments/results/summaries/``
     for a ``small`` / ``paper`` run). A run that failed writes nothing, so the files always
@@ -151,6 +152,7 @@ def record_invocation() -> None:
     if not _LAST_RUN or not os.path.isdir(_LAST_RUN["workdir"]):
         return
     import time
+
     from fedpriv.report import git_state
     inv = {"module": _LAST_RUN["module"], "config": _LAST_RUN["config"],
            "command": f"python -m {_LAST_RUN['module']} --config {_LAST_RUN['config']}",
@@ -206,5 +208,14 @@ def publish_rows(rows: list[dict], table: list[dict], workdir: str, name: str, *
 
 
 # shared reporting lives in the library (fedpriv.report); re-exported for the experiments
-from fedpriv.report import (bar_chart, mean_std, metric_curve, plot_curves, pm,  # noqa: E402,F401
-                            run_record, save_json, write_table, write_verdicts)
+from fedpriv.report import (  # noqa: E402,F401
+    bar_chart,
+    mean_std,
+    metric_curve,
+    plot_curves,
+    pm,
+    run_record,
+    save_json,
+    write_table,
+    write_verdicts,
+)

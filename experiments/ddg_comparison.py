@@ -14,7 +14,6 @@ amplify), so they differ by far at equal z.
 """
 from __future__ import annotations
 
-
 from experiments import common
 from fedpriv import verdicts as V
 from fedpriv.fl.loop import read_metrics

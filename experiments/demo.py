@@ -8,7 +8,6 @@ with the same work directory resumes from the last checkpoint.
 """
 from __future__ import annotations
 
-
 from experiments import common
 from fedpriv.recipes import lm
 

@@ -18,9 +18,8 @@ import time
 import numpy as np
 
 from experiments import common
-from fedpriv.fred.mixtures import (monotone_verdict, plot_fred_vs_y, run_mixtures, separation_verdict,
-                                   trials_epsilon)
 from fedpriv import verdicts as V
+from fedpriv.fred.mixtures import monotone_verdict, plot_fred_vs_y, run_mixtures, separation_verdict, trials_epsilon
 from fedpriv.report import write_verdicts
 
 # Hou et al. Table 2: Y% -> (test perplexity before, after DP FL-finetuning)
@@ -99,7 +98,9 @@ def run(cfg, workdir: str, progress: bool = True) -> dict:
              f"delta {rel['delta_total']:g}), {cfg.fred_trials} trials = release seeds; each release reused "
              "for every Y (post-processing); trial 0 charged to the ledger; trials 1.. are replicate releases of "
              "the same users for the spread over trials (Fig. 2), NOT covered by the ledger: all "
-             f"{cfg.fred_trials} releases together are (eps={trials_epsilon(cfg.fred_epsilon, cfg.fred_delta, cfg.fred_trials, cfg.lm.delta):.3g}, delta={cfg.lm.delta:g})"
+             f"{cfg.fred_trials} releases together are (eps="
+             f"{trials_epsilon(cfg.fred_epsilon, cfg.fred_delta, cfg.fred_trials, cfg.lm.delta):.3g}, "
+             f"delta={cfg.lm.delta:g})"
              + (f"; in a {cfg.pca_dims}-dim PCA basis of the public pools (not in the paper)" if cfg.pca_dims else ""),
              f"prefinetune {cfg.prefinetune_steps} steps (batch {cfg.prefinetune_batch}); DP-FTRL "
              f"{cfg.lm.rounds} rounds, z={runs[0]['fl_noise_multiplier']:.3g} calibrated so FreD + FL fit "
@@ -114,8 +115,8 @@ def run(cfg, workdir: str, progress: bool = True) -> dict:
         f.write("\n## Hou et al. Table 2 (paper)\n\n| Y% | before FL | after FL |\n|---|---|---|\n"
                 + "".join(f"| {y} | {b} | {a} |\n" for y, (b, a) in PAPER_TABLE2.items())
                 + "\n## Verdicts\n\n" + "".join(f"- {v.claim}: **{v.status}** — {v.measured}\n" for v in verdicts))
-    summary = {"rows": rows, "fred": {k: fr[k] for k in ("y", "nonprivate", "nonprivate_full", "nonprivate_user", "private",
-                                                          "releases", "embedder_sentences_per_s",
+    summary = {"rows": rows, "fred": {k: fr[k] for k in ("y", "nonprivate", "nonprivate_full", "nonprivate_user",
+                                                          "private", "releases", "embedder_sentences_per_s",
                                                           "embedded_sentences", "private_users")},
                "runs": [{k: v for k, v in r.items() if k != "ledger"} for r in runs],
                "verdicts": [v.to_json() for v in verdicts], "ledger": ledger,

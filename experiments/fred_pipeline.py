@@ -21,8 +21,7 @@ import os
 import numpy as np
 
 from experiments import common
-from fedpriv import report
-from fedpriv import verdicts as V
+from fedpriv import report, verdicts as V
 from fedpriv.fl.loop import NONPRIVATE
 from fedpriv.fred.pipeline import NONE, NOT_COVERED_NOTE, outputs, run_pipeline
 
@@ -153,7 +152,8 @@ def run(cfg, workdir: str, progress: bool = True) -> dict:
              "noise (one pipeline ledger each, identical events); mean ± std over seeds",
              f"unit of privacy: {cfg.fred_unit}; pipeline budget epsilon = {cfg.total_epsilon}, delta = {lm.delta:g}",
              f"FreD: two Gaussian releases at (epsilon={cfg.fred_epsilon}, delta={lm.delta:g}) each"
-             + (f", in a {cfg.pca_dims}-dim PCA basis of the public candidates (not in the paper)" if cfg.pca_dims else ""),
+             + (f", in a {cfg.pca_dims}-dim PCA basis of the public candidates (not in the paper)"
+                if cfg.pca_dims else ""),
              "FL-finetuning z calibrated so FreD + DP-FTRL fit the budget; rows other than the chosen one are "
              "counterfactual runs with a copy of the ledger", f"pipeline ledger (seed {cfg.seeds[0]}): {ledger}"]
     if lm.noise_cohort_size is not None:

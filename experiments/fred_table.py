@@ -22,10 +22,10 @@ import json
 import pathlib
 
 from experiments import common
+from fedpriv import verdicts as V
 from fedpriv.fred.compare import table_rows
 from fedpriv.fred.embed import embed_all, table_datasets, table_declared_counts
 from fedpriv.models import bert
-from fedpriv import verdicts as V
 
 
 def run(cfg, workdir: str, progress: bool = True) -> dict:

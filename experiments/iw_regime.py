@@ -24,10 +24,8 @@ import os
 import time
 
 from configs.population_expansion import TOTAL_BUDGET, UNIGRAM_BUDGET
-from experiments import common
-from experiments import population_expansion as pe_exp
-from fedpriv import expansion, report
-from fedpriv import verdicts as V
+from experiments import common, population_expansion as pe_exp
+from fedpriv import expansion, report, verdicts as V
 from fedpriv.expansion import regime
 
 TITLE = "IW regime: private target unigrams vs the signal IW needs (Koga et al. 2023, Sec. 3.2)"

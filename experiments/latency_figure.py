@@ -31,8 +31,8 @@ import time
 import numpy as np
 
 from experiments import common
-from fedpriv.expansion import latency
 from fedpriv import verdicts as V
+from fedpriv.expansion import latency
 from fedpriv.report import write_verdicts
 
 NOTES = ["m = N − round(Np) unavailable devices, k = C − round(Npq) still needed, each becoming "

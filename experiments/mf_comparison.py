@@ -10,7 +10,6 @@ matrix mechanisms beat the tree at equal epsilon.
 """
 from __future__ import annotations
 
-
 from experiments import common
 from fedpriv import verdicts as V
 from fedpriv.recipes import lm

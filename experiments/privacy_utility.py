@@ -111,7 +111,8 @@ def notes(cfg) -> list[str]:
                    "epsilon is inf; epsilon_if_vocabulary_public is the epsilon if it is taken as public")
     if c.noise_cohort_size:
         out.append(f"noise calibrated for a cohort of {c.noise_cohort_size} while training {c.cohort_size} clients "
-                   f"per round (McMahan et al. 2018): epsilon_executed_run is the epsilon SPENT on our users by the run "
+                   f"per round (McMahan et al. 2018): epsilon_executed_run is the epsilon SPENT on our users by "
+                   f"the run "
                    f"actually executed; epsilon is the noise-cohort simulation's (population scaled by "
                    f"{c.noise_cohort_size}/{c.cohort_size}: the ledger's budget), a simulated figure")
     if cfg.server_lrs:

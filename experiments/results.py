@@ -135,7 +135,31 @@ def _code(text: str | None) -> str | None:
                 and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
                 and isinstance(body[0].value.value, str)):
             node.body = body[1:] or [ast.Pass()]
+        if isinstance(getattr(node, "body", None), list):
+            node.body = _sorted_imports(node.body)
     return ast.dump(tree)
+
+
+def _sorted_imports(body: list) -> list:
+    """``body`` with each run of consecutive import statements replaced by one marker holding
+    the sorted set of what it imports: the order and grouping of imports (an import sorter's
+    edits) are layout; adding or removing an import is not."""
+    out, run = [], []
+
+    def flush():
+        if run:
+            names = sorted({(type(st).__name__, getattr(st, "module", None) or "", getattr(st, "level", 0) or 0,
+                             a.name, a.asname or "") for st in run for a in st.names})
+            out.append(ast.Expr(ast.Constant(f"imports {names}")))
+            run.clear()
+    for st in body:
+        if isinstance(st, (ast.Import, ast.ImportFrom)):
+            run.append(st)
+        else:
+            flush()
+            out.append(st)
+    flush()
+    return out
 
 
 def code_changes(commit: str, paths, repo: str | None = None, loaded=None) -> list[str]:
@@ -170,7 +194,7 @@ def staleness(commit: str | None, paths, repo: str | None = None, loaded=None) -
     ``stale`` when :func:`code_changes` finds a file of them whose code changed (docstring-,
     comment- or layout-only edits do not count; ``changed_by``: the newest commit that touched
     one, short hash and subject) or when ``commit`` is missing or unknown to this repository
-    (fail closed)."""
+    (fail closed). Reordering or regrouping imports is layout too; adding or removing one is not."""
     repo = repo or ROOT
     out = {"commit": commit or None, "commits_behind": None, "stale": True, "changed_by": None,
            "changed_files": [], "reason": ""}

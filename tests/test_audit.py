@@ -16,7 +16,6 @@ from scipy import stats
 from scipy.optimize import brentq
 
 from fedpriv import audit
-from fedpriv.fl import algorithms
 from fedpriv.fl import samplers as samplers_lib
 
 CLEARLY = 1.25  # a broken variant must beat the accountant's epsilon by at least 25%

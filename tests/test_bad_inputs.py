@@ -21,10 +21,19 @@ import numpy as np
 import pytest
 
 from experiments import common
-from fedpriv.data import (EmptyCorpusError, MalformedDataError, MissingResourceError,
-                          SentencePieceTokenizer, WordTokenizer, load_chitchat, load_jsonl,
-                          load_stackoverflow_sqlite, load_text_dir, load_tokenizer,
-                          train_sentencepiece)
+from fedpriv.data import (
+    EmptyCorpusError,
+    MalformedDataError,
+    MissingResourceError,
+    SentencePieceTokenizer,
+    WordTokenizer,
+    load_chitchat,
+    load_jsonl,
+    load_stackoverflow_sqlite,
+    load_text_dir,
+    load_tokenizer,
+    train_sentencepiece,
+)
 from fedpriv.data.errors import ConfigError, FedprivError, TokenizerError
 from fedpriv.dp.clipping import clip_update
 from fedpriv.fl.cohort import build_cohort
@@ -612,7 +621,8 @@ def _api_cases():
         (lambda: matrix.matrix_event(matrix.banded_strategy(2), 1.0, 2.5, 1),
          r"rounds must be an integer >= 1, got 2\.5"),
         (lambda: matrix.banded_strategy(2.5), r"bands must be an integer >= 1"),
-        (lambda: acc.dp_ftrl_event(1.0, 10, rounds_per_epoch=2.5), r"rounds_per_epoch must be an integer >= 1, got 2\.5"),
+        (lambda: acc.dp_ftrl_event(1.0, 10, rounds_per_epoch=2.5),
+         r"rounds_per_epoch must be an integer >= 1, got 2\.5"),
         (lambda: acc.dp_ftrl_event(1.0, 10.5), r"rounds must be an integer >= 1, got 10\.5"),
         (lambda: acc.dp_ftrl_event(1.0, float("nan")), r"rounds must be an integer >= 1, got nan"),
         (lambda: acc.dp_ftrl_event(1.0, "10"), r"rounds must be an integer >= 1, got '10'"),

@@ -64,8 +64,10 @@ def test_epochs_and_fedavg_and_calibration(capsys):
     (["privacy", "dp-ftrl", "--noise-multiplier", "1", "--rounds", "10", "--delta", "1"], "delta"),
     (["privacy", "dp-ftrl", "--noise-multiplier", "1", "--rounds", "10", "--delta", "0"], "delta"),
     (["privacy", "dp-ftrl", "--noise-multiplier", "1", "--rounds", "0", "--delta", "1e-6"], "rounds"),
-    (["privacy", "dp-fedavg", "--noise-multiplier", "1", "--sampling-rate", "0", "--rounds", "5", "--delta", "1e-6"], "sampling rate"),
-    (["privacy", "dp-fedavg", "--noise-multiplier", "1", "--sampling-rate", "1.5", "--rounds", "5", "--delta", "1e-6"], "sampling rate"),
+    (["privacy", "dp-fedavg", "--noise-multiplier", "1", "--sampling-rate", "0", "--rounds", "5",
+      "--delta", "1e-6"], "sampling rate"),
+    (["privacy", "dp-fedavg", "--noise-multiplier", "1", "--sampling-rate", "1.5", "--rounds", "5",
+      "--delta", "1e-6"], "sampling rate"),
     (["privacy", "dp-ftrl", "--noise-multiplier", "abc", "--rounds", "5", "--delta", "1e-6"], "invalid float"),
     (["privacy", "dp-ftrl", "--rounds", "5", "--delta", "1e-6"], "required"),
     # issue 14 item 9: each of these used to give a traceback, a hang or a misleading message
@@ -198,6 +200,7 @@ def test_documented_maximum_rounds_finish_in_bounded_time(capsys):
     """`--rounds 1000000` (MAX_ROUNDS) at q = 0.5 ran > 240 s and 10.5 GB under PLD: its RDP
     epsilon is far above MAX_PLD_EPSILON, so "best" reports RDP's (valid) bound and says so."""
     import time
+
     from fedpriv.dp import accounting
     t0 = time.perf_counter()
     assert main(["privacy", "dp-fedavg", "--noise-multiplier", "1", "--sampling-rate", "0.5",

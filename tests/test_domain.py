@@ -546,10 +546,10 @@ def test_table1_budget_split_through_the_real_ledger():
     (2, 1e-6) budget per user; PT/IWPT spend on S and T in parallel, and nothing more fits."""
     from functools import lru_cache
 
+    import dp_accounting
+
     from fedpriv.dp import accounting
     from fedpriv.dp.ledger import PrivacyBudgetExceeded, PrivacyLedger
-
-    import dp_accounting
 
     @lru_cache(maxsize=None)
     def training_event(eps, delta):

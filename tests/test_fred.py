@@ -13,7 +13,6 @@ import scipy.stats
 
 from fedpriv import fred as F
 from fedpriv.dp import moments as M
-
 from fedpriv.dp.ledger import PrivacyBudgetExceeded, PrivacyLedger
 
 

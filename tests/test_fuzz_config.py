@@ -15,11 +15,14 @@ import math
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import (  # noqa: E402
+    HealthCheck,
+    given,
+    settings,
+    strategies as st,  # noqa: E402
+)
 
-from configs import common  # noqa: E402
-from configs import lm_fl  # noqa: E402
+from configs import common, lm_fl  # noqa: E402
 from configs.common import ConfigError  # noqa: E402
 
 FAST = settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -8,7 +8,6 @@
 import dataclasses
 import json
 import math
-import os
 
 import dp_accounting as dpa
 import numpy as np
@@ -19,8 +18,7 @@ from fedpriv.dp import accounting
 from fedpriv.dp.adaptive import AdaptiveClipping
 from fedpriv.dp.ledger import PrivacyBudgetExceeded, PrivacyLedger
 from fedpriv.fl.algorithms import dp_fedavg, privacy_event, server_optimizer
-from fedpriv.fl.loop import (DP_COVERED_METRICS, METRICS, NONPRIVATE, nonprivate_key, read_metrics,
-                             train)
+from fedpriv.fl.loop import DP_COVERED_METRICS, NONPRIVATE, nonprivate_key, read_metrics, train
 from fedpriv.fl.samplers import PoissonSampler
 from tests.fl.helpers import init_params, loss_fn, make_dataset
 

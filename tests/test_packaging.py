@@ -156,6 +156,7 @@ def test_every_declared_dependency_is_pinned_within_its_range():
 def _installed_lock():
     """The lock's pins, or skip unless this interpreter has exactly those versions installed."""
     from importlib import metadata
+
     from packaging.version import Version
     locked = _pins(LOCK.read_text(), "requirements.lock")
     wrong = {}
@@ -186,6 +187,7 @@ def test_lock_is_the_closure_of_requirements():
     if (sys.version_info[:2], sys.platform, platform.machine()) != ((3, 11), "linux", "x86_64"):
         pytest.skip("the lock is resolved for Python 3.11 on Linux x86_64")
     from importlib import metadata
+
     from packaging.requirements import Requirement
     locked, wrong = _installed_lock()
     if wrong:

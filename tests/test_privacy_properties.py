@@ -17,8 +17,7 @@ import math
 import dp_accounting as dpa
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
 from fedpriv.dp.matrix import BandedStrategy, MinSeparationError, toeplitz_matrix

@@ -6,8 +6,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from scipy import stats
 
 from fedpriv import verdicts as V
@@ -190,6 +189,7 @@ def test_training_improves_on_round0_is_not_reproduced_below_the_trivial_baselin
     """Wang Table 1 at eps 1.77: a final model above round 0 but below the most-frequent-token
     accuracy learned nothing; the old rule called it "reproduced"."""
     import types
+
     from fedpriv.recipes import tokenizer_study
     cfg = types.SimpleNamespace(tokenizers=("sentencepiece",), epsilons=(1.77,),
                                 lm=types.SimpleNamespace(vocab_size=100))
@@ -225,6 +225,7 @@ def test_more_distillation_steps_is_not_the_best_of_three_against_zero():
 def test_table3_at_weak_privacy_is_an_equivalence():
     """Table 3 at eps 18.71: "negligible" is tested as equivalence within the stated margin."""
     import types
+
     from fedpriv.recipes import public
     cfg = types.SimpleNamespace(epsilons=(1.77, 18.71), rows=("mid_dm", "mid_dm_priv_only"),
                                 long_q=1.0, pretrain_fraction=1.0, q=0.01, arch="lstm")

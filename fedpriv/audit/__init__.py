@@ -68,13 +68,25 @@ each run while the accountant is still given the *claimed* configuration:
 """
 from fedpriv.audit.cli import build_parser, main, markdown_table, plan, report_markdown
 from fedpriv.audit.core import (  # noqa: F401 (_build, _sampler: for the tests)
-                                BREAK_LABELS, BREAKS, MECHANISMS, PRESETS, AuditError,
-                                AuditSettings, CanaryPopulation, TwicePerEpochSampler, _build,
-                                _sampler, accountant_epsilon, audit_verdict, canary_statistics,
+                                BREAK_LABELS,
+                                BREAKS,
+                                MECHANISMS,
+                                PRESETS,
+                                AuditError,
+                                AuditSettings,
+                                CanaryPopulation,
+                                TwicePerEpochSampler,
+                                _build,
+                                _sampler,
+                                accountant_epsilon,
+                                audit_verdict,
+                                canary_statistics,
                                 directions,
-                                linear_loss, run_audit, run_engine)
-from fedpriv.audit.epsilon import (bootstrap_interval, estimate_epsilon, gaussian_pair_epsilon,
-                                   null_epsilon)
+                                linear_loss,
+                                run_audit,
+                                run_engine,
+)
+from fedpriv.audit.epsilon import bootstrap_interval, estimate_epsilon, gaussian_pair_epsilon, null_epsilon
 
 __all__ = ["build_parser", "main", "markdown_table", "plan", "report_markdown", "BREAK_LABELS",
            "BREAKS", "MECHANISMS", "PRESETS", "AuditError", "AuditSettings", "CanaryPopulation",

@@ -10,6 +10,7 @@ from fedpriv.audit.core import BREAKS, MECHANISMS, PRESETS, AuditSettings, run_a
 from fedpriv.audit.epsilon import AuditError
 from fedpriv.cli import _Parser, one_line  # one-line errors (status 2), every option at most once
 
+
 # ----------------------------------------------------------------------------- report
 def _fmt(x: float) -> str:
     return ">=500" if x >= 500 else f"{x:.2f}"

@@ -12,13 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from fedpriv.audit.epsilon import AuditError, bootstrap_interval, estimate_epsilon, null_epsilon
 from fedpriv.dp import accounting
 from fedpriv.dp.keys import tagged_key
-from fedpriv.fl import algorithms
-from fedpriv.fl import samplers as samplers_lib
+from fedpriv.fl import algorithms, samplers as samplers_lib
 from fedpriv.fl.cohort import build_cohort
-
-from fedpriv.audit.epsilon import AuditError, bootstrap_interval, estimate_epsilon, null_epsilon
 
 MECHANISMS = ("dp-fedavg", "dp-ftrl")
 BREAKS = ("none", "half-noise", "no-clip", "reused-key", "twice-per-epoch")

@@ -15,12 +15,13 @@ TFDS builders live in :mod:`fedpriv.data.tfds_builders` (imported on demand: it 
 tensorflow_datasets).
 """
 
+from fedpriv.data.corpora import load_chitchat, load_shakespeare, load_simpsons
 from fedpriv.data.errors import (
     ConfigError,
     DataError,
-    FedprivError,
     EmptyClientError,
     EmptyCorpusError,
+    FedprivError,
     MalformedDataError,
     MissingResourceError,
     TokenizerError,
@@ -33,7 +34,6 @@ from fedpriv.data.federated import (
     FederatedDataset,
     encode_examples,
 )
-from fedpriv.data.corpora import load_chitchat, load_shakespeare, load_simpsons
 from fedpriv.data.formats import load_jsonl, load_stackoverflow_sqlite, load_text_dir
 from fedpriv.data.public_pool import PUBLIC_SOURCES, load_public_pool, public_sentencepiece
 from fedpriv.data.text import (

@@ -30,12 +30,22 @@ from typing import Literal
 from tqdm.auto import tqdm
 
 from fedpriv.data import sources as _src
-from fedpriv.data.sources import require_file
 from fedpriv.data.errors import MalformedDataError, MissingResourceError
-from fedpriv.data.parsing import (QUOTE_LINE, Parsed, connect_ro, duplicate_keys, is_client_id,
-                                  is_text, load_federated, loader_settings, loads_json)
+
 # `strip_directions` is also an argument of load_simpsons
-from fedpriv.data.parsing import strip_directions as _strip_directions
+from fedpriv.data.parsing import (
+    QUOTE_LINE,
+    Parsed,
+    connect_ro,
+    duplicate_keys,
+    is_client_id,
+    is_text,
+    load_federated,
+    loader_settings,
+    loads_json,
+    strip_directions as _strip_directions,
+)
+from fedpriv.data.sources import require_file
 from fedpriv.data.text import FederatedText, normalize_whitespace, split_sentences
 
 __all__ = ["load_chitchat", "load_shakespeare", "load_simpsons"]

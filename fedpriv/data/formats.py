@@ -18,10 +18,17 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from fedpriv.data import cache as cache_lib
-from fedpriv.data.errors import (ConfigError, EmptyCorpusError, MalformedDataError,
-                                 MissingResourceError)
-from fedpriv.data.parsing import (Parsed, connect_ro, duplicate_keys, is_client_id, is_text,
-                                  load_federated, loader_settings, loads_json)
+from fedpriv.data.errors import ConfigError, EmptyCorpusError, MalformedDataError, MissingResourceError
+from fedpriv.data.parsing import (
+    Parsed,
+    connect_ro,
+    duplicate_keys,
+    is_client_id,
+    is_text,
+    load_federated,
+    loader_settings,
+    loads_json,
+)
 from fedpriv.data.sources import require_file
 from fedpriv.data.text import FederatedText, normalize_whitespace
 
@@ -239,7 +246,8 @@ def load_text_dir(directory: str | os.PathLike, *, pattern: str = "*.txt",
     """Federated text from a directory of plain-text files, one file per user: client id = file
     name without extension, one example per non-blank line. A file that is not valid UTF-8, or
     whose name is not (so its client id would hold raw bytes) or is blank (``" .txt"``), is
-    counted as one malformed record (and skipped). Two files with the same client id (``alice.txt``, ``alice.md``) are refused
+    counted as one malformed record (and skipped). Two files with the same client id (``alice.txt``,
+    ``alice.md``) are refused
     with :class:`MalformedDataError` rather than merged."""
     d = pathlib.Path(directory)
     if not d.is_dir():

@@ -16,10 +16,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 from fedpriv.data.corpora import load_chitchat, load_shakespeare, load_simpsons
-from fedpriv.data.federated import (DEFAULT_BATCH_SIZE, DEFAULT_MAX_EXAMPLES_PER_CLIENT,
-                                    DEFAULT_SEQ_LEN, FederatedDataset)
-from fedpriv.data.text import FederatedText
+from fedpriv.data.federated import (
+    DEFAULT_BATCH_SIZE,
+    DEFAULT_MAX_EXAMPLES_PER_CLIENT,
+    DEFAULT_SEQ_LEN,
+    FederatedDataset,
+)
 from fedpriv.data.public_pool import public_sentencepiece
+from fedpriv.data.text import FederatedText
 from fedpriv.data.tokenizers import SentencePieceTokenizer, WordTokenizer
 
 __all__ = ["CORPORA", "load_corpus", "LMData", "lm_datasets"]

@@ -21,8 +21,7 @@ from tqdm.auto import tqdm
 
 from fedpriv.data import sources as _src
 from fedpriv.data.errors import EmptyCorpusError, MalformedDataError, logger
-from fedpriv.data.parsing import (QUOTE_LINE, connect_ro, corpus_cache_path, read_cached, store,
-                                  strip_directions)
+from fedpriv.data.parsing import QUOTE_LINE, connect_ro, corpus_cache_path, read_cached, store, strip_directions
 from fedpriv.data.text import PublicCorpus, split_sentences
 from fedpriv.data.tokenizers import SentencePieceTokenizer, train_sentencepiece
 

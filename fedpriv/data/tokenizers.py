@@ -34,8 +34,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from fedpriv.data import cache as cache_lib
-from fedpriv.data.errors import (EmptyCorpusError, MissingResourceError, TokenizerError,
-                                 VocabularyMismatchError, logger)
+from fedpriv.data.errors import EmptyCorpusError, MissingResourceError, TokenizerError, VocabularyMismatchError, logger
 from fedpriv.data.sources import require_file
 
 __all__ = [

@@ -13,31 +13,74 @@ and the distributed discrete Gaussian under simulated secure aggregation (``dp.d
 beside them. ``fedpriv.fl`` builds its rounds from these objects; ``docs/privacy.md`` lists every release
 and how it is accounted.
 """
-from fedpriv.dp.accounting import (MAX_ROUNDS, NEIGHBORING, CalibrationError, RoundRelease,
-                                   calibrate_noise_multiplier, canonical_event, check_delta,
-                                   check_epsilon, compute_epsilon, dp_fedavg_poisson_event,
-                                   dp_fedavg_wor_event, dp_ftrl_event, epoch_lengths,
-                                   poisson_sampled_event, pure_epsilon, replace_one_event,
-                                   wor_sampled_event)
+from fedpriv.dp.accounting import (
+                                   MAX_ROUNDS,
+                                   NEIGHBORING,
+                                   CalibrationError,
+                                   RoundRelease,
+                                   calibrate_noise_multiplier,
+                                   canonical_event,
+                                   check_delta,
+                                   check_epsilon,
+                                   compute_epsilon,
+                                   dp_fedavg_poisson_event,
+                                   dp_fedavg_wor_event,
+                                   dp_ftrl_event,
+                                   epoch_lengths,
+                                   poisson_sampled_event,
+                                   pure_epsilon,
+                                   replace_one_event,
+                                   wor_sampled_event,
+)
 from fedpriv.dp.adaptive import AdaptiveClipping, ClipState
 from fedpriv.dp.clipping import ClipNormError, check_clip_norm, clip_update, global_norm
-from fedpriv.dp.geometric import (geometric_dp_event, geometric_epsilon, geometric_mechanism,
-                                  geometric_noise)
+from fedpriv.dp.ddg import (
+                                   DDGConfig,
+                                   DDGRound,
+                                   DistributedDiscreteGaussianDpEvent,
+                                   ddg_epsilon,
+                                   ddg_event,
+                                   ddg_rdp,
+                                   ddg_round,
+)
+from fedpriv.dp.geometric import geometric_dp_event, geometric_epsilon, geometric_mechanism, geometric_noise
 from fedpriv.dp.keys import numpy_generator, tagged_key
-from fedpriv.dp.ledger import (LedgerEntry, PrivacyBudgetExceeded, PrivacyLedger, event_from_json,
-                               event_to_json)
-from fedpriv.dp.ddg import (DDGConfig, DDGRound, DistributedDiscreteGaussianDpEvent, ddg_epsilon,
-                            ddg_event, ddg_rdp, ddg_round)
-from fedpriv.dp.matrix import (BandedStrategy, BLTStrategy, MatrixNoiseState,
-                               MinSeparationError, banded_privatizer, banded_strategy,
-                               blt_privatizer, blt_strategy, gram_sensitivity, matrix_event,
-                               optimize_blt, variance_ratio_to_tree)
-from fedpriv.dp.noise import (NoiseMechanism, NoiseState, distributed_noise_share,
-                              gaussian_mechanism, gaussian_privatizer, tree_mechanism,
-                              tree_privatizer)
-from fedpriv.dp.mechanisms import (BLTMechanism, BandedMechanism, DDGMechanism, GaussianMechanism,
-                                   Mechanism, TreeMechanism, UnknownMechanism, get_mechanism,
-                                   mechanism_names, register_mechanism)
+from fedpriv.dp.ledger import LedgerEntry, PrivacyBudgetExceeded, PrivacyLedger, event_from_json, event_to_json
+from fedpriv.dp.matrix import (
+                                   BandedStrategy,
+                                   BLTStrategy,
+                                   MatrixNoiseState,
+                                   MinSeparationError,
+                                   banded_privatizer,
+                                   banded_strategy,
+                                   blt_privatizer,
+                                   blt_strategy,
+                                   gram_sensitivity,
+                                   matrix_event,
+                                   optimize_blt,
+                                   variance_ratio_to_tree,
+)
+from fedpriv.dp.mechanisms import (
+                                   BandedMechanism,
+                                   BLTMechanism,
+                                   DDGMechanism,
+                                   GaussianMechanism,
+                                   Mechanism,
+                                   TreeMechanism,
+                                   UnknownMechanism,
+                                   get_mechanism,
+                                   mechanism_names,
+                                   register_mechanism,
+)
+from fedpriv.dp.noise import (
+                                   NoiseMechanism,
+                                   NoiseState,
+                                   distributed_noise_share,
+                                   gaussian_mechanism,
+                                   gaussian_privatizer,
+                                   tree_mechanism,
+                                   tree_privatizer,
+)
 
 __all__ = [
     "MAX_ROUNDS", "NEIGHBORING", "CalibrationError", "RoundRelease", "calibrate_noise_multiplier",

@@ -36,8 +36,6 @@ are added by basic composition. The reported epsilon is the smallest of the vali
 """
 from __future__ import annotations
 
-from fedpriv.errors import FedprivError
-
 import dataclasses
 import math
 from typing import Callable, Iterable
@@ -49,6 +47,7 @@ from dp_accounting.mechanism_calibration import NoBracketIntervalFoundError
 
 from fedpriv.dp import ddg
 from fedpriv.dp.noise import check_int
+from fedpriv.errors import FedprivError
 
 NeighborRel = dpa.NeighboringRelation
 NEIGHBORING = ("add_remove", "replace_one")

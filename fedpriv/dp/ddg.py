@@ -51,9 +51,9 @@ import dp_accounting as dpa
 import jax
 import jax.numpy as jnp
 import numpy as np
+from dp_accounting.rdp import rdp_privacy_accountant as rdp_acc
 
 from fedpriv.dp.noise import check_int
-from dp_accounting.rdp import rdp_privacy_accountant as rdp_acc
 
 RDP_ORDERS = tuple(float(a) for a in (*range(2, 129), 256, 512))  # integer orders, as the paper
 

@@ -25,8 +25,6 @@ checkpoint and reported with every result.
 """
 from __future__ import annotations
 
-from fedpriv.errors import FedprivError
-
 import dataclasses
 import json
 import os
@@ -37,6 +35,7 @@ import attr
 import dp_accounting as dpa
 
 from fedpriv.dp import accounting, ddg
+from fedpriv.errors import FedprivError
 
 
 class PrivacyBudgetExceeded(FedprivError, RuntimeError):

@@ -473,7 +473,7 @@ class DDGDPConfig(DPConfig):
                 "ddg_rounding_failures": (alive & ~ok).astype(jnp.float32)}
 
         def decode(ctx, summed, stats):
-            (msgs, raw), (k, signs) = summed, ctx
+            (msgs, raw), (k, signs) = summed, ctx  # noqa: F841 (ctx = encode's key and signs)
             released = stats["ddg_survivors"] >= (self.min_survivors or secure.num_clients)
             stats["ddg_overflow_coords"] = jnp.sum(ddg.centred(secure, msgs) != raw).astype(jnp.float32)
             stats["ddg_released"] = released.astype(jnp.float32)

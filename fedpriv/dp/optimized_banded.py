@@ -30,9 +30,9 @@ from typing import ClassVar
 
 import numpy as np
 
+from fedpriv.data.errors import MissingResourceError
 from fedpriv.dp.matrix import BandedStrategy
 from fedpriv.dp.mechanisms import MatrixDPConfig, register_mechanism
-from fedpriv.data.errors import MissingResourceError
 from fedpriv.errors import FedprivError
 
 __all__ = ["OptimizedBandedMechanism", "optimized_banded_strategy"]

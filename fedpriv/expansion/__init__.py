@@ -19,30 +19,77 @@ Modules by concern:
 - `regime`: when the private target unigrams carry signal (TV of the release vs TV(u_T,
   u_{S u T})) as N_T, eps0, the vocabulary and the per-user bound vary (experiments/iw_regime).
 """
-from fedpriv.expansion.data import (KOGA_MAX_TOKENS_PER_CLIENT, KOGA_SEQ_LEN, POPULATION_LABELS,
-                                    SOURCE, TARGET, DomainDataset, assemble_domain_dataset,
-                                    chunk_sentence, encode_domain_dataset, select_clients,
-                                    split_clients)
-from fedpriv.expansion.datasets import (DATASET_INFO, FOLIO_COMEDIES, FOLIO_HISTORIES,
-                                        FOLIO_TRAGEDIES, PRIVATE_VOCABULARY, Prepared,
-                                        balance_populations, build_vocabulary, check_cohorts,
-                                        load_domains, prepare_dataset)
-from fedpriv.expansion.latency import (LatencyEstimate, compare_latency, expected_kth_arrival,
-                                       expected_latency,
-                                       latency_counts, latency_lower_bound, latency_upper_bound,
-                                       latency_upper_bound_tight, simulate_kth_arrival,
-                                       simulate_latency)
-from fedpriv.expansion.pipeline import (UNIGRAM_STAGE, StagePlan, build_task, calibrate_stage,
-                                        executed_by_population, outputs, plan_stages, run_scheme,
-                                        stage_clients, unigram_diagnostics)
+from fedpriv.expansion.data import (
+                                    KOGA_MAX_TOKENS_PER_CLIENT,
+                                    KOGA_SEQ_LEN,
+                                    POPULATION_LABELS,
+                                    SOURCE,
+                                    TARGET,
+                                    DomainDataset,
+                                    assemble_domain_dataset,
+                                    chunk_sentence,
+                                    encode_domain_dataset,
+                                    select_clients,
+                                    split_clients,
+)
+from fedpriv.expansion.datasets import (
+                                    DATASET_INFO,
+                                    FOLIO_COMEDIES,
+                                    FOLIO_HISTORIES,
+                                    FOLIO_TRAGEDIES,
+                                    PRIVATE_VOCABULARY,
+                                    Prepared,
+                                    balance_populations,
+                                    build_vocabulary,
+                                    check_cohorts,
+                                    load_domains,
+                                    prepare_dataset,
+)
+from fedpriv.expansion.latency import (
+                                    LatencyEstimate,
+                                    compare_latency,
+                                    expected_kth_arrival,
+                                    expected_latency,
+                                    latency_counts,
+                                    latency_lower_bound,
+                                    latency_upper_bound,
+                                    latency_upper_bound_tight,
+                                    simulate_kth_arrival,
+                                    simulate_latency,
+)
+from fedpriv.expansion.pipeline import (
+                                    UNIGRAM_STAGE,
+                                    StagePlan,
+                                    build_task,
+                                    calibrate_stage,
+                                    executed_by_population,
+                                    outputs,
+                                    plan_stages,
+                                    run_scheme,
+                                    stage_clients,
+                                    unigram_diagnostics,
+)
 from fedpriv.expansion.schemes import PlannedSpend, Stage, TrainingScheme, schemes_markdown
-from fedpriv.expansion.unigrams import (DEFAULT_IGNORE_IDS, UNIGRAM_ENTRY, UNIGRAM_MAX_SEQUENCES,
-                                        UNIGRAM_MAX_TOKENS_PER_SEQUENCE, bounded_user_counts,
-                                        domain_unigram_frequencies, normalise_counts,
-                                        private_unigram_frequencies, unigram_counts,
-                                        unigram_entry_name, unigram_sensitivity)
-from fedpriv.expansion.weights import (add_importance_weights, bound_weights, importance_weights,
-                                       relative_log_weights, sequence_log_density)
+from fedpriv.expansion.unigrams import (
+                                    DEFAULT_IGNORE_IDS,
+                                    UNIGRAM_ENTRY,
+                                    UNIGRAM_MAX_SEQUENCES,
+                                    UNIGRAM_MAX_TOKENS_PER_SEQUENCE,
+                                    bounded_user_counts,
+                                    domain_unigram_frequencies,
+                                    normalise_counts,
+                                    private_unigram_frequencies,
+                                    unigram_counts,
+                                    unigram_entry_name,
+                                    unigram_sensitivity,
+)
+from fedpriv.expansion.weights import (
+                                    add_importance_weights,
+                                    bound_weights,
+                                    importance_weights,
+                                    relative_log_weights,
+                                    sequence_log_density,
+)
 
 __all__ = [
     # data

@@ -29,12 +29,17 @@ import dataclasses
 
 import numpy as np
 
-from fedpriv.data import (WordTokenizer, load_chitchat, load_public_pool, load_shakespeare,
-                          load_simpsons)
+from fedpriv.data import WordTokenizer, load_chitchat, load_public_pool, load_shakespeare, load_simpsons
 from fedpriv.data.errors import ConfigError
 from fedpriv.data.text import FederatedText
-from fedpriv.expansion.data import (POPULATION_LABELS, SOURCE, TARGET, DomainDataset,
-                                    assemble_domain_dataset, encode_domain_dataset)
+from fedpriv.expansion.data import (
+    POPULATION_LABELS,
+    SOURCE,
+    TARGET,
+    DomainDataset,
+    assemble_domain_dataset,
+    encode_domain_dataset,
+)
 
 __all__ = ["FOLIO_COMEDIES", "FOLIO_HISTORIES", "FOLIO_TRAGEDIES", "DATASET_INFO", "Prepared",
            "PRIVATE_VOCABULARY", "build_vocabulary", "balance_populations", "load_domains",

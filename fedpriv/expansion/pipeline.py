@@ -44,12 +44,16 @@ from fedpriv.dp.ledger import PrivacyLedger
 from fedpriv.expansion.data import POPULATION_LABELS as LABELS, SOURCE, TARGET, DomainDataset
 from fedpriv.expansion.datasets import PRIVATE_VOCABULARY, Prepared
 from fedpriv.expansion.schemes import Stage, TrainingScheme
-from fedpriv.expansion.unigrams import (DEFAULT_IGNORE_IDS, domain_unigram_frequencies,
-                                        normalise_counts, unigram_counts, unigram_entry_name,
-                                        unigram_sensitivity)
+from fedpriv.expansion.unigrams import (
+    DEFAULT_IGNORE_IDS,
+    domain_unigram_frequencies,
+    normalise_counts,
+    unigram_counts,
+    unigram_entry_name,
+    unigram_sensitivity,
+)
 from fedpriv.expansion.weights import add_importance_weights
-from fedpriv.fl import algorithms as algs
-from fedpriv.fl import stages as fl_stages
+from fedpriv.fl import algorithms as algs, stages as fl_stages
 from fedpriv.fl.loop import NONPRIVATE, OUTPUTS, load_run, train
 from fedpriv.fl.samplers import PoissonSampler
 from fedpriv.models.domain_lm import make_demix_task, make_dsdsr_task

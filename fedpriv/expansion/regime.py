@@ -24,9 +24,14 @@ import numpy as np
 
 from fedpriv.dp import keys
 from fedpriv.dp.ledger import PrivacyLedger
-from fedpriv.expansion.unigrams import (DEFAULT_IGNORE_IDS, normalise_counts,
-                                        private_unigram_frequencies, unigram_counts,
-                                        unigram_entry_name, unigram_sensitivity)
+from fedpriv.expansion.unigrams import (
+    DEFAULT_IGNORE_IDS,
+    normalise_counts,
+    private_unigram_frequencies,
+    unigram_counts,
+    unigram_entry_name,
+    unigram_sensitivity,
+)
 
 __all__ = ["tv_distance", "exact_frequencies", "full_counts", "noise_abs_mean",
            "predicted_noise_tv", "subsample_clients", "measure_release", "encoded_populations",
@@ -141,8 +146,7 @@ def encoded_populations(name: str, cfg, vocab_words: int,
     ``vocab_words`` words of the public pool. ``cfg``: a configs/population_expansion.py config
     (min_words_per_client, max_chitchat_messages, seq_len, max_tokens_per_client, data_seed)."""
     from fedpriv.data import WordTokenizer, load_public_pool
-    from fedpriv.expansion.data import (SOURCE, TARGET, assemble_domain_dataset,
-                                        encode_domain_dataset)
+    from fedpriv.expansion.data import SOURCE, TARGET, assemble_domain_dataset, encode_domain_dataset
     from fedpriv.expansion.datasets import load_domains
     source, target = load_domains(name, cfg)
     raw = assemble_domain_dataset(source, target, seed=cfg.data_seed, fractions=(1.0, 0.0, 0.0))

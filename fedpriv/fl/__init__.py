@@ -10,18 +10,48 @@ atomic resumable checkpoints) and the stage mechanism for multi-stage private pi
                    seed=0, ledger=PrivacyLedger(8.0, 1e-6), workdir="runs/x")
 """
 from fedpriv.fl.aggregate import WEIGHTINGS, client_mesh, client_weight, packed_sum
-from fedpriv.fl.algorithms import (MECHANISMS, DDGDPConfig, DPConfig, FederatedAlgorithm, MatrixDPConfig,
-                                   ServerState, build_algorithm, dp_fedavg, dp_ftrl, neighboring_for,
-                                   privacy_event, server_optimizer)
+from fedpriv.fl.algorithms import (
+                                   MECHANISMS,
+                                   DDGDPConfig,
+                                   DPConfig,
+                                   FederatedAlgorithm,
+                                   MatrixDPConfig,
+                                   ServerState,
+                                   build_algorithm,
+                                   dp_fedavg,
+                                   dp_ftrl,
+                                   neighboring_for,
+                                   privacy_event,
+                                   server_optimizer,
+)
 from fedpriv.fl.checkpoint import Checkpointer, CheckpointError, ResumeMismatch
 from fedpriv.fl.client import ClientHooks, ServerView, default_client, make_local_step
 from fedpriv.fl.cohort import Lanes, PackedCohort, assign_lanes, build_cohort, pack_cohort
 from fedpriv.fl.execution import CohortExecutor, balanced_lanes, default_lanes, replicate
-from fedpriv.fl.loop import (DP_COVERED_METRICS, METRICS, NONPRIVATE, OUTPUTS, PUBLIC_METRICS, TRAINING_FIELDS,
-                             PrivacyAccountingError, RunCheckpoint, TrainResult, checkpoint_round,
-                             fork_run, load_run, read_metrics, replace_params, train)
-from fedpriv.fl.participation import (AmplificationError, AmplifiedCyclicSampler, CyclicSampler,
-                                     amplified_banded_event, matrix_privacy_event)
+from fedpriv.fl.loop import (
+                                   DP_COVERED_METRICS,
+                                   METRICS,
+                                   NONPRIVATE,
+                                   OUTPUTS,
+                                   PUBLIC_METRICS,
+                                   TRAINING_FIELDS,
+                                   PrivacyAccountingError,
+                                   RunCheckpoint,
+                                   TrainResult,
+                                   checkpoint_round,
+                                   fork_run,
+                                   load_run,
+                                   read_metrics,
+                                   replace_params,
+                                   train,
+)
+from fedpriv.fl.participation import (
+                                   AmplificationError,
+                                   AmplifiedCyclicSampler,
+                                   CyclicSampler,
+                                   amplified_banded_event,
+                                   matrix_privacy_event,
+)
 from fedpriv.fl.samplers import PoissonSampler, ShuffledPassSampler, UniformSampler
 from fedpriv.fl.stages import PipelineResult, Stage, StageContext, run_stages
 

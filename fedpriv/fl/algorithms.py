@@ -35,13 +35,16 @@ import jax
 import jax.numpy as jnp
 import optax
 from flax import struct
-
 from jax.flatten_util import ravel_pytree
 
 from fedpriv.dp import accounting
 from fedpriv.dp.adaptive import ClipState
-from fedpriv.dp.mechanisms import (BUILTIN_MECHANISMS, DDGDPConfig, DPConfig,  # noqa: F401
-                                   MatrixDPConfig)  # (re-exported: the mechanisms' constructors)
+from fedpriv.dp.mechanisms import (  # noqa: F401
+    BUILTIN_MECHANISMS,
+    DDGDPConfig,
+    DPConfig,
+    MatrixDPConfig,  # (re-exported: the mechanisms' constructors)
+)
 from fedpriv.dp.noise import NoiseState
 from fedpriv.fl.aggregate import packed_sum
 from fedpriv.fl.client import ClientHooks, ServerView, default_client

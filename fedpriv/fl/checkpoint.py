@@ -26,8 +26,6 @@ Only ``fedpriv.fl`` reads these files; other code goes through ``fedpriv.fl.loop
 """
 from __future__ import annotations
 
-from fedpriv.errors import FedprivError
-
 import contextlib
 import errno
 import hashlib
@@ -45,6 +43,8 @@ from typing import Callable, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from fedpriv.errors import FedprivError
 
 FORMAT = "fedpriv-checkpoint-v2"
 EXTRA_PREFIX = "extra."  # fingerprint fields supplied by the caller

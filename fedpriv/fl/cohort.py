@@ -78,8 +78,16 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from flax import struct
 
-from fedpriv.models.bucketing import (NUM_ROW_BUCKETS, NUM_WIDTH_BUCKETS, PACKED_FIELDS, bucket_index,
-                                      count_buckets, pack_sentences, row_lengths, width_buckets)
+from fedpriv.models.bucketing import (
+    NUM_ROW_BUCKETS,
+    NUM_WIDTH_BUCKETS,
+    PACKED_FIELDS,
+    bucket_index,
+    count_buckets,
+    pack_sentences,
+    row_lengths,
+    width_buckets,
+)
 from fedpriv.util import next_pow2  # noqa: F401 (re-exported)
 
 BATCHINGS = ("padded", "trimmed", "sorted", "packed")

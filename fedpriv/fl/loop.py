@@ -68,12 +68,19 @@ from fedpriv.dp.keys import tagged_key
 from fedpriv.dp.ledger import PrivacyLedger, event_to_json
 from fedpriv.fl import workdir as wdlock
 from fedpriv.fl.algorithms import FederatedAlgorithm, ServerState, privacy_event
-from fedpriv.fl.checkpoint import (CHECKPOINTS, EXTRA_PREFIX, Checkpointer, CheckpointError,
-                                   CheckpointWriteError, ResumeMismatch, check_fingerprint,
-                                   json_safe)
-from fedpriv.fl.workdir import WorkdirError, WorkdirLocked
+from fedpriv.fl.checkpoint import (
+    CHECKPOINTS,
+    EXTRA_PREFIX,
+    Checkpointer,
+    CheckpointError,
+    CheckpointWriteError,
+    ResumeMismatch,
+    check_fingerprint,
+    json_safe,
+)
 from fedpriv.fl.execution import CohortExecutor, replicate
 from fedpriv.fl.samplers import check_sampler
+from fedpriv.fl.workdir import WorkdirError, WorkdirLocked
 
 METRICS = "metrics.jsonl"
 LEGACY_FILES = ("checkpoint.msgpack", "checkpoint.json")  # the old two-file format
@@ -90,7 +97,8 @@ class PrivacyAccountingError(CheckpointError):
 
 
 __all__ = ["train", "TrainResult", "RunCheckpoint", "load_run", "replace_params", "fork_run",
-           "read_metrics", "run_fingerprint", "METRICS", "DERIVED_METRICS", "NONPRIVATE", "DP_COVERED_METRICS", "PUBLIC_METRICS", "OUTPUTS",
+           "read_metrics", "run_fingerprint", "METRICS", "DERIVED_METRICS", "NONPRIVATE", "DP_COVERED_METRICS",
+           "PUBLIC_METRICS", "OUTPUTS",
            "nonprivate_key", "TRAINING_FIELDS", "CheckpointError", "CheckpointWriteError",
            "ResumeMismatch", "PrivacyAccountingError", "WorkdirError", "WorkdirLocked"]
 
@@ -114,7 +122,8 @@ def _num_examples(dataset, cid) -> int:
 
 
 def run_fingerprint(algorithm: FederatedAlgorithm, sampler, dataset: Mapping, client_ids: Sequence,
-                    *, seed: int, stage: str, populations, batch_size: int, max_steps, extra: Mapping | None = None) -> dict:
+                    *, seed: int, stage: str, populations, batch_size: int, max_steps,
+                    extra: Mapping | None = None) -> dict:
     """The identity of a run, rounds aside: what a resumed run must match.
 
     Privacy fields (never overridable): ``stage`` (key tag and ledger entry), ``seed``, ``dp``

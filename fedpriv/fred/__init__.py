@@ -16,12 +16,30 @@ Modules, by concern:
 
 Calibration, sensitivities, events and the jitted secure sums are in :mod:`fedpriv.dp.moments`.
 """
-from fedpriv.fred.distance import (GaussianStats, check_embeddings, frechet_distance,
-                                   fred_nonprivate, gaussian_stats, pca_basis, project_psd,
-                                   psd_sqrt, trace_sqrt_product)
-from fedpriv.fred.private import (CALIBRATIONS, RELATIONS, UNITS, PackedClients, PrivateStats,
-                                  fred, fred_noise_keys, pack_clients, private_stats,
-                                  rank_candidates, sensitivities)
+from fedpriv.fred.distance import (
+                                   GaussianStats,
+                                   check_embeddings,
+                                   frechet_distance,
+                                   fred_nonprivate,
+                                   gaussian_stats,
+                                   pca_basis,
+                                   project_psd,
+                                   psd_sqrt,
+                                   trace_sqrt_product,
+)
+from fedpriv.fred.private import (
+                                   CALIBRATIONS,
+                                   RELATIONS,
+                                   UNITS,
+                                   PackedClients,
+                                   PrivateStats,
+                                   fred,
+                                   fred_noise_keys,
+                                   pack_clients,
+                                   private_stats,
+                                   rank_candidates,
+                                   sensitivities,
+)
 
 __all__ = ["CALIBRATIONS", "RELATIONS", "UNITS", "GaussianStats", "PackedClients", "PrivateStats",
            "check_embeddings", "frechet_distance", "fred", "fred_noise_keys", "fred_nonprivate",

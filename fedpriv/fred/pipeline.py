@@ -27,12 +27,11 @@ import dp_accounting as dpa
 import jax
 import numpy as np
 
-from fedpriv.data import (encode_examples, load_chitchat, load_public_pool, split_client_ids,
-                          train_sentencepiece)
+from fedpriv.data import encode_examples, load_chitchat, load_public_pool, split_client_ids, train_sentencepiece
 from fedpriv.dp import moments
 from fedpriv.dp.ledger import PrivacyLedger
-from fedpriv.fl.loop import NONPRIVATE, OUTPUTS
 from fedpriv.fl.checkpoint import ResumeMismatch
+from fedpriv.fl.loop import NONPRIVATE, OUTPUTS
 from fedpriv.fl.stages import Stage, StageContext, run_stages, stage_dir
 from fedpriv.fred.distance import fred_nonprivate, pca_basis
 from fedpriv.fred.embed import candidate_datasets, embed_all, sample_texts

@@ -102,8 +102,7 @@ import numpy as np
 
 from fedpriv.dp import moments
 from fedpriv.dp.keys import tagged_key
-from fedpriv.fred.distance import (GaussianStats, check_embeddings, frechet_distance,
-                                   gaussian_stats, project_psd)
+from fedpriv.fred.distance import GaussianStats, check_embeddings, frechet_distance, gaussian_stats, project_psd
 from fedpriv.util import check_positive, next_pow2
 
 UNITS = ("sample", "user")

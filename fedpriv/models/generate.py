@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedpriv.models.llama import _NEG_INF, _forward_jit, _rms_norm, LlamaConfig
+from fedpriv.models.llama import _NEG_INF, LlamaConfig, _forward_jit, _rms_norm
 
 __all__ = ["generate", "generate_batch", "generate_nocache", "prompt_bucket"]
 
@@ -211,7 +211,8 @@ def generate(teacher, prompts: Sequence[Sequence[int]], key, *, max_new: int = 3
     """Continue every prompt (teacher token ids) with up to ``max_new`` sampled tokens.
 
     Prompts are sorted by length and run ``batch_size`` at a time (a shorter last batch padded
-    with copies of its first prompt to the next power of two >= 8, discarded), left-padded to `prompt_bucket`. Returns the
+    with copies of its first prompt to the next power of two >= 8, discarded), left-padded to
+    `prompt_bucket`. Returns the
     continuations in input order, each ending at its first stop token (included; default:
     the teacher's ``eos_id``). ``stats`` (a dict) gets ``tokens`` (generated, real) and
     ``seconds`` added. ``prefix``: ids shared by every prompt, placed before each (prefilled

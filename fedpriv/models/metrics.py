@@ -35,8 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedpriv.data.tokenizers import (BOS_ID as BOS, EOS_ID as EOS, PAD_ID as PAD, SPECIAL_IDS,
-                                     UNK_ID as UNK)
+from fedpriv.data.tokenizers import BOS_ID as BOS, EOS_ID as EOS, PAD_ID as PAD, SPECIAL_IDS, UNK_ID as UNK
 
 SPECIAL_TOKENS = SPECIAL_IDS.as_tuple()  # (PAD, UNK, BOS, EOS)
 

@@ -12,14 +12,30 @@ Modules by concern:
 The teacher itself is `fedpriv.models.llama` (model) loaded by `fedpriv.models.gguf`
 (`load_teacher`, `cached_teacher`); the Table 2 experiment's recipe is `fedpriv.recipes.public`.
 """
-from fedpriv.public.algorithm import (SELECTIONS, Algorithm1Result, PrivateTraining,
-                                       PublicTrainingSpec, algorithm1, algorithm1_stages,
-                                       private_logprob, private_only, public_training, run_until,
-                                       select_public)
+from fedpriv.public.algorithm import (
+                                       SELECTIONS,
+                                       Algorithm1Result,
+                                       PrivateTraining,
+                                       PublicTrainingSpec,
+                                       algorithm1,
+                                       algorithm1_stages,
+                                       private_logprob,
+                                       private_only,
+                                       public_training,
+                                       run_until,
+                                       select_public,
+)
 from fedpriv.public.pool import PublicPool, build_public_pool, teacher_sequence_logprob
-from fedpriv.public.vocab import (RestrictedTeacherTokenizer, encode_teacher, private_datasets,
-                                  restriction_from_texts, suggestion_eval_task, unk_class_size,
-                                  unk_free_loss_task, unk_rate)
+from fedpriv.public.vocab import (
+                                       RestrictedTeacherTokenizer,
+                                       encode_teacher,
+                                       private_datasets,
+                                       restriction_from_texts,
+                                       suggestion_eval_task,
+                                       unk_class_size,
+                                       unk_free_loss_task,
+                                       unk_rate,
+)
 
 __all__ = ["SELECTIONS", "Algorithm1Result", "PrivateTraining", "PublicTrainingSpec", "algorithm1",
            "algorithm1_stages", "private_logprob", "private_only", "public_training", "run_until",

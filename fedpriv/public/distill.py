@@ -68,8 +68,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedpriv.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from fedpriv.models import bucketing, llama
-from fedpriv.models import metrics
+from fedpriv.models import bucketing, llama, metrics
+
 NUM_SPECIAL = 4
 FORMAT = "fedpriv-topk-v1"
 MANIFEST = "manifest.json"
@@ -258,7 +258,8 @@ def build_topk_corpus(teacher: llama.Teacher, sequences: Sequence[Sequence[int]]
                 logits_dtype)
             arrays["logsumexp"] = np.where(valid, arrays["logsumexp"], 0).astype(np.float32)
             tmp = partial / (name + ".tmp.npz")
-            (np.savez_compressed if compress else np.savez)(tmp, token_ids=token_ids[start:stop], lengths=lengths[start:stop], **arrays)
+            (np.savez_compressed if compress else np.savez)(tmp, token_ids=token_ids[start:stop],
+                                                            lengths=lengths[start:stop], **arrays)
             os.replace(tmp, partial / name)
         manifest = {
             "format": FORMAT, "key": key,

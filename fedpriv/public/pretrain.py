@@ -29,8 +29,7 @@ import numpy as np
 import optax
 from tqdm.auto import tqdm
 
-from fedpriv.fl.checkpoint import (CHECKPOINTS, EXTRA_PREFIX, Checkpointer, CheckpointError,
-                                   check_fingerprint, json_safe)
+from fedpriv.fl.checkpoint import CHECKPOINTS, EXTRA_PREFIX, Checkpointer, CheckpointError, check_fingerprint, json_safe
 
 LEGACY_FILES = ("central.msgpack", "central_history.json")  # the old two-file format
 

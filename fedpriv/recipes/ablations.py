@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from fedpriv import report
-from fedpriv import verdicts as V
+from fedpriv import report, verdicts as V
 
 # --------------------------------------------------------------------------------------------
 

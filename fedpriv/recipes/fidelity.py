@@ -19,9 +19,7 @@ recurrent models with local batches of 16 sit near the low end (docs/design.md's
 """
 from __future__ import annotations
 
-import dataclasses
 import importlib
-import math
 import os
 
 from fedpriv.data.errors import ConfigError
@@ -168,7 +166,8 @@ def _ours(artefact, account_plans: bool) -> dict:
     lm = _lm_of(cfg)
     row = dict.fromkeys(FIELDS, "-")
     if lm is not None:
-        n = plans.lm_train_clients(lm) if lm.corpus in plans.CORPUS_CLIENTS or getattr(lm, "corpus_path", None) else None
+        n = (plans.lm_train_clients(lm) if lm.corpus in plans.CORPUS_CLIENTS or getattr(lm, "corpus_path", None)
+             else None)
         params = _num_params(lm)
         row.update(
             data=f"{lm.corpus} (private), vocabulary: {_vocab(lm)[1]}"

@@ -32,22 +32,30 @@ import numpy as np
 import optax
 
 from fedpriv import report
+from fedpriv.data import (
+    WordTokenizer,
+    load_chitchat,
+    load_public_pool,
+    load_shakespeare,
+    load_simpsons,
+    paper_corpora,
+    train_sentencepiece,
+)
 from fedpriv.data.errors import ConfigError
-from fedpriv.data import (WordTokenizer, load_chitchat, load_public_pool, load_shakespeare,
-                          load_simpsons, train_sentencepiece)
-from fedpriv.data import paper_corpora
-from fedpriv.dp import accounting, population
-from fedpriv.dp import optimized_banded  # noqa: F401 (registers "banded_opt", a mechanism in its own file)
-from fedpriv.dp.mechanisms import UnknownMechanism, get_mechanism
+from fedpriv.data.tokenizers import UNK_ID, word_ids_to_token_accuracy
+from fedpriv.dp import (
+    accounting,
+    optimized_banded,  # noqa: F401 (registers "banded_opt", a mechanism in its own file)
+    population,
+)
 from fedpriv.dp.ledger import PrivacyLedger
+from fedpriv.dp.mechanisms import UnknownMechanism, get_mechanism
 from fedpriv.fl import algorithms as algs
 from fedpriv.fl.loop import train
 from fedpriv.fl.participation import CyclicSampler
 from fedpriv.fl.samplers import PoissonSampler, ShuffledPassSampler, UniformSampler
 from fedpriv.models.lm import LMConfig, count_params, make_lm, make_lm_task
-from fedpriv.models.metrics import (accuracy_with_oov, evaluate, most_frequent_token_accuracy,
-                                    predict_next)
-from fedpriv.data.tokenizers import UNK_ID, word_ids_to_token_accuracy
+from fedpriv.models.metrics import accuracy_with_oov, evaluate, most_frequent_token_accuracy, predict_next
 
 # configs/lm_fl.py's algorithms: name -> (the mechanism's name in the registry of
 # fedpriv.dp.mechanisms, None for no noise; the client sampler, a key of SAMPLERS)

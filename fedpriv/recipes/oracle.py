@@ -10,14 +10,13 @@ import os
 import jax
 import numpy as np
 
-from fedpriv import report
-from fedpriv import verdicts as V
+from fedpriv import report, verdicts as V
 from fedpriv.data import load_public_pool
 from fedpriv.models import gguf
 from fedpriv.public import distill, pretrain
+from fedpriv.public.algorithm import private_logprob
 from fedpriv.public.pool import build_public_pool
 from fedpriv.public.vocab import RestrictedTeacherTokenizer, restriction_from_texts, unk_class_size
-from fedpriv.public.algorithm import private_logprob
 from fedpriv.recipes.public import _task, private_splits
 
 # --------------------------------------------------------------------------------------------

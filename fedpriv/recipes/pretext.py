@@ -34,11 +34,10 @@ from fedpriv.dp.ledger import PrivacyLedger
 from fedpriv.fl.samplers import ShuffledPassSampler
 from fedpriv.models.metrics import evaluate, most_frequent_token_accuracy
 from fedpriv.recipes import lm
-from fedpriv.synth import evolve as E
-from fedpriv.synth import release as R
+from fedpriv.synth import evolve as E, release as R
 
-__all__ = ["fred_rows", "truncated_teacher", "vote_sampler", "vote_noise", "ft_vote_epsilon", "settings", "client_costs",
-           "run_arms", "ARM_LABELS"]
+__all__ = ["fred_rows", "truncated_teacher", "vote_sampler", "vote_noise", "ft_vote_epsilon", "settings",
+           "client_costs", "run_arms", "ARM_LABELS"]
 
 ARM_LABELS = {"ondevice": "(a) on-device DP-FTRL", "synthetic": "(b) PrE-Text synthetic only",
               "synthetic_ft": "(c) PrE-Text pre-training + DP-FTRL"}

@@ -31,7 +31,7 @@ import types
 import jax
 import numpy as np
 
-from fedpriv import report
+from fedpriv import report, verdicts as V
 from fedpriv.dp import accounting
 from fedpriv.dp.ledger import PrivacyLedger
 from fedpriv.fl import algorithms as algs
@@ -41,10 +41,15 @@ from fedpriv.models.metrics import evaluate, most_frequent_token_accuracy
 from fedpriv.public import distill, select
 from fedpriv.public.algorithm import PrivateTraining, PublicTrainingSpec, algorithm1, private_only
 from fedpriv.public.pool import PublicPool, build_public_pool
-from fedpriv.public.vocab import (RestrictedTeacherTokenizer, private_datasets,
-                                  restriction_from_texts, suggestion_eval_task, unk_class_size,
-                                  unk_free_loss_task, unk_rate)
-from fedpriv import verdicts as V
+from fedpriv.public.vocab import (
+    RestrictedTeacherTokenizer,
+    private_datasets,
+    restriction_from_texts,
+    suggestion_eval_task,
+    unk_class_size,
+    unk_free_loss_task,
+    unk_rate,
+)
 from fedpriv.recipes import lm
 
 # Wang et al. 2023, Table 2, LSTM column (test accuracy %, StackOverflow): eps 1.77, eps 18.71
@@ -233,7 +238,8 @@ def run_rows(cfg, workdir: str, *, teacher=None, progress: bool = True, log=prin
                        progress, log)
     T, tp = cfg.rounds, cfg.t_prime_rounds
     task = _task(cfg.arch, cfg.embed_dim, cfg.hidden_dim, cfg.seq_len,
-                 prepared.tokenizer.vocab_size, getattr(cfg, "num_heads", 10), cfg.train_on_unk)  # one task: compilations reused (across calls too)
+                 prepared.tokenizer.vocab_size, getattr(cfg, "num_heads", 10),
+                 cfg.train_on_unk)  # one task: compilations reused (across calls too)
     ids = list(prepared.train.client_ids)
     val = prepared.val.concat_examples()["tokens"][: cfg.max_eval_examples]
     test = prepared.test.concat_examples()["tokens"][: cfg.max_eval_examples]

@@ -5,8 +5,7 @@ overrides)]``, FedAvg first, then one DP-FTRL row per ``cfg.epsilons`` entry.
 """
 from __future__ import annotations
 
-from fedpriv import report
-from fedpriv import verdicts as V
+from fedpriv import report, verdicts as V
 from fedpriv.recipes.lm import parse_tokenizer
 
 # Wang et al. Table 1 (next-token accuracy %, StackOverflow dev): {eps: (round 0, round 1600)}

@@ -33,12 +33,31 @@ a KV cache and the chat template prefilled once per batch: :mod:`fedpriv.models.
 then a one-shot expansion; the comparison with on-device DP-FTRL at equal epsilon is
 ``experiments.pre_text`` (``fedpriv.recipes.pretext``).
 """
-from fedpriv.synth.release import (VOTE_TAG, VotePlan, VoteRelease, noisy_vote_sum, plan_votes,
-                                   release_round, select_samples, votes_event, votes_mechanism,
-                                   votes_noise_key)
-from fedpriv.synth.votes import (REPLACE_ONE_SENSITIVITY, SENSITIVITY, chunked_votes,
-                                 client_votes, cohort_votes, nearest, normalise, pack_messages,
-                                 pad_cohort, vote_histogram, vote_sum)
+from fedpriv.synth.release import (
+                                   VOTE_TAG,
+                                   VotePlan,
+                                   VoteRelease,
+                                   noisy_vote_sum,
+                                   plan_votes,
+                                   release_round,
+                                   select_samples,
+                                   votes_event,
+                                   votes_mechanism,
+                                   votes_noise_key,
+)
+from fedpriv.synth.votes import (
+                                   REPLACE_ONE_SENSITIVITY,
+                                   SENSITIVITY,
+                                   chunked_votes,
+                                   client_votes,
+                                   cohort_votes,
+                                   nearest,
+                                   normalise,
+                                   pack_messages,
+                                   pad_cohort,
+                                   vote_histogram,
+                                   vote_sum,
+)
 
 __all__ = ["REPLACE_ONE_SENSITIVITY", "SENSITIVITY", "VOTE_TAG", "VotePlan", "VoteRelease",
            "chunked_votes", "client_votes", "cohort_votes", "nearest", "noisy_vote_sum", "normalise",

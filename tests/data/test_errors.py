@@ -7,9 +7,16 @@ import sys
 
 import pytest
 
-from fedpriv.data import (MalformedDataError, MissingResourceError, load_chitchat, load_jsonl,
-                          load_public_pool, load_shakespeare, load_simpsons)
-from fedpriv.data import sources
+from fedpriv.data import (
+    MalformedDataError,
+    MissingResourceError,
+    load_chitchat,
+    load_jsonl,
+    load_public_pool,
+    load_shakespeare,
+    load_simpsons,
+    sources,
+)
 
 
 def _hide_package(monkeypatch, name):

@@ -3,9 +3,19 @@
 import numpy as np
 import pytest
 
-from fedpriv.data import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, EmptyClientError, EmptyCorpusError,
-                          FederatedDataset, FederatedText, VocabularyMismatchError, WordTokenizer,
-                          encode_examples)
+from fedpriv.data import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    EmptyClientError,
+    EmptyCorpusError,
+    FederatedDataset,
+    FederatedText,
+    VocabularyMismatchError,
+    WordTokenizer,
+    encode_examples,
+)
 
 
 def test_encode_examples_bos_eos_pad_truncate():

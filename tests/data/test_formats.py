@@ -7,9 +7,17 @@ import sqlite3
 
 import pytest
 
-from fedpriv.data import (EmptyClientError, EmptyCorpusError, MalformedDataError,
-                          MissingResourceError, WordTokenizer, load_chitchat, load_jsonl,
-                          load_stackoverflow_sqlite, load_text_dir)
+from fedpriv.data import (
+    EmptyClientError,
+    EmptyCorpusError,
+    MalformedDataError,
+    MissingResourceError,
+    WordTokenizer,
+    load_chitchat,
+    load_jsonl,
+    load_stackoverflow_sqlite,
+    load_text_dir,
+)
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "data"
 

@@ -19,12 +19,18 @@ import sqlite3
 import tempfile
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
-from fedpriv.data import (EmptyCorpusError, MalformedDataError, MissingResourceError,
-                          load_chitchat, load_jsonl, load_simpsons, load_stackoverflow_sqlite,
-                          load_text_dir)
+from fedpriv.data import (
+    EmptyCorpusError,
+    MalformedDataError,
+    MissingResourceError,
+    load_chitchat,
+    load_jsonl,
+    load_simpsons,
+    load_stackoverflow_sqlite,
+    load_text_dir,
+)
 from fedpriv.data.errors import ConfigError, DataError
 from fedpriv.data.text import normalize_whitespace
 

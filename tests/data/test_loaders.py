@@ -2,9 +2,15 @@
 
 import pytest
 
-from fedpriv.data import (FederatedText, PublicCorpus, load_chitchat, load_public_pool,
-                          load_shakespeare, load_simpsons)
-from fedpriv.data import corpora as corpora_mod
+from fedpriv.data import (
+    FederatedText,
+    PublicCorpus,
+    corpora as corpora_mod,
+    load_chitchat,
+    load_public_pool,
+    load_shakespeare,
+    load_simpsons,
+)
 
 
 def _assert_clean(corpus: FederatedText):

@@ -3,7 +3,7 @@
 import pytest
 
 from fedpriv.data import BOS_ID
-from fedpriv.data.pipeline import load_corpus, lm_datasets
+from fedpriv.data.pipeline import lm_datasets, load_corpus
 
 
 def test_word_pipeline_on_simpsons(simpsons):

@@ -3,8 +3,14 @@
 import numpy as np
 import pytest
 
-from fedpriv.data import (EmptyClientError, EmptyCorpusError, FederatedText, PublicCorpus,
-                          split_client_ids, split_sentences)
+from fedpriv.data import (
+    EmptyClientError,
+    EmptyCorpusError,
+    FederatedText,
+    PublicCorpus,
+    split_client_ids,
+    split_sentences,
+)
 
 
 def test_split_sentences():

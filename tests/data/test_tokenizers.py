@@ -4,10 +4,22 @@ word -> token accuracy conversion."""
 import numpy as np
 import pytest
 
-from fedpriv.data import (BOS_ID, EOS_ID, PAD_ID, UNK_ID, EmptyCorpusError, MissingResourceError,
-                          SentencePieceTokenizer, Tokenizer, VocabularyMismatchError,
-                          WordTokenizer, load_tokenizer, split_words, train_sentencepiece,
-                          word_to_token_accuracy)
+from fedpriv.data import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    EmptyCorpusError,
+    MissingResourceError,
+    SentencePieceTokenizer,
+    Tokenizer,
+    VocabularyMismatchError,
+    WordTokenizer,
+    load_tokenizer,
+    split_words,
+    train_sentencepiece,
+    word_to_token_accuracy,
+)
 
 
 def test_sentencepiece_specials_roundtrip_and_save(small_sp, tmp_path):

@@ -129,6 +129,7 @@ def test_best_calibration_brackets_from_rdp_and_meets_the_target():
     applies it returns a smaller z whose best epsilon is within tol of the target, never above;
     where PLD does not (the tree), it is RDP's z exactly."""
     import dp_accounting as dpa
+
     from fedpriv.dp import accounting
     make = lambda z: dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.01, dpa.GaussianDpEvent(z)), 500)
     z_rdp = accounting.calibrate_noise_multiplier(make, 2.0, 1e-6, accountant="rdp")

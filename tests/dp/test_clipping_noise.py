@@ -6,9 +6,16 @@ import pytest
 from scipy import stats
 
 from fedpriv.dp.clipping import clip_update, global_norm
-from fedpriv.dp.noise import (NoiseMechanism, distributed_noise_share, gaussian_mechanism,
-                              node_noise, num_tree_levels, tree_increment_noise, tree_mechanism,
-                              tree_prefix_noise)
+from fedpriv.dp.noise import (
+    NoiseMechanism,
+    distributed_noise_share,
+    gaussian_mechanism,
+    node_noise,
+    num_tree_levels,
+    tree_increment_noise,
+    tree_mechanism,
+    tree_prefix_noise,
+)
 
 
 def test_clip_bounds_norm_and_keeps_small_updates():

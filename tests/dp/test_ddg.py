@@ -6,8 +6,7 @@ import dp_accounting as dpa
 import jax
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from fedpriv.dp import accounting, ddg
 

@@ -3,9 +3,9 @@
 import math
 
 import dp_accounting
-from dp_accounting import dp_event
 import numpy as np
 import pytest
+from dp_accounting import dp_event
 from scipy import stats
 
 from fedpriv.dp import geometric as geo

@@ -70,16 +70,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedpriv.dp import accounting, mechanisms
-from fedpriv.dp import matrix as M
+from fedpriv.dp import accounting, matrix as M, mechanisms
 from fedpriv.dp.noise import num_tree_levels
 from fedpriv.fl.participation import AmplifiedCyclicSampler, CyclicSampler
 
 jp = pytest.importorskip("jax_privacy.matrix_factorization")
 T, S, BT, BD = jp.toeplitz, jp.sensitivity, jp.buffered_toeplitz, jp.banded
 from jax_privacy import noise_addition  # noqa: E402
-from jax_privacy.accounting import accountants as jp_accountants  # noqa: E402
-from jax_privacy.accounting import analysis as jp_analysis  # noqa: E402
+from jax_privacy.accounting import accountants as jp_accountants, analysis as jp_analysis  # noqa: E402
 
 EPS64, EPS32 = float(np.finfo(np.float64).eps), float(np.finfo(np.float32).eps)
 EPS_RTOL = 1e-9

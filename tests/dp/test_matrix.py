@@ -7,8 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from fedpriv.dp import accounting
-from fedpriv.dp import matrix as M
+from fedpriv.dp import accounting, matrix as M
 
 STRATEGIES = {"banded4": lambda: M.banded_strategy(4), "blt3": lambda: M.blt_strategy(16, 3)}
 

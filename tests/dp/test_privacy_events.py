@@ -6,7 +6,6 @@ mechanism that runs, written out by hand here. Adaptive clipping's count and sum
 on one sampled cohort: one subsampled mechanism on the pair, whose multiplier is
 ``z_eff = (z^-2 + (2 sigma_b)^-2)^-1/2`` (their joint L2 sensitivity over the noise).
 """
-import math
 
 import dp_accounting as dpa
 import jax

@@ -46,9 +46,7 @@ from jax.flatten_util import ravel_pytree
 from scipy import stats
 
 import fedpriv.dp
-from fedpriv.dp import ddg
-from fedpriv.dp import matrix as M
-from fedpriv.dp import noise
+from fedpriv.dp import ddg, matrix as M, noise
 
 N, D, STD = 8, 16384, 1.3          # steps, i.i.d. coordinates per step, noise std
 EPS32 = float(np.finfo(np.float32).eps)

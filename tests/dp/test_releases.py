@@ -10,11 +10,8 @@ import pytest
 from dp_accounting import rdp
 
 from configs.population_expansion import SCHEMES_BY_NAME, TRAINING_SCHEMES
-from fedpriv import expansion
-from fedpriv import fred as F
-from fedpriv.dp import moments as M
-from fedpriv.dp import accounting as acc
-from fedpriv.dp import geometric
+from fedpriv import expansion, fred as F
+from fedpriv.dp import accounting as acc, geometric, moments as M
 from fedpriv.dp.ledger import PrivacyLedger
 from fedpriv.dp.noise import tree_mechanism
 

@@ -7,9 +7,8 @@ import os
 import numpy as np
 import pytest
 
-from fedpriv.data.errors import ConfigError
-
 from experiments import common, fred_mixtures
+from fedpriv.data.errors import ConfigError
 from fedpriv.dp.ledger import PrivacyLedger
 from fedpriv.fred.embed import HELD_OUT
 from fedpriv.fred.mixtures import PUBLIC, fred_vs_y, mixture, mixture_counts, separation_verdict
@@ -68,7 +67,7 @@ def test_fred_mixtures_smoke(tmp_path):
     for f in ("fred_mixtures.md", "fred_mixtures.csv", "fred_vs_y.png", "summary.json", "verdicts.json"):
         assert os.path.getsize(tmp_path / f) > 0, f
     verdicts = json.load(open(tmp_path / "verdicts.json"))
-    from fedpriv.verdicts import STATUSES, NOT_RUN, NOT_TESTABLE
+    from fedpriv.verdicts import NOT_RUN, NOT_TESTABLE, STATUSES
     assert len(verdicts) == 10 and all(v["status"] in STATUSES and v["status"] not in (NOT_RUN, NOT_TESTABLE)
                                        for v in verdicts)
     # the exact claims (non-private FreD of fixed data, every observed trial) are decided

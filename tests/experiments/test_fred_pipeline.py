@@ -6,10 +6,9 @@ import math
 
 import pytest
 
-from fedpriv.data.errors import ConfigError
-
 from experiments import common, fred_pipeline
 from fedpriv import report
+from fedpriv.data.errors import ConfigError
 from fedpriv.dp.ledger import PrivacyBudgetExceeded, PrivacyLedger
 from fedpriv.fred.pipeline import RELEASE, TEST_COLUMNS, pipeline_events, run_pipeline
 from fedpriv.recipes import plans

@@ -2,11 +2,9 @@
 builds at every scale it claims; an artefact without a module says so and exits 2."""
 import pytest
 
+from experiments import __main__ as index, common
 from fedpriv.data.errors import ConfigError
 from tests.experiments.test_paper_configs import REFUSED
-
-from experiments import __main__ as index
-from experiments import common
 
 
 def test_list_names_every_artefact_with_its_command(capsys):

@@ -10,10 +10,8 @@ import numpy as np
 import pytest
 from absl import logging
 
-from configs import iw_regime as iw_config
-from configs import population_expansion as pe_config
+from configs import iw_regime as iw_config, population_expansion as pe_config
 from configs.common import ConfigError
-from experiments import common
 from experiments import iw_regime
 from fedpriv import expansion
 from fedpriv.data.tokenizers import BOS_ID, EOS_ID

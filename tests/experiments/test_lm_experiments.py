@@ -83,6 +83,7 @@ def test_word_vocabulary_of_the_users_is_recorded_as_nonprivate(tmp_path, smoke_
     a non-private release: the run reports epsilon = inf and, beside it, the epsilon that holds
     if the vocabulary is taken as public; 'word_public' (top-k words of the public pool) is not."""
     import dataclasses
+
     from fedpriv.recipes import lm
     cfg = dataclasses.replace(smoke_cfg, rounds=1, eval_every=1, tokenizer="word")
     s = lm.run_lm_fl(cfg, str(tmp_path / "word"), progress=False, log=lambda _: None)

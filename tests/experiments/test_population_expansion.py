@@ -13,11 +13,10 @@ from absl import logging
 from configs import population_expansion as pe_config
 from configs.common import ConfigError, from_scale
 from configs.population_expansion import SCHEMES_BY_NAME, TOTAL_BUDGET, TRAINING_SCHEMES
-from experiments import common
-from experiments import population_expansion as pe
+from experiments import common, population_expansion as pe
 from fedpriv import expansion
-from fedpriv.dp import geometric
 from fedpriv.data.tokenizers import BOS_ID, PAD_ID
+from fedpriv.dp import geometric
 from fedpriv.dp.ledger import PrivacyLedger
 
 logging.set_verbosity(logging.ERROR)  # dp_accounting's RDP order warnings at large q

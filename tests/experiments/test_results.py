@@ -8,8 +8,7 @@ import subprocess
 
 import pytest
 
-from experiments import __main__ as index
-from experiments import common, latency_figure, results
+from experiments import __main__ as index, common, latency_figure, results
 from fedpriv import verdicts as V
 from fedpriv.report import Verdict, read_verdicts, write_verdicts
 
@@ -89,7 +88,8 @@ def test_artefacts_sharing_a_run_show_their_own_claims(tmp_path, monkeypatch):
     assert "A wins" in t1 and "B wins" not in t1
     assert "B wins" in f1 and "A wins" not in f1
     assert "| t1 | P | `configs/shared.py:small` | ? (? commits old) STALE | 1 reproduced |" in page
-    assert "| f1 | P | `configs/shared.py:small` | ? (? commits old) STALE | 1 inconclusive (interval contains 0) |" in page
+    assert ("| f1 | P | `configs/shared.py:small` | ? (? commits old) STALE | "
+            "1 inconclusive (interval contains 0) |") in page
     assert "**STALE**: no commit recorded" in t1  # a run without a commit is never taken as current
 
 
@@ -168,6 +168,10 @@ def test_page_from_a_committed_compact_summary_with_staleness_and_json(tmp_path,
     # docstring / comment / layout edits are not code changes; a run's unimported modules don't count
     _commit(repo, "fedpriv/core.py", '"""The core."""\n# one\nx = (\n    1)\n', "document the library")
     assert not results.staleness(ran_at, deps, str(repo))["stale"]
+    # import order and grouping are layout too; a new import is code
+    assert results._code("import os\nimport re\nfrom a import (b, c)\n") == \
+        results._code("from a import c\nfrom a import b\nimport re\nimport os\n")
+    assert results._code("import os\n") != results._code("import os\nimport re\n")
     _commit(repo, "fedpriv/other.py", "y = 1\n", "a module the run never imported")
     st = results.staleness(ran_at, deps, str(repo), loaded=["fedpriv/core.py"])
     assert not st["stale"] and results.staleness(ran_at, deps, str(repo))["stale"]  # unknown imports: any

@@ -10,8 +10,7 @@ import pytest
 from fedpriv.dp import accounting, ddg
 from fedpriv.dp.adaptive import AdaptiveClipping
 from fedpriv.dp.ledger import PrivacyLedger, event_from_json, event_to_json
-from fedpriv.fl.algorithms import (DDGDPConfig, DPConfig, build_algorithm, privacy_event,
-                                   server_optimizer)
+from fedpriv.fl.algorithms import DDGDPConfig, DPConfig, build_algorithm, privacy_event, server_optimizer
 from fedpriv.fl.loop import train
 from fedpriv.fl.samplers import PoissonSampler, UniformSampler
 from tests.fl.helpers import init_params, loss_fn, make_dataset

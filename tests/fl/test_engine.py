@@ -7,11 +7,11 @@ import numpy as np
 import optax
 import pytest
 
+from fedpriv.dp.clipping import global_norm
 from fedpriv.fl.aggregate import cohort_sum
 from fedpriv.fl.algorithms import DPConfig, build_algorithm, dp_fedavg, server_optimizer
 from fedpriv.fl.client import make_client_update
 from fedpriv.fl.cohort import build_cohort
-from fedpriv.dp.clipping import global_norm
 from tests.fl.helpers import init_params, loss_fn, make_dataset
 
 B = 4

@@ -9,15 +9,12 @@ import numpy as np
 import optax
 import pytest
 
-from fedpriv.dp import accounting
-from fedpriv.dp import matrix as M
+from fedpriv.dp import accounting, matrix as M
 from fedpriv.dp.adaptive import AdaptiveClipping
 from fedpriv.dp.ledger import PrivacyLedger, event_to_json
-from fedpriv.fl.algorithms import (DPConfig, MatrixDPConfig, build_algorithm, privacy_event,
-                                   server_optimizer)
+from fedpriv.fl.algorithms import DPConfig, MatrixDPConfig, build_algorithm, privacy_event, server_optimizer
 from fedpriv.fl.loop import train
-from fedpriv.fl.participation import (AmplificationError, AmplifiedCyclicSampler, CyclicSampler,
-                                     amplified_banded_event)
+from fedpriv.fl.participation import AmplificationError, AmplifiedCyclicSampler, CyclicSampler, amplified_banded_event
 from fedpriv.fl.samplers import PoissonSampler, ShuffledPassSampler, UniformSampler
 from tests.fl.helpers import init_params, loss_fn, make_dataset
 

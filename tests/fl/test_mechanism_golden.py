@@ -26,8 +26,14 @@ import pytest
 from fedpriv.dp import accounting
 from fedpriv.dp.adaptive import AdaptiveClipping
 from fedpriv.dp.ledger import PrivacyLedger, event_to_json
-from fedpriv.fl.algorithms import (DDGDPConfig, DPConfig, MatrixDPConfig, build_algorithm,
-                                   privacy_event, server_optimizer)
+from fedpriv.fl.algorithms import (
+    DDGDPConfig,
+    DPConfig,
+    MatrixDPConfig,
+    build_algorithm,
+    privacy_event,
+    server_optimizer,
+)
 from fedpriv.fl.loop import train
 from fedpriv.fl.participation import CyclicSampler
 from fedpriv.fl.samplers import PoissonSampler, ShuffledPassSampler, UniformSampler

@@ -22,12 +22,10 @@ import optax
 import pytest
 
 from fedpriv.dp.accounting import compute_epsilon
-from fedpriv.dp.adaptive import AdaptiveClipping
 from fedpriv.dp.ledger import PrivacyBudgetExceeded, PrivacyLedger, event_to_json
 from fedpriv.fl.algorithms import dp_fedavg, dp_ftrl, privacy_event, server_optimizer
 from fedpriv.fl.checkpoint import CHECKPOINTS, Checkpointer, CheckpointError, ResumeMismatch
-from fedpriv.fl.loop import (METRICS, PrivacyAccountingError, dumps_row, fork_run, load_run,
-                             read_metrics, train)
+from fedpriv.fl.loop import METRICS, PrivacyAccountingError, dumps_row, fork_run, load_run, read_metrics, train
 from fedpriv.fl.samplers import PoissonSampler, ShuffledPassSampler
 from fedpriv.public.pretrain import train_central
 from tests.fl.helpers import init_params, loss_fn, make_dataset

@@ -11,13 +11,12 @@ import numpy as np
 import optax
 import pytest
 
-from tests.conftest import xla_flags
-
 from fedpriv.dp.adaptive import AdaptiveClipping
 from fedpriv.dp.ledger import PrivacyBudgetExceeded, PrivacyLedger
 from fedpriv.fl.algorithms import dp_fedavg, dp_ftrl, privacy_event, server_optimizer
 from fedpriv.fl.loop import METRICS, load_run, train
 from fedpriv.fl.samplers import PoissonSampler, ShuffledPassSampler, UniformSampler
+from tests.conftest import xla_flags
 from tests.fl.helpers import init_params, loss_fn, make_dataset
 
 

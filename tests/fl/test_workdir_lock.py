@@ -227,6 +227,7 @@ def test_full_disk_is_one_line_and_keeps_what_was_written(setup, tmp_path, capsy
     names the path and the problem; orbax's thread tracebacks are not printed; the earlier
     commit and rows stay, and the run resumes from them once there is room."""
     import orbax.checkpoint as ocp
+
     from fedpriv.fl import loop
     d, ids, s, alg = setup
     wd = tmp_path / "wd"

@@ -5,8 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedpriv.models import generate as G
-from fedpriv.models import llama
+from fedpriv.models import generate as G, llama
 
 CFG = llama.LlamaConfig(vocab_size=61, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=48)
 

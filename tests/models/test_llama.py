@@ -1,9 +1,9 @@
 """Tests for the teacher LLM (fedpriv.models.llama, .gguf, .bucketing): parity on the real packaged GGUF, tokenizer,
 bucketed batching, and the rotary-permutation bookkeeping."""
 
-import numpy as np
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from fedpriv.models import bucketing, gguf, llama

@@ -163,6 +163,7 @@ def test_predictions_oov_accuracy_and_word_to_token_conversion():
     """Wang et al. Figure 1's accuracies: with OOV, an UNK target is right iff UNK is predicted;
     a word model's in-vocabulary accuracy converted to tokens weighs each word by its pieces."""
     import types
+
     from fedpriv.data.tokenizers import WordTokenizer
     from fedpriv.models.metrics import accuracy_with_oov, predict_next
     from fedpriv.recipes.lm import tokenizer_accuracies

@@ -8,8 +8,7 @@ import pytest
 from fedpriv.dp.ledger import PrivacyLedger
 from fedpriv.fl.samplers import ShuffledPassSampler
 from fedpriv.models import llama
-from fedpriv.synth import evolve as E
-from fedpriv.synth import release as R
+from fedpriv.synth import evolve as E, release as R
 
 CFG = llama.LlamaConfig(vocab_size=40, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=24)
 D = 8
