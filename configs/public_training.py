@@ -43,6 +43,9 @@ class PublicTrainingConfig(PrivateCorpusFields):
     pool_seed: int = 0
     # on-device model (App. B.2)
     arch: str = "lstm"
+    # the students of Table 2/3's columns, each trained on every row (None: just `arch`); the
+    # first must be `arch`. LSTM runs stay at the workdir's top level, others in <workdir>/<arch>/
+    archs: tuple | None = None
     embed_dim: int = 96
     hidden_dim: int = 670
     num_heads: int = 10                   # transformer heads (670 / 10 = 67, App. B.2)
@@ -118,7 +121,13 @@ class PublicTrainingConfig(PrivateCorpusFields):
         check_lanes(self.lanes)
         if self.reuse_workdir is not None and not os.path.isdir(self.reuse_workdir):
             raise ConfigError(f"reuse_workdir {self.reuse_workdir!r} is not a directory")
-        if self.arch == "transformer" and self.hidden_dim % self.num_heads:
+        archs = self.archs if self.archs is not None else (self.arch,)
+        if not archs or any(a not in ("lstm", "transformer") for a in archs) or len(set(archs)) < len(archs):
+            raise ConfigError(f"archs must be distinct choices of ('lstm', 'transformer'), got {self.archs}")
+        if archs[0] != self.arch:
+            raise ConfigError(f"arch={self.arch!r} and archs={'/'.join(archs)} disagree: archs runs each "
+                              f"student; its first is arch (set arch={archs[0]} or reorder archs)")
+        if "transformer" in archs and self.hidden_dim % self.num_heads:
             raise ConfigError(f"num_heads={self.num_heads} must divide hidden_dim={self.hidden_dim} "
                               "(transformer)")
         unknown = set(self.rows) - set(ROWS)
@@ -126,6 +135,11 @@ class PublicTrainingConfig(PrivateCorpusFields):
             raise ConfigError(f"unknown rows {sorted(unknown)}; choose from {ROWS}")
         if any(not (isinstance(e, (int, float)) and e > 0) for e in self.epsilons):
             raise ConfigError(f"epsilons must be positive numbers, got {self.epsilons}")
+
+    @property
+    def students(self) -> tuple:
+        """The archs of the table's columns (``archs``, or just ``arch``)."""
+        return self.archs if self.archs is not None else (self.arch,)
 
     @property
     def t_prime_rounds(self) -> int:

@@ -23,6 +23,7 @@ post-processing. Rows resume from their workdirs; a row whose summary exists is 
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
@@ -30,10 +31,29 @@ from experiments import common
 from fedpriv.recipes import public
 
 
+def run_students(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print):
+    """`public.run_rows` for each student of ``cfg.students`` (Table 2/3's LSTM and Transformer
+    columns): the LSTM's runs in ``workdir`` (where they were before the Transformer column), any
+    other's in ``workdir/<arch>``. Returns the last call's `RowRuns` with every student's runs."""
+    runs, shares, rr = [], [], None
+    for arch in cfg.students:
+        acfg = dataclasses.replace(cfg, arch=arch, archs=None)
+        rr = public.run_rows(acfg, workdir if arch == "lstm" else os.path.join(workdir, arch),
+                             teacher=teacher, progress=progress, log=log)
+        runs += [{**r, "arch": r.get("arch") or arch} for r in rr.runs]
+        shares += rr.shares if arch == cfg.students[0] else []  # the source shares: first student's
+    return dataclasses.replace(rr, runs=runs, shares=shares)
+
+
+def _label(cfg, r) -> str:
+    """A run's row, with its student when the table has several."""
+    return r["row"] if len(cfg.students) == 1 else f"{public.arch_of(r)}: {r['row']}"
+
+
 def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) -> dict:
-    """Every (seed, epsilon, row) run of `cfg`; returns the tables (also written to disk)."""
+    """Every (student, seed, epsilon, row) run of `cfg`; returns the tables (also written to disk)."""
     t_start = time.time()
-    rr = public.run_rows(cfg, workdir, teacher=teacher, progress=progress, log=log)
+    rr = run_students(cfg, workdir, teacher=teacher, progress=progress, log=log)
     runs, seconds = rr.runs, time.time() - t_start
     table = public.aggregate(cfg, runs)
     shares = public.aggregate_shares(rr.shares)
@@ -61,14 +81,15 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
         for r in runs:
             if r["target_epsilon"] == eps and r["seed"] == cfg.seeds[0] and r.get("curve"):
                 xs, ys = zip(*r["curve"])
-                curves[r["row"]] = (list(xs), [100 * y for y in ys])
+                curves[_label(cfg, r)] = (list(xs), [100 * y for y in ys])
         if curves:
             common.plot_curves(curves, os.path.join(workdir, f"curves_eps{eps:g}.png"), "round",
                                "validation accuracy (%)",
                                f"chitchat, DP-FTRL eps~{eps:g}, seed {cfg.seeds[0]}")
+    labels = list(dict.fromkeys(_label(cfg, r) for r in runs))
     bars = {label: {row: {f"eps~{eps:g}": tuple(100 * (x or 0) for x in common.mean_std(
-                [r.get(key) for r in runs if r["row"] == row and r["target_epsilon"] == eps])[:2])
-                          for eps in cfg.epsilons} for row in cfg.rows}
+                [r.get(key) for r in runs if _label(cfg, r) == row and r["target_epsilon"] == eps])[:2])
+                          for eps in cfg.epsilons} for row in labels}
             for key, label in (("test_accuracy", "in-vocab accuracy"),
                                ("test_suggestion_accuracy", "suggestion accuracy*"))}
     common.bar_chart(bars, os.path.join(workdir, "public_training.png"), "test accuracy (%)",

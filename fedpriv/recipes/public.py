@@ -58,6 +58,20 @@ PAPER_TABLE2_LSTM = {
     "pretrain_distill": (26.18, 29.53), "mid_random_lm": (26.67, 29.76), "mid_random": (27.01, 30.18),
     "mid_dm": (28.01, 30.63),
 }
+# Table 2's Transformer columns (eps 1.77, 18.71); Table 3's "w/o p_pub" row is mid_dm_priv_only
+PAPER_TABLE2_TRANSFORMER = {
+    "none": (23.98, 28.29), "pretrain_lm": (28.05, 30.10), "pretrain_distill_long": (27.75, 30.19),
+    "pretrain_distill": (25.31, 29.36), "mid_random_lm": (25.83, 29.15), "mid_random": (26.04, 29.47),
+    "mid_dm": (27.17, 29.83),
+}
+PAPER_TABLE3 = {"lstm": {"mid_dm": (28.01, 30.63), "mid_dm_priv_only": (27.77, 30.56)},
+                "transformer": {"mid_dm": (27.17, 29.83), "mid_dm_priv_only": (26.70, 30.18)}}
+PAPER_TABLE2 = {"lstm": PAPER_TABLE2_LSTM, "transformer": PAPER_TABLE2_TRANSFORMER}
+
+
+def arch_of(run: dict) -> str:
+    """The student a run trained (runs from before the Transformer column were LSTMs)."""
+    return run.get("arch") or "lstm"
 
 TITLES = {
     "none": "No public training",
@@ -191,7 +205,7 @@ def _task(arch: str, embed_dim: int, hidden_dim: int, seq_len: int, vocab_size: 
 
 
 _NOT_IN_RUN_KEY = ("rows", "seeds", "seed", "epsilons", "target_epsilon", "noise_multiplier",
-                   "t_prime", "reuse_workdir")
+                   "t_prime", "reuse_workdir", "archs")
 
 
 def run_key(cfg, row: str, seed: int, eps: float) -> str:
@@ -310,7 +324,7 @@ def run_rows(cfg, workdir: str, *, teacher=None, progress: bool = True, log=prin
                     params = result.state.params
                     v = evaluate(task, params, val, cfg.eval_batch_size)
                     te = evaluate(task, params, test, cfg.eval_batch_size)
-                    summary = {"row": row, "title": TITLES[row], "seed": seed, "run_key": key,
+                    summary = {"row": row, "title": TITLES[row], "seed": seed, "arch": cfg.arch, "run_key": key,
                                "target_epsilon": eps, "epsilon": eps_val,
                                "epsilon_executed_run": eps_real, "noise_multiplier": z,
                                "delta": cfg.delta, "unit_of_privacy": "user",
@@ -342,7 +356,8 @@ def run_rows(cfg, workdir: str, *, teacher=None, progress: bool = True, log=prin
 
 
 def aggregate(cfg, runs: list[dict]) -> list[dict]:
-    """One row per method: mean ± std over seeds of val/test accuracy at each epsilon."""
+    """One row per method: mean ± std over seeds of val/test accuracy at each epsilon, per
+    student (``cfg.students``; the columns name the student when there are several)."""
     table = []
     for row in cfg.rows:
         out = {"method": TITLES[row]}
@@ -352,22 +367,26 @@ def aggregate(cfg, runs: list[dict]) -> list[dict]:
         out["distillation"] = "yes" if row not in ("none", "pretrain_lm", "mid_random_lm") else ""
         out["matching"] = {"mid_dm": f"beta={cfg.match_betas[0]:g}",
                            "mid_dm_priv_only": f"beta={cfg.match_betas[1]:g}"}.get(row, "")
-        for eps in cfg.epsilons:
-            rs = [r for r in runs if r["row"] == row and r["target_epsilon"] == eps]
-            for split, key in (("val", "val_accuracy"), ("test", "test_accuracy"),
-                               ("val*", "val_suggestion_accuracy"),
-                               ("test*", "test_suggestion_accuracy")):
-                out[f"{split} eps={eps:g}"] = report.pm([r.get(key) for r in rs], 100)
-            after = [r.get("public", {}).get("eval_after_public_training", {}).get("accuracy")
-                     for r in rs]
-            m, _, n_after = report.mean_std(after)
-            out[f"val after public training eps={eps:g}"] = (
-                None if m is None else f"{100 * m:.2f}"
-                + (f" (n={n_after})" if n_after < len(rs) else ""))
-        paper = PAPER_TABLE2_LSTM.get(row)
-        for eps in cfg.epsilons:
-            i = {1.77: 0, 18.71: 1}.get(eps)
-            out[f"paper LSTM eps={eps:g}"] = paper[i] if paper and i is not None else None
+        for arch in cfg.students:
+            tag = f"{arch} " if len(cfg.students) > 1 else ""
+            for eps in cfg.epsilons:
+                rs = [r for r in runs if r["row"] == row and r["target_epsilon"] == eps and arch_of(r) == arch]
+                for split, key in (("val", "val_accuracy"), ("test", "test_accuracy"),
+                                   ("val*", "val_suggestion_accuracy"),
+                                   ("test*", "test_suggestion_accuracy")):
+                    out[f"{split} {tag}eps={eps:g}"] = report.pm([r.get(key) for r in rs], 100)
+                after = [r.get("public", {}).get("eval_after_public_training", {}).get("accuracy")
+                         for r in rs]
+                m, _, n_after = report.mean_std(after)
+                out[f"val after public training {tag}eps={eps:g}"] = (
+                    None if m is None else f"{100 * m:.2f}"
+                    + (f" (n={n_after})" if n_after < len(rs) else ""))
+        for arch in cfg.students:
+            paper = PAPER_TABLE2[arch].get(row) or PAPER_TABLE3[arch].get(row)
+            for eps in cfg.epsilons:
+                i = {1.77: 0, 18.71: 1}.get(eps)
+                out[f"paper {'LSTM' if arch == 'lstm' else 'Transformer'} eps={eps:g}"] = (
+                    paper[i] if paper and i is not None else None)
         out["seeds"] = len({r["seed"] for r in runs if r["row"] == row})
         table.append(out)
     return table
@@ -385,7 +404,8 @@ def verdicts(cfg, runs: list[dict], mft: float | None = None) -> list:
     """Wang et al.'s claims of Tables 2 / 3 per epsilon, on test accuracy (%) paired by seed
     (:mod:`fedpriv.verdicts`, 90 % interval). ``mft``: the most-frequent-token test accuracy
     (fraction; the trivial baseline of every row; None: no baseline). Claims whose rows did not
-    run are "not run yet"; the Transformer column is "not run yet" unless ``cfg.arch`` is it; the
+    run are "not run yet"; the Transformer column is "not run yet" unless ``cfg.students`` has it
+    (each student's claims on its own runs: `arch_of`; the LSTM's unprefixed, as before); the
     paper's "1 % with distillation >= 100 % pre-training" is "not testable here" when the "1 %"
     row (``long_q``) uses as much of the pool as the 100 % pre-training, with the nearest feasible
     contrast (distillation on ``q`` vs pre-training on ``pretrain_fraction``) as its own verdict."""
@@ -401,6 +421,19 @@ def verdicts(cfg, runs: list[dict], mft: float | None = None) -> list:
               ("mid_dm", "mid_random", "distribution matching beats a random public subset (Table 2)"))
     trivial = None if mft is None else 100 * mft
     out = []
+    for arch in cfg.students:
+        pre = "" if arch == "lstm" else "Transformer, "  # the LSTM's claims read as before the column
+        out += _arch_verdicts(cfg, [r for r in runs if arch_of(r) == arch], claims, trivial, pre)
+    if "transformer" not in cfg.students:
+        out.append(V.not_run("the Transformer column of Tables 2/3 (the same orderings with a transformer "
+                             "student; Table 2 and Table 3)", f"this run trained archs={'/'.join(cfg.students)}; "
+                             "run with archs=lstm/transformer"))
+    return out
+
+
+def _arch_verdicts(cfg, runs, claims, trivial, pre: str) -> list:
+    """`verdicts` for one student's runs; ``pre`` prefixes each claim's epsilon tag."""
+    out = []
     for eps in cfg.epsilons:
         acc = {row: {r["seed"]: 100 * r["test_accuracy"] for r in runs
                      if r["row"] == row and r["target_epsilon"] == eps and r.get("test_accuracy") is not None}
@@ -414,21 +447,21 @@ def verdicts(cfg, runs: list[dict], mft: float | None = None) -> list:
             return "row(s) not in this run: " + ", ".join(r for r in rows if r not in acc)
 
         for better, worse, claim in claims:
-            c = f"[eps {eps:g}] {claim}"
+            c = f"[{pre}eps {eps:g}] {claim}"
             out.append(V.compare(c, acc[better], acc[worse], higher_is_better=True, trivial=trivial,
                                  names=(better, worse)) if ran(better, worse) else V.not_run(c, missing(better, worse)))
         pair = ("mid_dm", "mid_dm_priv_only")
         if eps >= WEAK_PRIVACY_EPSILON:
-            c = (f"[eps {eps:g}] matching with log p_pub + log p_priv vs log p_priv alone: the difference is "
+            c = (f"[{pre}eps {eps:g}] matching with log p_pub + log p_priv vs log p_priv alone: the difference is "
                  f"negligible (Table 3; equivalence within ±{NEGLIGIBLE_MARGIN_PP:g} points)")
             out.append(V.equivalence(c, acc[pair[0]], acc[pair[1]], margin=NEGLIGIBLE_MARGIN_PP,
                                      higher_is_better=True, trivial=trivial, names=pair)
                        if ran(*pair) else V.not_run(c, missing(*pair)))
         else:
-            c = f"[eps {eps:g}] matching with log p_pub + log p_priv beats log p_priv alone (Table 3)"
+            c = f"[{pre}eps {eps:g}] matching with log p_pub + log p_priv beats log p_priv alone (Table 3)"
             out.append(V.compare(c, acc[pair[0]], acc[pair[1]], higher_is_better=True, trivial=trivial,
                                  names=pair) if ran(*pair) else V.not_run(c, missing(*pair)))
-        c = (f"[eps {eps:g}] pre-training with distillation on 1% of the public data is at least as good as "
+        c = (f"[{pre}eps {eps:g}] pre-training with distillation on 1% of the public data is at least as good as "
              "pre-training on 100% of it without distillation (Table 2)")
         if cfg.long_q >= cfg.pretrain_fraction:
             out.append(V.not_testable(c, f"the public pool is too small: the '1%' row uses q={cfg.long_q:g} "
@@ -442,17 +475,13 @@ def verdicts(cfg, runs: list[dict], mft: float | None = None) -> list:
                                      names=("pretrain_distill_long", "pretrain_lm")))
         else:
             out.append(V.not_run(c, missing("pretrain_distill_long", "pretrain_lm")))
-        c = (f"[eps {eps:g}] (nearest feasible contrast) distillation on q={cfg.q:g} is at least as good as "
+        c = (f"[{pre}eps {eps:g}] (nearest feasible contrast) distillation on q={cfg.q:g} is at least as good as "
              f"pre-training on q={cfg.pretrain_fraction:g} without it (non-inferiority within "
              f"{NONINFERIOR_MARGIN_PP:g} points; Table 2)")
         out.append(V.noninferior(c, acc["pretrain_distill"], acc["pretrain_lm"], margin=NONINFERIOR_MARGIN_PP,
                                  higher_is_better=True, trivial=trivial, names=("pretrain_distill", "pretrain_lm"))
                    if ran("pretrain_distill", "pretrain_lm") else V.not_run(c, missing("pretrain_distill",
                                                                                         "pretrain_lm")))
-    if cfg.arch != "transformer":
-        out.append(V.not_run("the Transformer column of Tables 2/3 (the same orderings with a transformer "
-                             "student; Table 2 and Table 3)", f"this run trained arch={cfg.arch!r}; run with "
-                             "arch=transformer"))
     return out
 
 
@@ -504,13 +533,20 @@ def _trained_minutes(runs: list[dict]) -> float:
     return sum(r.get("wall_clock_s") or 0.0 for r in runs if "reused_from" not in r) / 60
 
 
+def _num_params(cfg, arch: str, vocab_size: int) -> int:
+    task = _task(arch, cfg.embed_dim, cfg.hidden_dim, cfg.seq_len, vocab_size, getattr(cfg, "num_heads", 10),
+                 cfg.train_on_unk)
+    return count_params(jax.eval_shape(task.init, jax.random.key(0)))
+
+
 def table_notes(cfg, rr: "RowRuns", seconds: float) -> list[str]:
     """The notes under the Table 2 table: data, models, schedule, metrics, privacy."""
-    st, privacy, mft, task, prepared = rr.prepared.stats, rr.privacy, rr.mft, rr.task, rr.prepared
+    st, privacy, mft, prepared = rr.prepared.stats, rr.privacy, rr.mft, rr.prepared
+    students = ", ".join(f"{a} ({_num_params(cfg, a, prepared.tokenizer.vocab_size)} params)"
+                         for a in getattr(cfg, "students", (cfg.arch,)))
     notes = [f"{cfg.corpus} (private, user-level DP-FTRL, delta={cfg.delta:g}); public pool "
              f"{st['num_sequences']} sentences {st['pool_sources']}; teacher SmolLM2-135M "
-             f"(top-{cfg.topk}); student {cfg.arch} (embed {cfg.embed_dim}, hidden {cfg.hidden_dim}, "
-             f"{count_params(jax.eval_shape(task.init, jax.random.key(0)))} params) on the "
+             f"(top-{cfg.topk}); student {students} (embed {cfg.embed_dim}, hidden {cfg.hidden_dim}) on the "
              f"teacher's BPE restricted to V={st['vocab_kept']} ids (+4 specials)",
              f"T={cfg.rounds} rounds, T'={cfg.t_prime_rounds}, cohort {cfg.cohort_size}, "
              f"{cfg.max_local_steps} local steps of batch {cfg.batch_size}; q={cfg.q:g} of the pool "

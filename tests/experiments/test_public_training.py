@@ -83,3 +83,21 @@ def test_smoke_config_writes_tables_and_resumes(tmp_path, capsys, monkeypatch):
         with pytest.raises(AssertionError, match="trained again"):
             public.run_rows(other, str(tmp_path / "x"), teacher=gguf.cached_teacher(),
                             progress=False, log=lambda s: None, reuse_dirs=(wd,))
+    monkeypatch.undo()
+
+    # Table 2/3's Transformer column: archs=lstm/transformer reads the LSTM runs back (done before)
+    # and trains the transformer's in <workdir>/transformer; its claims are tagged, the LSTM's not
+    both = common.load_config("configs/public_training.py:smoke,archs=lstm/transformer,rows=none/pretrain_lm")
+    out2 = public_training.run(both, wd, teacher=gguf.cached_teacher(), progress=False)
+    archs = {(r["arch"], r["row"]) for r in out2["runs"]}
+    assert archs == {(a, row) for a in ("lstm", "transformer") for row in ("none", "pretrain_lm")}
+    assert os.path.exists(os.path.join(wd, "transformer", "seed0", f"eps{cfg.epsilons[0]:g}", "none", "summary.json"))
+    lstm_before = {r["row"]: r["test_accuracy"] for r in runs}
+    assert all(r["test_accuracy"] == lstm_before[r["row"]] for r in out2["runs"] if r["arch"] == "lstm")
+    cols = set(out2["table"][0])
+    assert {f"test lstm eps={cfg.epsilons[0]:g}", f"test transformer eps={cfg.epsilons[0]:g}",
+            f"paper Transformer eps={cfg.epsilons[0]:g}"} <= cols
+    claims = [v.claim for v in read_verdicts(wd)]
+    assert any(c.startswith("[Transformer, eps") for c in claims) and not any("Transformer column" in c for c in claims)
+    with pytest.raises(common.ConfigError, match="disagree"):
+        common.load_config("configs/public_training.py:smoke,archs=transformer/lstm")
