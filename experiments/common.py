@@ -5,7 +5,9 @@ import argparse
 import importlib
 import importlib.util
 import os
+import resource
 import sys
+import time
 
 from fedpriv.data.errors import ConfigError, FedprivError, MissingResourceError
 from fedpriv.dp.ledger import PrivacyBudgetExceeded
@@ -66,6 +68,7 @@ def cli(main, argv=None) -> None:
     spec = getattr(module, "__spec__", None)
     prog = spec.name if spec is not None and spec.name else main.__module__
     _LAST_RUN.clear()
+    clock = (time.perf_counter(), _cpu_seconds())
     try:
         try:
             main(argv)
@@ -77,7 +80,7 @@ def cli(main, argv=None) -> None:
                 msg = f"{type(e).__name__}: {msg}"
             print(f"{prog}: error: {msg}", file=sys.stderr)
             sys.exit(2)
-        record_invocation()
+        record_invocation(time.perf_counter() - clock[0], _cpu_seconds() - clock[1])
     finally:
         release_workdirs()
 
@@ -140,7 +143,13 @@ def code_paths() -> list[str]:
     return sorted(out)
 
 
-def record_invocation() -> None:
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and its waited-for children (user + system)."""
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def record_invocation(wall_s: float | None = None, cpu_s: float | None = None) -> None:
     """After an experiment's ``main`` returned normally under :func:`cli`: write
     ``<workdir>/invocation.json`` (module, ``--config`` spec, time, git commit (full), whether
     the tree had uncommitted changes and the ``fedpriv/`` files imported: :func:`code_paths`),
@@ -151,12 +160,14 @@ def record_invocation() -> None:
     describe the outputs beside them."""
     if not _LAST_RUN or not os.path.isdir(_LAST_RUN["workdir"]):
         return
-    import time
 
     from fedpriv.report import git_state
     inv = {"module": _LAST_RUN["module"], "config": _LAST_RUN["config"],
            "command": f"python -m {_LAST_RUN['module']} --config {_LAST_RUN['config']}",
-           "time": time.strftime("%Y-%m-%d %H:%M:%S"), **git_state(), "code_paths": code_paths()}
+           "time": time.strftime("%Y-%m-%d %H:%M:%S"), **git_state(), "code_paths": code_paths(),
+           # this invocation only (runs read back from earlier invocations cost nothing here)
+           "wall_clock_s": None if wall_s is None else round(wall_s, 1),
+           "cpu_s": None if cpu_s is None else round(cpu_s, 1)}
     save_json(inv, os.path.join(_LAST_RUN["workdir"], INVOCATION_FILE))
     from experiments import results  # here: results imports this module
     results.record_compact(inv, _LAST_RUN["workdir"])

@@ -20,6 +20,9 @@ def test_results_page_shows_a_finished_run_and_names_the_rest(tmp_path):
     inv = json.loads((wd / common.INVOCATION_FILE).read_text())
     assert inv["module"] == "experiments.latency_figure"
     assert inv["config"] == "configs/latency_figure.py:smoke"
+    # what it cost and the library code it ran (the page's staleness reads code_paths)
+    assert inv["wall_clock_s"] > 0 and inv["cpu_s"] > 0
+    assert "fedpriv/report.py" in inv["code_paths"] and all(p.startswith("fedpriv/") for p in inv["code_paths"])
     assert {v.status for v in read_verdicts(str(wd))} == {"reproduced"}
     # a later failed run (bad override) leaves the record of the good one alone
     with pytest.raises(SystemExit):
