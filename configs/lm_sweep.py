@@ -42,8 +42,8 @@ class LMSweepConfig:
 SCALES = {
     # seconds: a 2x2 grid of 2-round runs
     "smoke": dict(server_lrs=(0.5, 1.0), client_lrs=(0.1, 0.5), clip_norms=(1.0,)),
-    # a 3x2x2 sub-grid of the paper's around the defaults (12 small lm_fl runs)
-    "small": dict(server_lrs=(0.5, 1.0, 2.0), client_lrs=(0.1, 0.5), clip_norms=(0.3, 1.0)),
+    # a 3x2x2 sub-grid of the paper's around the defaults, 3 seeds (36 small lm_fl runs)
+    "small": dict(server_lrs=(0.5, 1.0, 2.0), client_lrs=(0.1, 0.5), clip_norms=(0.3, 1.0), seeds=(0, 1, 2)),
     # the paper's grid (144 points per noise level), for GPU/TPU
     "paper": dict(seeds=(0,)),
 }
