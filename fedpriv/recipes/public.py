@@ -32,6 +32,7 @@ import jax
 import numpy as np
 
 from fedpriv import report, verdicts as V
+from fedpriv.data.errors import ConfigError
 from fedpriv.dp import accounting
 from fedpriv.dp.ledger import PrivacyLedger
 from fedpriv.fl import algorithms as algs
@@ -300,6 +301,9 @@ def run_rows(cfg, workdir: str, *, teacher=None, progress: bool = True, log=prin
                 elif os.path.exists(done):
                     with open(done) as f:
                         summary = json.load(f)
+                    if summary.get("run_key") != key:  # another computation: never pass it off as this one
+                        raise ConfigError(f"{done} is a finished run of another configuration (run key "
+                                          f"{summary.get('run_key')} != {key}): use another workdir")
                     log(f"[seed {seed}, eps {eps:g}] {row}: done before, skipped")
                 else:
                     log(f"[seed {seed}, eps {eps:g}] {row}: {TITLES[row]} (z = {z:.3f})")

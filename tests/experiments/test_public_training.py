@@ -1,6 +1,7 @@
 """Smoke test of the public-training experiment (Wang et al. 2023, Table 2 rows) on the real
 teacher (8 public sequences), real chitchat users and the real public pool: one run, checked for
 its artefacts, every row's ledger and round count, the Algorithm-1 stages, and its resume."""
+import dataclasses
 import json
 import os
 
@@ -61,10 +62,12 @@ def test_smoke_config_writes_tables_and_resumes(tmp_path, capsys, monkeypatch):
     assert [r["test_accuracy"] for r in again["runs"]] == [r["test_accuracy"] for r in runs]
     with open(os.path.join(wd, "summary.json")) as f:
         assert json.load(f)["config"]["rounds"] == cfg.rounds
+    # a finished run of ANOTHER configuration in the workdir is refused, never passed off as this one
+    with pytest.raises(common.ConfigError, match="another configuration"):
+        public_training.run(dataclasses.replace(cfg, server_lr=cfg.server_lr / 2), wd,
+                            teacher=gguf.cached_teacher(), progress=False)
     # the same computation under another workdir/config shape is read back, not retrained
     # (wang_ablations' T'=T/2 and T'=0 points are Table 2's mid_dm and pretrain_distill)
-    import dataclasses
-
     from fedpriv.recipes import public
 
     def no_training(*a, **kw):
