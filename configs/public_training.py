@@ -46,6 +46,9 @@ class PublicTrainingConfig(PrivateCorpusFields):
     # the students of Table 2/3's columns, each trained on every row (None: just `arch`); the
     # first must be `arch`. LSTM runs stay at the workdir's top level, others in <workdir>/<arch>/
     archs: tuple | None = None
+    # the server lr of each student of archs, in order (chosen per student on validation; None:
+    # server_lr for every student)
+    student_server_lrs: tuple | None = None
     embed_dim: int = 96
     hidden_dim: int = 670
     num_heads: int = 10                   # transformer heads (670 / 10 = 67, App. B.2)
@@ -127,6 +130,16 @@ class PublicTrainingConfig(PrivateCorpusFields):
         if archs[0] != self.arch:
             raise ConfigError(f"arch={self.arch!r} and archs={'/'.join(archs)} disagree: archs runs each "
                               f"student; its first is arch (set arch={archs[0]} or reorder archs)")
+        lrs = self.student_server_lrs
+        if lrs is not None:
+            try:  # an override arrives as strings ("0.05/0.02")
+                lrs = tuple(float(x) for x in lrs if not isinstance(x, bool))
+            except (TypeError, ValueError):
+                lrs = ()
+            if len(lrs) != len(archs) or len(lrs) != len(self.student_server_lrs) or not all(x > 0 for x in lrs):
+                raise ConfigError(f"student_server_lrs={'/'.join(map(str, self.student_server_lrs))} must be one "
+                                  f"positive server lr per student of archs={'/'.join(archs)}")
+            object.__setattr__(self, "student_server_lrs", lrs)
         if "transformer" in archs and self.hidden_dim % self.num_heads:
             raise ConfigError(f"num_heads={self.num_heads} must divide hidden_dim={self.hidden_dim} "
                               "(transformer)")
@@ -140,6 +153,12 @@ class PublicTrainingConfig(PrivateCorpusFields):
     def students(self) -> tuple:
         """The archs of the table's columns (``archs``, or just ``arch``)."""
         return self.archs if self.archs is not None else (self.arch,)
+
+    def student(self, arch: str):
+        """This config for one student's runs: ``arch`` and its server lr set, no student lists."""
+        lrs = self.student_server_lrs or (self.server_lr,) * len(self.students)
+        return dataclasses.replace(self, arch=arch, archs=None, student_server_lrs=None,
+                                   server_lr=lrs[self.students.index(arch)])
 
     @property
     def t_prime_rounds(self) -> int:

@@ -37,7 +37,7 @@ def run_students(cfg, workdir: str, *, teacher=None, progress: bool = True, log=
     other's in ``workdir/<arch>``. Returns the last call's `RowRuns` with every student's runs."""
     runs, shares, rr = [], [], None
     for arch in cfg.students:
-        acfg = dataclasses.replace(cfg, arch=arch, archs=None)
+        acfg = cfg.student(arch)
         rr = public.run_rows(acfg, workdir if arch == "lstm" else os.path.join(workdir, arch),
                              teacher=teacher, progress=progress, log=log)
         runs += [{**r, "arch": r.get("arch") or arch} for r in rr.runs]

@@ -206,7 +206,7 @@ def _task(arch: str, embed_dim: int, hidden_dim: int, seq_len: int, vocab_size: 
 
 
 _NOT_IN_RUN_KEY = ("rows", "seeds", "seed", "epsilons", "target_epsilon", "noise_multiplier",
-                   "t_prime", "reuse_workdir", "archs")
+                   "t_prime", "reuse_workdir", "archs", "student_server_lrs")
 
 
 def run_key(cfg, row: str, seed: int, eps: float) -> str:
@@ -546,8 +546,10 @@ def _num_params(cfg, arch: str, vocab_size: int) -> int:
 def table_notes(cfg, rr: "RowRuns", seconds: float) -> list[str]:
     """The notes under the Table 2 table: data, models, schedule, metrics, privacy."""
     st, privacy, mft, prepared = rr.prepared.stats, rr.privacy, rr.mft, rr.prepared
-    students = ", ".join(f"{a} ({_num_params(cfg, a, prepared.tokenizer.vocab_size)} params)"
-                         for a in getattr(cfg, "students", (cfg.arch,)))
+    students = ", ".join(
+        f"{a} ({_num_params(cfg, a, prepared.tokenizer.vocab_size)} params, server lr "
+        f"{cfg.student(a).server_lr if hasattr(cfg, 'student') else cfg.server_lr:g})"
+        for a in getattr(cfg, "students", (cfg.arch,)))
     notes = [f"{cfg.corpus} (private, user-level DP-FTRL, delta={cfg.delta:g}); public pool "
              f"{st['num_sequences']} sentences {st['pool_sources']}; teacher SmolLM2-135M "
              f"(top-{cfg.topk}); student {students} (embed {cfg.embed_dim}, hidden {cfg.hidden_dim}) on the "

@@ -104,3 +104,11 @@ def test_smoke_config_writes_tables_and_resumes(tmp_path, capsys, monkeypatch):
     assert any(c.startswith("[Transformer, eps") for c in claims) and not any("Transformer column" in c for c in claims)
     with pytest.raises(common.ConfigError, match="disagree"):
         common.load_config("configs/public_training.py:smoke,archs=transformer/lstm")
+    # a server lr per student: each student's runs are those of its own single-student config
+    per = common.load_config("configs/public_training.py:smoke,archs=lstm/transformer,student_server_lrs=0.5/0.25")
+    t = per.student("transformer")
+    assert (t.arch, t.server_lr, t.archs, per.student("lstm").server_lr) == ("transformer", 0.25, None, 0.5)
+    assert public.run_key(t, "none", 0, 1.0) == public.run_key(
+        dataclasses.replace(cfg, arch="transformer", server_lr=0.25), "none", 0, 1.0)
+    with pytest.raises(common.ConfigError, match="one positive server lr per student"):
+        common.load_config("configs/public_training.py:smoke,archs=lstm/transformer,student_server_lrs=0.5")
