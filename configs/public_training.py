@@ -94,6 +94,10 @@ class PublicTrainingConfig(PrivateCorpusFields):
     # another experiment's workdir (public_training <-> wang_ablations): a finished run there that
     # is the same computation (`fedpriv.recipes.public.run_key`) is read back, not retrained
     reuse_workdir: str | None = None
+    # False: a (student, seed, epsilon, row) run that is neither finished here nor found by run key
+    # is left out ("not run yet" in the tables and verdicts), never trained: publishes the runs
+    # that exist (e.g. a column finished over several sessions) without starting the rest
+    train_missing: bool = True
     seeds: tuple = (0,)
     seed: int = 0                         # set per run from `seeds`
     # the paper-noise protocol (configs/lm_fl.py, fedpriv.dp.population): with a simulated

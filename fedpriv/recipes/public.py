@@ -206,7 +206,7 @@ def _task(arch: str, embed_dim: int, hidden_dim: int, seq_len: int, vocab_size: 
 
 
 _NOT_IN_RUN_KEY = ("rows", "seeds", "seed", "epsilons", "target_epsilon", "noise_multiplier",
-                   "t_prime", "reuse_workdir", "archs", "student_server_lrs")
+                   "t_prime", "reuse_workdir", "archs", "student_server_lrs", "train_missing")
 
 
 def run_key(cfg, row: str, seed: int, eps: float) -> str:
@@ -305,6 +305,9 @@ def run_rows(cfg, workdir: str, *, teacher=None, progress: bool = True, log=prin
                         raise ConfigError(f"{done} is a finished run of another configuration (run key "
                                           f"{summary.get('run_key')} != {key}): use another workdir")
                     log(f"[seed {seed}, eps {eps:g}] {row}: done before, skipped")
+                elif not getattr(cfg, "train_missing", True):
+                    log(f"[seed {seed}, eps {eps:g}] {row}: not run (train_missing=False), left out")
+                    continue
                 else:
                     log(f"[seed {seed}, eps {eps:g}] {row}: {TITLES[row]} (z = {z:.3f})")
                     t0 = time.time()

@@ -102,6 +102,16 @@ def test_smoke_config_writes_tables_and_resumes(tmp_path, capsys, monkeypatch):
             f"paper Transformer eps={cfg.epsilons[0]:g}"} <= cols
     claims = [v.claim for v in read_verdicts(wd)]
     assert any(c.startswith("[Transformer, eps") for c in claims) and not any("Transformer column" in c for c in claims)
+    # train_missing=False publishes what exists: every LSTM row, the transformer's two; nothing trains
+    monkeypatch.setattr(public, "algorithm1", no_training)
+    monkeypatch.setattr(public, "private_only", no_training)
+    have = public_training.run(dataclasses.replace(both, rows=cfg.rows, train_missing=False), wd,
+                               teacher=gguf.cached_teacher(), progress=False)
+    assert {(r["arch"], r["row"]) for r in have["runs"]} == {("lstm", r) for r in cfg.rows} | archs
+    tv = {v.claim: v.status for v in read_verdicts(wd) if v.claim.startswith("[Transformer")}
+    assert tv[f"[Transformer, eps {cfg.epsilons[0]:g}] distribution matching beats a random public subset "
+              "(Table 2)"] == "not run yet"
+    monkeypatch.undo()
     with pytest.raises(common.ConfigError, match="disagree"):
         common.load_config("configs/public_training.py:smoke,archs=transformer/lstm")
     # a server lr per student: each student's runs are those of its own single-student config
