@@ -66,7 +66,9 @@ when either side is not better than its trivial baseline (e.g. the most-frequent
 "inconclusive (too few seeds)" with fewer than 2; "negligible"-type claims as equivalence within a
 stated margin ("equivalent" / "not shown equivalent"); "not testable here" / "not run yet" with the
 reason. Each artefact states the commit it ran at and how many commits old it is; **STALE** marks
-results whose library code (`fedpriv/`, the config, the experiment module) changed since. Tables
+results whose code changed since: the `fedpriv/` modules the run imported (all of `fedpriv/` for
+runs that did not record them), the config and the experiment module, where a change of
+docstrings, comments, layout or import order does not count. Tables
 are the experiments' own outputs; numbers are ours unless a column says "paper".
 """
 
