@@ -4,6 +4,7 @@
 # Transformer, float32 and bfloat16 client compute. Each case writes $OUT/<name>.json; a summary
 # table is printed at the end (benchmarks/gpu_table.py). Usage:
 #   OUT=/tmp/gpu bash benchmarks/gpu_suite.sh [case ...]     (default: every case, in order)
+# EXTRA="--batching padded" appends flags to every case (argparse keeps the last value).
 set -u
 OUT=${OUT:-runs/bench/gpu}
 mkdir -p "$OUT"
@@ -22,10 +23,10 @@ ORDER=(lstm_c16_f32 lstm_c100_f32 lstm_c100x256_f32 lstm_c100_bf16 lstm_c100x256
        tf_c100_bf16 lstm_c1000_f32)
 [ $# -gt 0 ] && ORDER=("$@")
 for name in "${ORDER[@]}"; do
-  echo "=== $name: ${CASES[$name]}" | tee -a "$OUT/log.txt"
+  echo "=== $name: ${CASES[$name]} ${EXTRA:-} XLA_FLAGS=${XLA_FLAGS:-}" | tee -a "$OUT/log.txt"
   start=$(date +%s)
   timeout "${CASE_TIMEOUT:-240}" $PY -m benchmarks.round --workload so --packing-cohorts 100 \
-      ${CASES[$name]} --json > "$OUT/$name.json" 2>> "$OUT/log.txt" \
+      ${CASES[$name]} ${EXTRA:-} --json > "$OUT/$name.json" 2>> "$OUT/log.txt" \
     || echo "$name: exit $?" | tee -a "$OUT/log.txt"
   echo "$name: $(( $(date +%s) - start )) s wall" | tee -a "$OUT/log.txt"
 done
