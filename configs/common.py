@@ -140,14 +140,15 @@ def _scalar(name: str, kind: str | None, text: str):
 def parse_value(current, annotation, text: str, name: str = "value"):
     """``text`` converted for field ``name`` of type ``annotation`` holding ``current``."""
     kinds = _kinds(annotation)
-    if text.strip().lower() == "none":
+    is_tuple = "tuple" in kinds or isinstance(current, tuple)
+    if text.strip().lower() == "none" and ("None" in kinds or not is_tuple):
         if "None" in kinds:
             return None
         if _kind_of(kinds, current) != "str":
             shown = " | ".join(sorted(kinds)) or type(current).__name__
             raise ConfigError(f"override {name!r}: None is not allowed (type {shown})")
         return text
-    if "tuple" in kinds or isinstance(current, tuple):
+    if is_tuple:  # "none" here is an element (public_training's rows=none: the no-public-data row)
         elem = type(current[0]).__name__ if current else "str"
         if not text.strip():
             return ()

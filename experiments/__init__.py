@@ -6,6 +6,9 @@ then loads what an earlier run (another seed, row, resume or artefact) compiled 
 program, flags and jax version (the cache key), so results are unchanged and only compile time
 goes. Directory: ``$FEDPRIV_XLA_CACHE`` (default ``~/.cache/fedpriv/xla``); ``FEDPRIV_XLA_CACHE=off``
 disables it; ``JAX_COMPILATION_CACHE_DIR`` set by the caller wins.
+
+It also reads the checkout's git state now (``fedpriv.report.git_state``): every result of the
+run records the commit it started at, even if the tree moves while it trains.
 """
 import os
 
@@ -13,3 +16,7 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ and os.environ.get("FEDPRIV_XLA
     os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ.get("FEDPRIV_XLA_CACHE") or os.path.join(
         os.path.expanduser("~"), ".cache", "fedpriv", "xla")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+
+from fedpriv.report import git_state  # noqa: E402 - after the cache settings, before any run
+
+git_state()

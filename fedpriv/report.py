@@ -36,13 +36,20 @@ def _git(*args: str, cwd: str | None = None) -> str | None:
     return p.stdout.rstrip("\n") if p.returncode == 0 else None
 
 
+_STATE_AT_START: dict = {}
+
+
 def git_state(cwd: str | None = None, max_paths: int = 50) -> dict:
     """The code a result ran at: ``git_commit`` (short), ``git_commit_full``, ``git_dirty``
     (tracked files modified vs HEAD; None if unknown) and ``git_dirty_paths`` (up to
     ``max_paths`` of them, relative to the repository root). ``cwd`` default: the checkout this
-    ``fedpriv`` package is imported from (the library code that ran). Empty strings / None
-    outside a git checkout."""
-    cwd = cwd or os.path.dirname(os.path.abspath(__file__))
+    ``fedpriv`` package is imported from (the library code that ran), read once per process, at
+    the first call (``experiments`` makes it at start-up), so a commit made or checked out while
+    a run trains does not relabel it. Empty strings / None outside a git checkout."""
+    if cwd is None:
+        if max_paths not in _STATE_AT_START:
+            _STATE_AT_START[max_paths] = git_state(os.path.dirname(os.path.abspath(__file__)), max_paths)
+        return dict(_STATE_AT_START[max_paths], git_dirty_paths=list(_STATE_AT_START[max_paths]["git_dirty_paths"]))
     full = _git("rev-parse", "HEAD", cwd=cwd) or ""
     status = _git("status", "--porcelain", "--untracked-files=no", cwd=cwd) if full else None
     paths = [line[3:].split(" -> ")[-1] for line in (status or "").splitlines() if line.strip()]

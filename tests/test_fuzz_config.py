@@ -198,3 +198,16 @@ def test_audit_cli_arguments_are_planned_or_refused_in_one_line(rest, capsys):
             assert len(lines) == 1 and lines[0].startswith("error:"), out.err
     except audit_cli.AuditError as err:
         _one_line(err)
+
+
+def test_none_is_an_element_of_a_tuple_that_cannot_be_none():
+    """``public_training``'s ``rows=none`` (the no-public-data row) and ``rows=none/pretrain_lm``
+    parse as row names; a ``tuple | None`` field's ``none`` stays None; an int tuple refuses it."""
+    assert common.parse_value(("none", "pretrain_lm"), "tuple", "none", "rows") == ("none",)
+    assert common.parse_value(("none",), "tuple", "none/pretrain_lm", "rows") == ("none", "pretrain_lm")
+    assert common.parse_value(None, "tuple | None", "none", "archs") is None
+    with pytest.raises(ConfigError, match="expected an integer"):
+        common.parse_value((1, 2), "tuple", "none", "seeds")
+    from configs import public_training
+    cfg = public_training.get_config("smoke,rows=none")
+    assert cfg.rows == ("none",)
