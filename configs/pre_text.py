@@ -11,6 +11,12 @@ training users (add/remove one user; the epsilon SPENT on them, no simulated pop
 * ``synthetic_ft``: PrE-Text at ``ft_vote_share * epsilon``, synthetic pre-training, then
   DP-FTRL with z calibrated so that votes + DP-FTRL compose to ``epsilon``.
 
+Every arm starts from the same model, ``init``: by default the LSTM pre-trained centrally on
+the public pool (no private data; one per seed), which the results also report alone as the
+reference a private arm must improve on; ``init=scratch`` starts from a random init (the first
+small run's setting: at epsilon 1.29/7.58 on chitchat's 1,053 users DP-FTRL from scratch stayed
+below the most-frequent-token baseline, so no comparison with it meant anything).
+
 ``get_config("small,seeds=0/1/2,epsilons=1.29/7.58")``; the FL fields come from
 ``configs/lm_fl.py`` (overrides that are not this config's fields go there). The epsilons
 default to PrE-Text's (1.29 and 7.58).
@@ -23,6 +29,7 @@ from configs.common import ConfigError, check, with_lm_config
 from configs.lm_fl import TUNED, get_config as lm_config
 
 ARMS = ("ondevice", "synthetic", "synthetic_ft")
+INITS = ("public", "scratch")
 # public descriptions of the domain (the initial population's prompts; PrE-Text's initial
 # samples are likewise the LLM's answers to a public description of the task)
 INSTRUCTIONS = ("Write a short, casual text message to a friend.",
@@ -59,16 +66,28 @@ class PreTextConfig:
                                        # (a cheaper, worse generator: for smoke tests)
     # synthetic_ft: the votes' share of epsilon (alone); DP-FTRL gets the rest (composed)
     ft_vote_share: float = 0.25
-    # central training on the synthetic set (Adam, as public pre-training)
-    synth_steps: int = 300
+    # every arm's starting point: "public" = the LSTM pre-trained centrally on the public pool
+    # (Wang et al.'s "pre-training w/ public data"; PrE-Text's small on-device models likewise
+    # start from a public checkpoint), "scratch" = random init. With "public" the results also
+    # hold the public model alone, the reference each arm must improve on.
+    init: str = "public"
+    public_steps: int = 300            # Adam steps on the public pool (public_training:small's)
+    public_lr: float = 1e-3
+    # central training on the synthetic set (Adam, as public pre-training), batches of
+    # synth_batch_size: 25 steps are ~3 passes over the ~270 released samples (300 steps, ~35
+    # passes, over-fitted them: test perplexity 5e4 in the first small run)
+    synth_steps: int = 25
     synth_batch_size: int = 32
     synth_lr: float = 1e-3
 
     def __post_init__(self):
         check(self, positive=("num_samples", "pe_rounds", "vote_cohort", "expansion", "max_new",
                               "gen_batch_size", "vote_k", "messages_per_client", "synth_steps", "teacher_layers",
-                              "synth_batch_size", "synth_lr"),
-              non_negative=("temperature", "top_k"))
+                              "synth_batch_size", "synth_lr", "public_lr"),
+              non_negative=("temperature", "top_k", "public_steps"),
+              choices={"init": INITS})
+        if self.init == "public" and self.public_steps == 0:
+            raise ConfigError("init='public' with public_steps=0 is a random init: set init=scratch")
         if not self.arms or set(self.arms) - set(ARMS) or len(set(self.arms)) != len(self.arms):
             raise ConfigError(f"arms = {self.arms!r}: distinct names from {ARMS}")
         if not self.seeds or not all(isinstance(s, int) and s >= 0 for s in self.seeds):
@@ -94,14 +113,15 @@ class PreTextConfig:
 SCALES = {
     "smoke": dict(num_samples=8, pe_rounds=2, vote_cohort=8, expansion=16, max_new=6, teacher_layers=1,
                   gen_batch_size=8, messages_per_client=8, synth_steps=4, synth_batch_size=8,
-                  epsilons=(7.58,)),
+                  public_steps=4, epsilons=(7.58,)),
     # sized for the 2-core CPU (~100 min of one core for 3 seeds x 2 epsilons; the LLM's
     # generations, ~30-50 tokens/s here, are most of it): a synthetic set of 16 seeds + 256
     # expansions per run, far below PrE-Text's (their N and expansion are 10^3-10^5)
     "small": dict(seeds=(0, 1, 2)),
 }
 LM_SCALE = {
-    "smoke": "smoke,rounds=4,eval_every=4,noise_cohort_size=None",
+    # smoke: padded batches (packed batches compile one branch per row count: +11 s of CPU)
+    "smoke": "smoke,rounds=2,eval_every=2,noise_cohort_size=None,batching=padded",
     "small": ("small,rounds=400,eval_every=100,checkpoint_every=100,noise_cohort_size=None,"
               "max_eval_examples=3000,"
               + ",".join(f"{k}={v}" for k, v in TUNED[1.77].items())),

@@ -4,6 +4,7 @@ training users, and their client costs.
 
 Layout of a workdir: ``seed<S>-eps<E>-<arm>/`` per arm (``summary.json`` when finished: a
 finished arm is read back, never rerun; the DP-FTRL arms resume from their checkpoints),
+``public-seed<S>/`` the arms' common start (``public_init``: pre-trained on the public pool),
 and, in the fedpriv cache, the public embedder's vectors of the users' voting messages
 (`embed_store`: computed once, shared by seeds and workdirs).
 
@@ -36,11 +37,12 @@ from fedpriv.models.metrics import evaluate, most_frequent_token_accuracy
 from fedpriv.recipes import lm
 from fedpriv.synth import evolve as E, release as R
 
-__all__ = ["fred_rows", "truncated_teacher", "vote_sampler", "vote_noise", "ft_vote_epsilon", "settings",
+__all__ = ["fred_rows", "public_init", "truncated_teacher", "vote_sampler", "vote_noise", "ft_vote_epsilon", "settings",
            "client_costs", "run_arms", "ARM_LABELS"]
 
 ARM_LABELS = {"ondevice": "(a) on-device DP-FTRL", "synthetic": "(b) PrE-Text synthetic only",
-              "synthetic_ft": "(c) PrE-Text pre-training + DP-FTRL"}
+              "synthetic_ft": "(c) PrE-Text pre-training + DP-FTRL",
+              "public": "(0) public pre-training only (no private data)"}
 EMBED_DIM = 384  # all-MiniLM-L6-v2
 
 
@@ -208,12 +210,31 @@ def _pretext(cfg, teacher, embedder, clients_emb, num_clients, seed, eps_votes, 
     return res, z
 
 
-def _train_synthetic(cfg, task, texts, tokenizer, seed, sub, progress):
-    """The LSTM trained centrally on the synthetic texts (Adam): returns its params."""
+def public_init(cfg, task, tokenizer, seed, workdir, progress=True):
+    """Every arm's starting params for ``seed``: ``cfg.init == "public"``: the LSTM trained
+    centrally (Adam, ``public_steps`` x ``synth_batch_size`` sentences, ``public_lr``) on the
+    public pool, no private data, checkpointed in ``workdir/public-seed<S>`` (resumed, shared
+    by the arms and epsilons); ``"scratch"``: ``task.init`` (random)."""
+    params = task.init(jax.random.key(seed))
+    if cfg.init == "scratch":
+        return params
+    from fedpriv.public.pretrain import adam_with_clipping, train_central
+    ids = tokenizer.encode(list(lm.load_public(cfg.lm, progress=False).texts))
+    data = {"tokens": encode_examples([i for i in ids if i], cfg.lm.seq_len)}
+    params, _ = train_central(task.loss_fn, params, data, steps=cfg.public_steps,
+                              batch_size=cfg.synth_batch_size, seed=seed,
+                              optimizer=adam_with_clipping(cfg.public_lr),
+                              workdir=os.path.join(workdir, f"public-seed{seed}"),
+                              fingerprint={"public_lr": cfg.public_lr}, progress=progress,
+                              desc="public pre-training", log=None)
+    return params
+
+
+def _train_synthetic(cfg, task, texts, tokenizer, seed, sub, progress, params):
+    """``params`` (the arms' start) trained centrally on the synthetic texts (Adam)."""
     from fedpriv.public.pretrain import adam_with_clipping, train_central
     ids = tokenizer.encode(list(texts))
     data = {"tokens": encode_examples([i for i in ids if i], cfg.lm.seq_len)}
-    params = task.init(jax.random.key(seed))
     params, _ = train_central(task.loss_fn, params, data, steps=cfg.synth_steps,
                               batch_size=cfg.synth_batch_size, seed=seed,
                               optimizer=adam_with_clipping(cfg.synth_lr), workdir=os.path.join(sub, "central"),
@@ -240,7 +261,16 @@ def run_arms(cfg, workdir: str, *, teacher=None, embedder=None, progress: bool =
         lengths = (train_tokens[:, 1:] > 0).sum(axis=1)
         mean_tokens, mean_msgs = float(lengths.mean()), float(np.mean([len(m) for m in msgs]))
         clients_emb = None
+        start = public_init(cfg, task, prepared.tokenizer, seed, workdir, progress)
+        pub = evaluate(task, start, test, base.eval_batch_size) if cfg.init == "public" else None
         for eps in cfg.epsilons:
+            if pub is not None:  # the reference: the start alone, at every epsilon's table
+                rows.append({"arm": ARM_LABELS["public"], "arm_key": "public", "seed": seed, "epsilon": eps,
+                             "test_accuracy": pub["accuracy"], "test_loss": pub["loss"],
+                             "test_perplexity": _perplexity(pub["loss"]), "trivial_accuracy": trivial,
+                             "epsilon_spent": 0.0, "z_votes": None, "z_fl": None, "costs": {},
+                             "seconds": {}, "generated_tokens": 0,
+                             "workdir": os.path.join(workdir, f"public-seed{seed}")})
             for arm in cfg.arms:
                 sub = os.path.join(workdir, f"seed{seed}-eps{eps:g}-{arm}")
                 s = _read(sub, cfg)
@@ -253,7 +283,7 @@ def run_arms(cfg, workdir: str, *, teacher=None, embedder=None, progress: bool =
                                        np.zeros((0, EMBED_DIM), np.float32) for ms in msgs]
                     log(f"[seed {seed}, eps {eps:g}] {ARM_LABELS[arm]}")
                     s = _run_arm(cfg, arm, base, prepared, task, test, teacher, embedder,
-                                 clients_emb, n, seed, eps, sub, progress, log)
+                                 clients_emb, n, seed, eps, sub, progress, log, start)
                 costs = client_costs(cfg, arm, s["num_params"], mean_tokens, mean_msgs,
                                      cfg.lm.rounds, n)
                 rows.append({"arm": ARM_LABELS[arm], "arm_key": arm, "seed": seed, "epsilon": eps,
@@ -267,12 +297,13 @@ def run_arms(cfg, workdir: str, *, teacher=None, embedder=None, progress: bool =
 
 
 def _run_arm(cfg, arm, base, prepared, task, test, teacher, embedder, clients_emb, n, seed, eps,
-             sub, progress, log) -> dict:
+             sub, progress, log, start) -> dict:
+    """One arm from the params ``start`` (``public_init``), in its own ledger of budget ``eps``."""
     os.makedirs(sub, exist_ok=True)
     t0 = time.time()
     ledger = PrivacyLedger(eps * (1 + 1e-6), cfg.lm.delta, neighboring="add_remove")
     out = {"seconds": {}}
-    init = None
+    init = start
     if arm in ("synthetic", "synthetic_ft"):
         eps_v = eps if arm == "synthetic" else ft_vote_epsilon(cfg, eps)
         res, z_v = _pretext(cfg, teacher, embedder, clients_emb, n, seed, eps_v, ledger, sub, log)
@@ -281,7 +312,7 @@ def _run_arm(cfg, arm, base, prepared, task, test, teacher, embedder, clients_em
                    initial_examples=res.initial_texts[:10])
         out["seconds"].update({f"pretext {k}": v for k, v in res.seconds.items()})
         t1 = time.time()
-        init = _train_synthetic(cfg, task, res.texts, prepared.tokenizer, seed, sub, progress)
+        init = _train_synthetic(cfg, task, res.texts, prepared.tokenizer, seed, sub, progress, start)
         out["seconds"]["synthetic training"] = time.time() - t1
     if arm == "synthetic":
         m = evaluate(task, init, test, cfg.lm.eval_batch_size)
@@ -314,7 +345,7 @@ def fred_rows(cfg, rows: list[dict], *, embedder=None, progress: bool = True) ->
     pool = lm.load_public(cfg.lm, progress=False).texts
     out = []
     for seed in cfg.seeds:
-        mine = [r for r in rows if r["seed"] == seed and r["arm_key"] != "ondevice"]
+        mine = [r for r in rows if r["seed"] == seed and r["arm_key"] in ("synthetic", "synthetic_ft")]
         if not mine:
             continue
         prepared = prepared_data(dataclasses.replace(cfg.lm, seed=seed))

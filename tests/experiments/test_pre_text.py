@@ -1,6 +1,7 @@
 """The PrE-Text comparison (issue 26): its smoke run end to end -- each arm's ledger holds
 exactly the charges its privacy plan accounts, at the arm's epsilon -- a finished arm is read
 back, not rerun, and the config refuses what would make the comparison unequal."""
+import dataclasses
 import json
 import os
 
@@ -28,8 +29,12 @@ def test_smoke_writes_the_tables_and_every_arm_spends_what_its_plan_accounts(smo
     names = {"ondevice": "ondevice DP-FTRL", "synthetic": "PrE-Text votes",
              "synthetic_ft": "PrE-Text votes + DP-FTRL"}
     rows = json.load(open(os.path.join(smoke, "summary.json")))["rows"]
-    assert {r["arm_key"] for r in rows} == set(names)
+    assert {r["arm_key"] for r in rows} == set(names) | {"public"}
+    public = [r for r in rows if r["arm_key"] == "public"]
+    assert len(public) == len(cfg.seeds) * len(cfg.epsilons) and all(r["epsilon_spent"] == 0 for r in public)
     for r in rows:
+        if r["arm_key"] == "public":  # the arms' start alone: no ledger, no private data
+            continue
         s = json.load(open(os.path.join(r["workdir"], "summary.json")))
         plan = planned[f"{names[r['arm_key']]} eps {r['epsilon']:g}"]
         entries = s["ledger"]["entries"]
@@ -40,6 +45,38 @@ def test_smoke_writes_the_tables_and_every_arm_spends_what_its_plan_accounts(smo
             assert s["synthetic_samples"] > 0 and s["generated_tokens"] > 0
     verdicts = json.load(open(os.path.join(smoke, "verdicts.json")))
     assert any("equal epsilon" in v["claim"] for v in verdicts)
+    assert sum("improves on its start" in v["claim"] for v in verdicts) == len(names) * len(cfg.epsilons)
+
+
+def test_every_arm_starts_from_the_public_model(smoke, monkeypatch):
+    """(a), (b) and (c) all start from ``public_init``'s params (the checkpoint the smoke run
+    wrote: read back, not retrained); init=scratch is task.init and writes no public row."""
+    cfg = common.load_config("configs/pre_text.py:smoke")
+    seen = []
+    real = pretext._run_arm
+    monkeypatch.setattr(pretext, "_read", lambda sub, cfg=None: None)  # rerun the arms' start only
+    monkeypatch.setattr(pretext, "_run_arm", lambda *a: seen.append(a[-1]) or {
+        "test_accuracy": 0.0, "test_loss": 1.0, "epsilon_spent": 0.0, "num_params": 1})
+    rows = pretext.run_arms(cfg, smoke, progress=False, log=lambda *_: None)
+    assert real is not pretext._run_arm and len(seen) == 3
+    import jax
+    import numpy as np
+    from fedpriv.recipes import lm
+    prepared = pretext.prepared_data(dataclasses.replace(cfg.lm, seed=0))
+    task = lm.build_task(cfg.lm, prepared.tokenizer.vocab_size)
+    fresh = task.init(jax.random.key(0))
+    for p in seen:
+        diff = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()), p, fresh)
+        assert max(jax.tree.leaves(diff)) > 0  # trained on the public pool, not the random init
+        same = jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), p, seen[0])
+        assert all(jax.tree.leaves(same))
+    assert sum(r["arm_key"] == "public" for r in rows) == 1
+    seen.clear()
+    scratch = dataclasses.replace(cfg, init="scratch")
+    rows = pretext.run_arms(scratch, smoke, progress=False, log=lambda *_: None)
+    assert not any(r["arm_key"] == "public" for r in rows) and len(seen) == 3
+    assert all(all(jax.tree.leaves(jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), p, fresh)))
+               for p in seen)
 
 
 def test_a_finished_arm_is_read_back(smoke):
@@ -48,7 +85,7 @@ def test_a_finished_arm_is_read_back(smoke):
               for f in [d]}
     cfg = common.load_config("configs/pre_text.py:smoke")
     rows = pretext.run_arms(cfg, smoke, progress=False, log=lambda *_: None)
-    assert len(rows) == 3
+    assert len(rows) == 4  # three arms and the public start
     for d, t in before.items():
         assert os.path.getmtime(os.path.join(smoke, d, "summary.json")) == t
 
@@ -60,6 +97,8 @@ def test_a_finished_arm_is_read_back(smoke):
     ("smoke,ft_vote_share=1.0", "ft_vote_share"),
     ("smoke,arms=ondevice/ondevice", "distinct"),
     ("smoke,vote_cohort=100000", "vote_cohort"),
+    ("smoke,init=pretrained", "init"),
+    ("smoke,public_steps=0", "set init=scratch"),
 ])
 def test_unequal_or_bad_settings_are_refused(spec, match):
     with pytest.raises(ConfigError, match=match):
