@@ -5,13 +5,15 @@ import dataclasses
 import json
 import os
 
+import jax
+import numpy as np
 import pytest
 
 from configs.pre_text import privacy_plan
 from experiments import common, pre_text
 from fedpriv.data.errors import ConfigError
 from fedpriv.dp.plan import account
-from fedpriv.recipes import pretext
+from fedpriv.recipes import lm, pretext
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +61,6 @@ def test_every_arm_starts_from_the_public_model(smoke, monkeypatch):
         "test_accuracy": 0.0, "test_loss": 1.0, "epsilon_spent": 0.0, "num_params": 1})
     rows = pretext.run_arms(cfg, smoke, progress=False, log=lambda *_: None)
     assert real is not pretext._run_arm and len(seen) == 3
-    import jax
-    import numpy as np
-    from fedpriv.recipes import lm
     prepared = pretext.prepared_data(dataclasses.replace(cfg.lm, seed=0))
     task = lm.build_task(cfg.lm, prepared.tokenizer.vocab_size)
     fresh = task.init(jax.random.key(0))
