@@ -26,13 +26,15 @@ from fedpriv.data.errors import ConfigError
 
 __all__ = ["PAPER_SETTINGS", "FIELDS", "artefact_rows", "render", "gpu_estimate"]
 
-# what the one GPU lease measured (issue 27; benchmarks/results/gpu_h100.md)
-MEASURED_GPU = ("Measured once, on one H100 (2026-11-25, jax 0.11.2): `lm_fl:paper` (chitchat, "
+# what the two GPU leases measured (issue 27; benchmarks/results/gpu_h100.md)
+MEASURED_GPU = ("Measured on one H100 (2026-11-25, jax 0.11.2): `lm_fl:paper` (chitchat, "
                 "LSTM 670-d, SentencePiece 32K, cohort 100) for 40 rounds: ~0.28 s/round float32 "
                 "and ~0.20 s/round bfloat16 client compute in steady state, 43.8 s of training "
                 "with compiles, 5 s per evaluation of 10,000 messages: a 1,600-round LSTM run is "
-                "~8 min of rounds (benchmarks/results/gpu_h100.md). The Transformer's GPU compile "
-                "did not finish in 170 s: not measured.")
+                "~8 min of rounds (benchmarks/results/gpu_h100.md). The Transformer was measured "
+                "only in `benchmarks.round` (2026-11-27, one 670-wide block, cohort 100, log-normal "
+                "clients, XLA autotuning off): 0.33 s/round, and its training step compiles in ~88 s; "
+                "no Transformer paper run was measured.")
 FIELDS = ("data", "population", "model", "rounds", "cohort", "noise", "epsilon", "GPU time")
 H100_PEAK = 989e12            # dense BF16 FLOP/s, one H100 SXM
 UTILIZATION = (0.02, 0.40)    # assumed sustained fraction of peak (an assumption, not a measurement)
