@@ -33,8 +33,8 @@ MEASURED_GPU = ("Measured on one H100 (2026-11-25, jax 0.11.2): `lm_fl:paper` (c
                 "with compiles, 5 s per evaluation of 10,000 messages: a 1,600-round LSTM run is "
                 "~8 min of rounds (benchmarks/results/gpu_h100.md). The Transformer was measured "
                 "only in `benchmarks.round` (2026-11-27, one 670-wide block, cohort 100, log-normal "
-                "clients, XLA autotuning off): 0.33 s/round, and its training step compiles in ~88 s; "
-                "no Transformer paper run was measured.")
+                "clients, XLA autotuning off): 0.33 s/round; its round compiles in ~88 s, ~81 s of it the "
+                "DP tree noise over its 23 parameter leaves. No Transformer paper run was measured.")
 FIELDS = ("data", "population", "model", "rounds", "cohort", "noise", "epsilon", "GPU time")
 H100_PEAK = 989e12            # dense BF16 FLOP/s, one H100 SXM
 UTILIZATION = (0.02, 0.40)    # assumed sustained fraction of peak (an assumption, not a measurement)
