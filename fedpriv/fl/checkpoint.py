@@ -64,6 +64,34 @@ class CheckpointWriteError(CheckpointError):
     OS error; earlier commits are intact."""
 
 
+_UNFINISHED = ".orbax-checkpoint-tmp"  # orbax's name for a commit being written
+
+
+def _clear_unfinished(directory: str, settle: float = 0.05, tries: int = 100) -> None:
+    """Remove the temporary directories of commits that never finished (a failed write, a kill),
+    synchronously, before a writer's first commit and after a commit failed (never on a read:
+    another process may be writing). A failed commit's array writer (tensorstore's threads, not
+    Python's) can still be finishing in this process and add files while they go, which made
+    orbax's own asynchronous cleanup of the next attempt fail with ENOENT (once in ~10 retries
+    under load): so after removing anything this waits ``settle`` seconds and repeats until none
+    is left."""
+    if not os.path.isdir(directory):
+        return
+    for _ in range(tries):
+        left = [os.path.join(directory, n) for n in os.listdir(directory) if _UNFINISHED in n]
+        if not left:
+            return
+        for path in left:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    os.remove(path)
+        time.sleep(settle)
+    raise CheckpointWriteError(f"cannot remove the unfinished commit(s) {', '.join(left)}: they keep "
+                               "coming back (another process writing to this checkpoint directory?)")
+
+
 _OS_CODE = re.compile(r"os_error_code='?(\d+)")
 
 
@@ -223,6 +251,7 @@ class Checkpointer:
         self.directory = os.path.abspath(directory)
         self.keep = keep
         self._mgr = None
+        self._cleared = False  # unfinished commits removed (once, before this writer's first save)
         self.skipped: list[tuple[int, str]] = []  # damaged commits passed over by the last read
         self.restored_step: int | None = None  # the commit the last read returned
 
@@ -234,7 +263,7 @@ class Checkpointer:
             logging.getLogger("absl").setLevel(logging.WARNING)
             opts = ocp.CheckpointManagerOptions(max_to_keep=self.keep, create=False,
                                                 enable_async_checkpointing=False,
-                                                cleanup_tmp_directories=True)
+                                                cleanup_tmp_directories=False)  # save() clears
             self._mgr = ocp.CheckpointManager(self.directory, options=opts)
         return self._mgr
 
@@ -257,6 +286,9 @@ class Checkpointer:
         host = to_host(state)
         meta = json_safe({**meta, "format": FORMAT})
         meta["digest"] = digest(host, meta)
+        if not self._cleared:  # a writer only: readers never delete another process's commit
+            _clear_unfinished(self.directory)
+            self._cleared = True
         last = self.latest()
         step = 0 if last is None else last + 1
         _drop_closed_loop_reports()
@@ -274,6 +306,8 @@ class Checkpointer:
                         t.join(timeout=max(0.0, deadline - time.monotonic()))
                     with contextlib.suppress(Exception):
                         self.close()
+                    with contextlib.suppress(Exception):
+                        _clear_unfinished(self.directory)  # the next attempt starts clean
                     raise
         except Exception as err:  # noqa: BLE001 - only OS errors become one line; bugs re-raise
             os_err = _os_error_of(err)

@@ -563,3 +563,28 @@ def test_kill9_anywhere_resumes_bit_identical_with_one_metrics_row_per_round(tmp
     rows = _rows(wd)
     assert [r["round"] for r in rows] == list(range(1, 13))
     assert rows == _rows(tmp_path / "ref")
+
+
+def test_an_unfinished_commit_is_cleared_before_the_next_one(tmp_path, monkeypatch):
+    """A commit that never finished (killed, or a failed write whose array writer was still
+    finishing) leaves ``<k>.orbax-checkpoint-tmp``: it is removed synchronously before the next
+    manager writes (orbax's asynchronous cleanup raced with such a writer: ENOENT), the next
+    commit lands, and a leftover that keeps coming back is refused in one line."""
+    from fedpriv.fl import checkpoint as C
+    d = str(tmp_path / "ck")
+    ck = Checkpointer(d)
+    ck.save({"w": np.ones(3, np.float32)}, {"round": 1})
+    ck.close()
+    junk = os.path.join(d, "1.orbax-checkpoint-tmp", "state", "ocdbt.process_0")
+    os.makedirs(junk)
+    open(os.path.join(junk, "part"), "w").close()
+    ck = Checkpointer(d)
+    assert ck.save({"w": np.full(3, 2.0, np.float32)}, {"round": 2}) == 1
+    assert not [n for n in os.listdir(d) if "orbax-checkpoint-tmp" in n]
+    state, meta = ck.restore({"w": np.zeros(3, np.float32)})
+    assert meta["round"] == 2 and float(state["w"][0]) == 2.0
+    ck.close()
+    os.makedirs(os.path.join(d, "2.orbax-checkpoint-tmp"))
+    monkeypatch.setattr(C.shutil, "rmtree", lambda *a, **k: None)  # a writer that recreates it
+    with pytest.raises(C.CheckpointWriteError, match="keep coming back"):
+        C._clear_unfinished(d, settle=0.0, tries=3)
