@@ -88,6 +88,37 @@ def test_tree_increments_telescope_to_prefix_noise():
             np.testing.assert_allclose(np.asarray(acc[k]), np.asarray(pre[k]), atol=1e-4)
 
 
+def _unrolled_increment(key, t, like, std, num_levels):
+    """The increment as it was drawn until 2026-11-27 (a Python loop over the levels): the oracle
+    that the fori_loop version moves no noise of stored runs."""
+    from fedpriv.dp.noise import node_noise
+    h0 = jax.lax.population_count((t & -t) - 1)
+    total = jax.tree_util.tree_map(jnp.zeros_like, like)
+    for h in range(num_levels):
+        coef = jnp.where(h == h0, 1.0, jnp.where(h < h0, -1.0, 0.0))
+        idx = jnp.where(h == h0, (t >> h) - 1, ((t - 1) >> h) - 1)
+
+        def add(total, h=h, coef=coef, idx=idx):
+            z = node_noise(key, h, jnp.maximum(idx, 0), like, std)
+            return jax.tree_util.tree_map(lambda a, b: a + coef.astype(b.dtype) * b, total, z)
+
+        total = jax.lax.cond(coef != 0, add, lambda total: total, total)
+    return total
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_tree_increment_is_bit_identical_to_the_unrolled_levels(dtype):
+    like = {"a": jnp.zeros((5, 3), dtype), "b": jnp.zeros((7,), dtype), "c": jnp.zeros((), dtype)}
+    key = jax.random.key(11)
+    levels = num_tree_levels(40)
+    new = jax.jit(tree_increment_noise, static_argnums=(4,))
+    old = jax.jit(_unrolled_increment, static_argnums=(4,))
+    for t in [1, 2, 3, 4, 5, 8, 12, 16, 31, 32, 40]:
+        a, b = new(key, jnp.int32(t), like, 0.7, levels), old(key, jnp.int32(t), like, 0.7, levels)
+        for k in like:
+            assert np.array_equal(np.asarray(a[k], np.float32), np.asarray(b[k], np.float32)), (t, k)
+
+
 def test_noise_free_tree_reproduces_exact_prefix_sums():
     mech = tree_mechanism(0.0, 1.0, restart_every=5)
     xs = np.random.default_rng(0).normal(size=(12, 4)).astype(np.float32)
