@@ -125,13 +125,12 @@ def finish_round(alg, state, total):
     """Noise the loop's sum with the algorithm's mechanism and apply the server update (jitted)."""
     if id(alg) not in _finish_cache:
         # run the engine's round on an empty cohort but with the loop's sum added before noise
-        from fedpriv.dp.noise import NoiseMechanism
         dp = alg.dp
-        mech = NoiseMechanism(std=dp.noise_multiplier, restart_every=dp.restart_every)
+        noise = dp.privatizer(dp.noise_multiplier)  # update-only: the key is in the state
 
         def fin(state, total):
             unit = jax.tree_util.tree_map(lambda x: x / CLIP, total)
-            noised, ns = mech.add_noise(unit, state.noise_state)
+            noised, ns = noise.update(unit, state.noise_state)
             avg = jax.tree_util.tree_map(lambda x: x * CLIP / alg.expected_cohort_size, noised)
             params = jax.tree_util.tree_map(jnp.add, state.params, avg)
             return state.replace(params=params, noise_state=ns, round=state.round + 1)

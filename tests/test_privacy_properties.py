@@ -22,7 +22,7 @@ from hypothesis.extra import numpy as hnp
 
 from fedpriv.dp.matrix import BandedStrategy, MinSeparationError, toeplitz_matrix
 from fedpriv.expansion import unigrams as U
-from fedpriv.fl.participation import AmplifiedCyclicSampler, amplified_banded_event
+from fedpriv.fl.samplers import AmplifiedCyclicSampler, amplified_banded_event
 
 PROPS = settings(max_examples=60, deadline=None, derandomize=True,
                  suppress_health_check=[HealthCheck.too_slow])

@@ -49,7 +49,6 @@ from fedpriv.dp.ledger import LedgerEntry, PrivacyBudgetExceeded, PrivacyLedger,
 from fedpriv.dp.matrix import (
                                    BandedStrategy,
                                    BLTStrategy,
-                                   MatrixNoiseState,
                                    MinSeparationError,
                                    banded_privatizer,
                                    banded_strategy,
@@ -73,12 +72,11 @@ from fedpriv.dp.mechanisms import (
                                    register_mechanism,
 )
 from fedpriv.dp.noise import (
-                                   NoiseMechanism,
                                    NoiseState,
-                                   distributed_noise_share,
-                                   gaussian_mechanism,
                                    gaussian_privatizer,
-                                   tree_mechanism,
+                                   noise_like,
+                                   release_key,
+                                   streaming_privatizer,
                                    tree_privatizer,
 )
 
@@ -90,9 +88,9 @@ __all__ = [
     "AdaptiveClipping", "ClipState", "ClipNormError", "check_clip_norm", "clip_update",
     "global_norm", "geometric_dp_event", "geometric_epsilon", "geometric_mechanism",
     "geometric_noise", "numpy_generator", "tagged_key", "LedgerEntry", "PrivacyBudgetExceeded",
-    "PrivacyLedger", "event_from_json", "event_to_json", "NoiseMechanism", "NoiseState",
-    "distributed_noise_share", "gaussian_mechanism", "gaussian_privatizer", "tree_mechanism",
-    "tree_privatizer", "BandedStrategy", "BLTStrategy", "MatrixNoiseState", "MinSeparationError",
+    "PrivacyLedger", "event_from_json", "event_to_json", "NoiseState",
+    "gaussian_privatizer", "noise_like", "release_key", "streaming_privatizer",
+    "tree_privatizer", "BandedStrategy", "BLTStrategy", "MinSeparationError",
     "banded_privatizer", "banded_strategy", "blt_privatizer", "blt_strategy", "gram_sensitivity",
     "matrix_event", "optimize_blt", "variance_ratio_to_tree", "DDGConfig", "DDGRound",
     "ddg_epsilon", "ddg_rdp", "ddg_round", "DistributedDiscreteGaussianDpEvent", "ddg_event",

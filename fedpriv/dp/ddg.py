@@ -94,15 +94,6 @@ def discrete_gaussian(key, sigma: float, shape) -> jax.Array:
     return out.astype(jnp.int32).reshape(shape)
 
 
-def discrete_gaussian_variance(sigma: float) -> float:
-    """Exact variance of ``N_Z(0, sigma^2)`` (slightly below ``sigma^2`` for small sigma)."""
-    if sigma == 0:
-        return 0.0
-    k = np.arange(-int(40 * sigma) - 40, int(40 * sigma) + 41, dtype=np.float64)
-    w = np.exp(-k ** 2 / (2 * sigma ** 2))
-    return float((k ** 2 * w).sum() / w.sum())
-
-
 def fwht(x: jax.Array) -> jax.Array:
     """Normalised fast Walsh-Hadamard transform over the last axis (orthogonal, self-inverse);
     its length must be a power of 2."""
@@ -442,11 +433,3 @@ def ddg_round(cfg: DDGConfig, updates: np.ndarray, seed: int, round_idx: int = 0
                     np.asarray(centred(cfg, modular_sum), np.int64),
                     np.asarray(raw, np.int64)[survivors].sum(0),
                     float((frac * (1 - frac))[survivors].sum()))
-
-
-def expected_error_variance(cfg: DDGConfig, result: DDGRound) -> float:
-    """``E ||decoded - clipped_sum||^2`` over rounding and noise (rotation is orthogonal):
-    ``gamma^2 (sum p (1 - p) + survivors * D * Var N_Z(0, sigma_int^2))`` (padding included;
-    the decoded sum drops the padding, so compare over the full rotated space or d = D)."""
-    noise = result.num_survivors * cfg.padded_dim * discrete_gaussian_variance(cfg.local_sigma)
-    return cfg.gamma ** 2 * (result.rounding_variance + noise)

@@ -12,7 +12,7 @@ A mechanism binds (docs/design.md, principle 10; jax_privacy's privatizers and
 * its **release** per round for the accounting (``release_event(sampler, rounds, z, fresh)``):
   the ``dp_accounting`` event of ``rounds`` rounds under the sampler, built by the existing
   accounting code (``accounting.RoundRelease`` handed to ``sampler.amplified_event`` for fresh
-  and tree noise, ``participation.matrix_privacy_event`` for matrix noise, ``ddg.ddg_event``
+  and tree noise, ``samplers.matrix_privacy_event`` for matrix noise, ``ddg.ddg_event``
   for distributed noise); ``privacy_event(sampler, rounds, simulated)`` is the whole event of a
   run (non-private cases, the noise-cohort scaling, the adaptive clip count);
 * its **neighbouring relations** (``neighboring``: those its accounting holds under);
@@ -280,7 +280,7 @@ class MatrixDPConfig(DPConfig):
         ``matrix.optimize_blt``).
       min_separation: the accounting assumes users participate at least this many rounds
         apart (>= bands for "banded"); the sampler must guarantee it
-        (``fedpriv.fl.participation``), else ``privacy_event`` raises.
+        (``fedpriv.fl.samplers``), else ``privacy_event`` raises.
     """
     mechanism: str = "banded"
     bands: int = 0
@@ -324,9 +324,9 @@ class MatrixDPConfig(DPConfig):
         return matrix.privatizer(self.strategy, noise_multiplier, key)
 
     def release_event(self, sampler, rounds, noise_multiplier, fresh=None):
-        """``participation.matrix_privacy_event``: a Gaussian at ``z / sens`` under the
+        """``samplers.matrix_privacy_event``: a Gaussian at ``z / sens`` under the
         sampler's guaranteed min-separation (``MinSeparationError`` without one)."""
-        from fedpriv.fl.participation import matrix_privacy_event  # (fl imports this module)
+        from fedpriv.fl.samplers import matrix_privacy_event  # (fl imports this module)
         return matrix_privacy_event(self, sampler, rounds, noise_multiplier, fresh)
 
 

@@ -1,41 +1,48 @@
-"""Noise mechanisms on aggregated sums: Gaussian and DP-FTRL tree aggregation.
+"""The noise engine of every central DP mechanism: one streaming privatizer, one key rule.
 
-One mechanism (PRNG key in the state) covers both, and is used as an optax transformation:
+Every mechanism that noises the cohort sum on the server (``fedpriv.dp.mechanisms``) is one
+``streaming_privatizer``: an ``optax.GradientTransformation`` whose state ``NoiseState(key,
+step, buffers)`` holds the run's noise key, the number of releases made and the stream's memory,
+and whose ``update(x_t, state)`` returns ``x_t + w_t`` with ``w_t`` row t of ``C^{-1} Z`` for the
+mechanism's factor ``C`` (the increment of the noisy prefix sums ``A x + B Z``; Denisov et al.
+2022, the streaming view of jax_privacy's ``StreamingMatrix`` privatizers):
 
-    privatizer = tree_privatizer(noise_std, key, restart_every)   # or gaussian_privatizer
+    privatizer = tree_privatizer(noise_std, key, restart_every)   # or gaussian_/banded_/blt_
     state = privatizer.init(params)
     noised_increment, state = privatizer.update(sum_tree, state)
 
 so it composes with any optax chain (``optax.chain(tree_privatizer(z * C, key, R),
 optax.scale(1 / m), optax.sgd(lr))``) and the federated engine (``fedpriv.fl.algorithms``)
-uses these very objects on its normalised sums.
+uses these very objects on its normalised sums. The special cases:
 
-* **Gaussian** (DP-FedAvg, McMahan et al. 2018): ``sum + N(0, std^2 I)`` with fresh noise
-  every round, ``std = z * C`` (noise multiplier z, clip norm C; docs/design.md §3).
+* **Gaussian** (DP-FedAvg, McMahan et al. 2018): ``C = I``, ``w_t = std Z_t``: fresh noise every
+  round, ``std = z * C`` (noise multiplier z, clip norm C; docs/design.md §3).
 * **Tree** (DP-FTRL, Kairouz et al. 2021, "Practical and private (deep) learning without
-  sampling or shuffling", Alg. 1 and App. D): the server releases noisy *prefix sums*
-  ``S_t = sum_{s<=t} x_s + n(t)`` where ``n(t)`` is the sum of the i.i.d. ``N(0, std^2)``
-  noises of the binary-tree nodes in the dyadic decomposition of ``t``. The mechanism
-  returns the increment ``S_t - S_{t-1} = x_t + n(t) - n(t-1)``, so any server optimizer
-  consumes it like a noisy sum (SGD with learning rate eta gives exactly FTRL:
+  sampling or shuffling", Alg. 1 and App. D): ``C`` = the binary-tree matrix; the released
+  prefix sum ``S_t = sum_{s<=t} x_s + n(t)`` carries the i.i.d. ``N(0, std^2)`` noises of the
+  tree nodes in the dyadic decomposition of ``t``, and the privatizer returns the increment
+  ``x_t + n(t) - n(t-1)`` (SGD with learning rate eta on it is exactly FTRL:
   ``theta_t = theta_0 + eta * S_t``). Node (level h, index j) covers leaves
-  ``[j 2^h + 1, (j+1) 2^h]``; its noise is regenerated from ``fold_in(key, node)``, so the
-  state is just ``(key, step, tree)``: jit-able, O(1) memory, exactly resumable.
-  With ``restart_every=R`` the tree restarts after R steps with a fresh key (one tree per
-  epoch for clients that participate again; accounting composes one tree per epoch).
-  Each leaf lies in at most ``ceil(log2(R + 1))`` nodes, the depth used by
-  ``dp_accounting.SingleEpochTreeAggregationDpEvent``.
-  Gaussian noise is the identity case of the tree: ``restart_every=1``.
+  ``[j 2^h + 1, (j+1) 2^h]``; its noise is regenerated from its key, so the stream needs no
+  buffers: O(1) memory, jit-able, exactly resumable. With ``restart_every=R`` the tree restarts
+  every R releases with a fresh key (one tree per epoch; accounting composes one tree per
+  epoch). Each leaf lies in at most ``ceil(log2(R + 1))`` nodes, the depth used by
+  ``dp_accounting.SingleEpochTreeAggregationDpEvent``. ``R = 1`` is the Gaussian mechanism.
+* **Banded / BLT matrix factorization** (``fedpriv.dp.matrix``): ``w_t`` from ``Z_t`` and a
+  few buffers of past ``w`` (the Toeplitz recurrences), kept in ``NoiseState.buffers``.
 
-Also: per-client noise *shares* for distributed DP under secure aggregation
-(``distributed_noise_share``): m clients each add ``N(0, std^2/m)`` so that the securely
-aggregated sum carries exactly ``N(0, std^2)``.
+**The key rule** (one for every mechanism; docs/design.md §3): the Gaussian draw with stream
+index ``i`` under key ``k`` is ``noise_like(release_key(k, i), like, std)``:
+``release_key(k, i) = fold_in(k, i)`` and one ``split`` key per parameter leaf. The stream index
+of a Gaussian or MF release is its round ``t``; a tree's nodes nest it: the tree of epoch ``e``
+is ``release_key(key, e)`` and its node (h, j) ``release_key(tree_key, h * 2^24 + j)``. The
+distributed discrete Gaussian's round keys are ``release_key(key, t)`` too (split by purpose,
+``mechanisms.DDGMechanism.codec``).
 """
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -49,9 +56,13 @@ _LEVEL_STRIDE = 1 << 24
 
 @struct.dataclass
 class NoiseState:
-    key: jax.Array          # typed PRNG key of the current tree
-    step: jax.Array         # int32: number of leaves already released in the current tree
-    tree: jax.Array         # int32: index of the current tree (epoch) since init
+    key: jax.Array          # typed PRNG key of the run's noise (fixed for the run)
+    step: jax.Array         # int32: releases made so far (the next is release ``step``)
+    buffers: Any = ()       # the stream's memory (MF: each leaf [num_buffers, *leaf]); () if none
+
+
+# (update, state) -> noise shaped like the update, new buffers; see ``streaming_privatizer``
+NoiseFn = Callable[[jax.Array, jax.Array, Any, Any], tuple]
 
 
 def check_int(name: str, value, lo: int = 1) -> int:
@@ -66,7 +77,23 @@ def check_int(name: str, value, lo: int = 1) -> int:
     return int(value)
 
 
-def _gaussian_like(key, tree, std):
+def check_std(noise_std) -> float:
+    """``noise_std`` as a float if it is finite and >= 0 (else ``ValueError``)."""
+    std = float(noise_std)
+    if not (std >= 0 and math.isfinite(std)):
+        raise ValueError(f"noise std must be a finite number >= 0, got {std}")
+    return std
+
+
+def release_key(key, index):
+    """The key of stream index ``index`` (a round, a tree, a node) under ``key``: the one key
+    rule of every noise draw in fedpriv.dp (``fold_in``)."""
+    return jax.random.fold_in(key, index)
+
+
+def noise_like(key, tree, std):
+    """i.i.d. ``N(0, std^2)`` noise shaped like ``tree``: one ``split`` key per leaf, drawn in
+    float32 and cast to the leaf's dtype."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     keys = jax.random.split(key, len(leaves))
     noise = [std * jax.random.normal(k, x.shape, jnp.float32).astype(x.dtype)
@@ -74,23 +101,40 @@ def _gaussian_like(key, tree, std):
     return jax.tree_util.tree_unflatten(treedef, noise)
 
 
+def streaming_privatizer(noise_fn: NoiseFn | None, key,
+                         init_buffers: Callable[[Any], Any] | None = None) -> optax.GradientTransformation:
+    """The noise engine: ``update(x_t, NoiseState(key, t, buffers))`` returns ``x_t + w_t``
+    (``w_t`` cast to each leaf's dtype) and ``NoiseState(key, t + 1, buffers')``, where
+    ``w_t, buffers' = noise_fn(key, t, x_t, buffers)`` (``noise_fn=None``: no noise; the state
+    still counts the releases and holds the key).
+
+    Args:
+      noise_fn: ``(key, step, like, buffers) -> (noise like ``like``, new buffers)``; draws its
+        Gaussians by the key rule (``release_key``, ``noise_like``).
+      key: typed PRNG key ``init`` puts in the state; ``None`` builds an update-only
+        transformation (the engine's jitted round: the key lives in ``ServerState``).
+      init_buffers: ``params -> buffers`` (a pytree); ``None``: no buffers (``()``).
+    """
+    def init_fn(params):
+        if key is None:
+            raise ValueError("this privatizer was built without a key: pass one to init a state")
+        buffers = init_buffers(params) if init_buffers is not None else ()
+        return NoiseState(key, jnp.zeros((), jnp.int32), buffers)
+
+    def update_fn(updates, state, params=None):
+        del params
+        if noise_fn is None:
+            return updates, NoiseState(state.key, state.step + 1, state.buffers)
+        w, buffers = noise_fn(state.key, state.step, updates, state.buffers)
+        noised = jax.tree_util.tree_map(lambda x, n: x + n.astype(x.dtype), updates, w)
+        return noised, NoiseState(state.key, state.step + 1, buffers)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
 def node_noise(key, level, index, like, std):
     """Noise of tree node (``level``, ``index``): i.i.d. ``N(0, std^2)`` per coordinate."""
-    return _gaussian_like(jax.random.fold_in(key, level * _LEVEL_STRIDE + index), like, std)
-
-
-def tree_prefix_noise(key, t, like, std, num_levels: int):
-    """Total noise ``n(t)`` on the prefix sum of the first ``t`` leaves (``t >= 0``).
-
-    ``n(t) = sum over set bits h of t of node_noise(level=h, index=(t >> h) - 1)``;
-    ``n(0) = 0``. ``num_levels`` (static) bounds the levels examined.
-    """
-    total = jax.tree_util.tree_map(jnp.zeros_like, like)
-    for h in range(num_levels):
-        bit = (t >> h) & 1
-        z = node_noise(key, h, jnp.maximum((t >> h) - 1, 0), like, std)
-        total = jax.tree_util.tree_map(lambda a, b: a + jnp.where(bit == 1, b, 0), total, z)
-    return total
+    return noise_like(release_key(key, level * _LEVEL_STRIDE + index), like, std)
 
 
 def tree_increment_noise(key, t, like, std, num_levels: int):
@@ -122,45 +166,6 @@ def num_tree_levels(leaves: int) -> int:
     return max(1, int(leaves).bit_length())
 
 
-@dataclasses.dataclass(frozen=True)
-class NoiseMechanism:
-    """Gaussian (``restart_every=1``) or tree-aggregation noise on a sum.
-
-    Attributes:
-      std: noise std per coordinate of a sum (per tree node for the tree) = z * C.
-      restart_every: leaves per tree; 1 = plain Gaussian mechanism.
-    """
-    std: float
-    restart_every: int = 1
-
-    def __post_init__(self):
-        if not (self.std >= 0 and math.isfinite(self.std)):
-            raise ValueError(f"noise std must be a finite number >= 0, got {self.std}")
-        check_int("restart_every", self.restart_every)
-
-    @property
-    def num_levels(self) -> int:
-        return num_tree_levels(self.restart_every)
-
-    def init(self, key) -> NoiseState:
-        return NoiseState(key=key, step=jnp.zeros((), jnp.int32), tree=jnp.zeros((), jnp.int32))
-
-    def add_noise(self, sum_tree, state: NoiseState):
-        """Returns ``(sum_tree + n(t) - n(t-1), new_state)`` for the next leaf t."""
-        restart = state.step >= self.restart_every
-        tree_idx = jnp.where(restart, state.tree + 1, state.tree)
-        step = jnp.where(restart, 0, state.step)
-        key = jax.random.fold_in(state.key, tree_idx)  # a fresh key for every tree
-        if self.std == 0:
-            return sum_tree, NoiseState(state.key, step + 1, tree_idx)
-        if self.restart_every == 1:
-            inc = _gaussian_like(key, sum_tree, self.std)
-        else:
-            inc = tree_increment_noise(key, step + 1, sum_tree, self.std, self.num_levels)
-        noised = jax.tree_util.tree_map(jnp.add, sum_tree, inc)
-        return noised, NoiseState(state.key, step + 1, tree_idx)
-
-
 def tree_privatizer(noise_std: float, key, restart_every: int) -> optax.GradientTransformation:
     """DP-FTRL tree-aggregation noise as an ``optax.GradientTransformation``.
 
@@ -168,54 +173,31 @@ def tree_privatizer(noise_std: float, key, restart_every: int) -> optax.Gradient
     deltas of one round, sensitivity C) as the next leaf of the tree and returns
     ``updates + n(t) - n(t-1)``: the increment of the noisy prefix sums (Kairouz et al. 2021,
     Alg. 1), ``n`` built from i.i.d. ``N(0, noise_std^2)`` node noises (``noise_std = z * C``).
-    The tree restarts with a fresh key every ``restart_every`` updates (one tree per epoch).
+    Release ``s`` (0-based) is leaf ``s mod R + 1`` of tree ``s // R`` (key
+    ``release_key(key, s // R)``): the tree restarts with a fresh key every ``restart_every``
+    updates (one tree per epoch).
 
     Args:
       noise_std: per-node noise std per coordinate (a Python float >= 0).
-      key: typed PRNG key the state is initialised with (``init``). ``None`` builds a
-        transformation that can only ``update`` an existing state (what the engine's jitted
-        round uses: the key lives in the state).
+      key: typed PRNG key the state is initialised with (``init``); ``None``: update-only.
       restart_every: leaves per tree; 1 is the Gaussian mechanism (``gaussian_privatizer``).
-
-    The state is a ``NoiseState`` (key, step, tree index): O(1) memory, exactly resumable.
     """
-    mech = NoiseMechanism(float(noise_std), check_int("restart_every", restart_every))
+    std = check_std(noise_std)
+    R = check_int("restart_every", restart_every)
+    levels = num_tree_levels(R)
 
-    def init_fn(params):
-        del params
-        if key is None:
-            raise ValueError("this privatizer was built without a key: pass one to init a state")
-        return mech.init(key)
+    def noise_fn(key, step, like, buffers):
+        tree_key = release_key(key, step // R)  # a fresh key for every tree
+        if R == 1:
+            return noise_like(tree_key, like, std), buffers
+        return tree_increment_noise(tree_key, step % R + 1, like, std, levels), buffers
 
-    def update_fn(updates, state, params=None):
-        del params
-        return mech.add_noise(updates, state)
-
-    return optax.GradientTransformation(init_fn, update_fn)
+    return streaming_privatizer(noise_fn if std > 0 else None, key)
 
 
 def gaussian_privatizer(noise_std: float, key) -> optax.GradientTransformation:
     """The Gaussian mechanism as an ``optax.GradientTransformation``: ``updates + N(0,
     noise_std^2 I)``, fresh noise every update (DP-FedAvg, McMahan et al. 2018; ``noise_std =
-    z * C``). The ``restart_every=1`` case of :func:`tree_privatizer`."""
+    z * C``); release ``t`` draws ``noise_like(release_key(key, t))``. The ``restart_every=1``
+    case of :func:`tree_privatizer`."""
     return tree_privatizer(noise_std, key, 1)
-
-
-def gaussian_mechanism(noise_multiplier: float, clip_norm: float) -> NoiseMechanism:
-    """Plain Gaussian mechanism on a sum with L2 sensitivity ``clip_norm``."""
-    return NoiseMechanism(std=float(noise_multiplier) * float(clip_norm), restart_every=1)
-
-
-def tree_mechanism(noise_multiplier: float, clip_norm: float, restart_every: int) -> NoiseMechanism:
-    """DP-FTRL tree aggregation with per-node std ``z * C``, restarting every ``restart_every``."""
-    return NoiseMechanism(std=float(noise_multiplier) * float(clip_norm),
-                          restart_every=check_int("restart_every", restart_every))
-
-
-def distributed_noise_share(key, like: Any, std: float, num_clients):
-    """One client's share of distributed Gaussian noise under secure aggregation.
-
-    Each of ``num_clients`` clients adds ``N(0, std^2 / num_clients)`` per coordinate; the
-    securely aggregated sum of the shares is ``N(0, std^2)``, the noise the proof needs.
-    """
-    return _gaussian_like(key, like, std / jnp.sqrt(jnp.asarray(num_clients, jnp.float32)))

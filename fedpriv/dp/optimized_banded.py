@@ -15,7 +15,7 @@ Everything else is inherited, which is the point of this file: the streaming pri
 ``fold_in(key, t)``), the exact sensitivity under b-min-separation (``BandedStrategy.sensitivity``:
 for any banded lower-triangular Toeplitz ``C`` the column norms are non-increasing, so the
 worst participation pattern is ``0, b, 2b, ...``; it refuses ``b < bands``), the event
-(``participation.matrix_privacy_event``) and the amplification of ``AmplifiedCyclicSampler``
+(``samplers.matrix_privacy_event``) and the amplification of ``AmplifiedCyclicSampler``
 (Thm. 4 holds for any banded ``C``; ``banded = True``). Shapes: the coefficients are ``[bands]``;
 the privatizer's buffers ``[bands - 1, *leaf]`` per parameter leaf.
 

@@ -45,14 +45,16 @@ from fedpriv.fl.loop import (
                                    replace_params,
                                    train,
 )
-from fedpriv.fl.participation import (
+from fedpriv.fl.samplers import (
                                    AmplificationError,
                                    AmplifiedCyclicSampler,
                                    CyclicSampler,
+                                   PoissonSampler,
+                                   ShuffledPassSampler,
+                                   UniformSampler,
                                    amplified_banded_event,
                                    matrix_privacy_event,
 )
-from fedpriv.fl.samplers import PoissonSampler, ShuffledPassSampler, UniformSampler
 from fedpriv.fl.stages import PipelineResult, Stage, StageContext, run_stages
 
 __all__ = [

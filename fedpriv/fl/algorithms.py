@@ -246,7 +246,7 @@ def privacy_event(dp: DPConfig, sampler, rounds: int, simulated: bool = True) ->
     Poisson -> ``PoissonSampled(q, Composed([G(z), G(2 sigma_b)]))`` per round, one subsampled
     mechanism; fixed-size -> its without-replacement analogue (replace-one); shuffled passes ->
     one tree and one count per epoch. A sampler without ``amplified_event`` is refused.
-    Matrix mechanisms ("banded", "blt"): ``participation.matrix_privacy_event`` — a Gaussian
+    Matrix mechanisms ("banded", "blt"): ``samplers.matrix_privacy_event`` — a Gaussian
     at ``z / sens`` under the sampler's guaranteed min-separation, or ``MinSeparationError``.
     DDG: one distributed discrete Gaussian event per participation (fixed-size cohorts only).
 

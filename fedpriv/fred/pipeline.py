@@ -96,15 +96,6 @@ def fred_declared_users(cfg) -> int:
     return fred_train_clients(cfg)
 
 
-def pipeline_events(cfg, num_clients: int) -> tuple[list[dpa.DpEvent], float]:
-    """The pipeline ledger's events without running it: ``([FreD release, FL-finetuning], z)``,
-    z calibrated (``target_epsilon``) so that both fit the budget, for ``num_clients`` FL users."""
-    fred_event = fred_release_event(cfg)
-    task = lm_recipe.build_task(cfg.lm, cfg.lm.vocab_size)
-    _, _, fl_event, z = lm_recipe.build_algorithm(cfg.lm, num_clients, task.loss_fn, [fred_event])
-    return [fred_event, fl_event], z
-
-
 def _fred_stage(cfg, fred_private, candidates, progress) -> Callable[[StageContext], dict]:
     def run(ctx: StageContext) -> dict:
         # the private statistics are released once, reused for every candidate (post-processing)

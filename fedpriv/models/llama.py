@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import math
 from typing import Any, Iterable, Sequence
 
@@ -259,35 +258,9 @@ def _next_token_logprobs(params, config, token_ids, mask):
 _next_token_logprobs_jit = jax.jit(_next_token_logprobs, static_argnums=1)
 
 
-def params_fingerprint(params) -> str:
-    """Hex sha256 of a params pytree's bytes (for teachers not loaded from a file)."""
-    h = hashlib.sha256()
-    for leaf in jax.tree.leaves(params):
-        a = np.asarray(leaf)
-        h.update(str((a.shape, a.dtype.str)).encode())
-        h.update(np.ascontiguousarray(a).tobytes())
-    return h.hexdigest()
-
-
 # ----------------------------------------------------------------------------------------------
 # Batched teacher forcing
 # ----------------------------------------------------------------------------------------------
-
-
-def teacher_logits(teacher: Teacher, token_ids, mask=None) -> jax.Array:
-    """Jitted forward on one (already padded) batch.
-
-    Args:
-      token_ids: int32[B, L] teacher ids, right-padded. mask: float32[B, L] (None = all real).
-
-    Returns:
-      float32[B, L, V] logits; position i predicts token i+1.
-    """
-    token_ids = jnp.asarray(token_ids, jnp.int32)
-    if mask is None:
-        mask = jnp.ones(token_ids.shape, jnp.float32)
-    return _forward_jit(teacher.params, teacher.config, token_ids,
-                        jnp.asarray(mask, jnp.float32))
 
 
 def _as_id_sequences(teacher: Teacher, texts_or_ids: Iterable) -> list[list[int]]:

@@ -546,30 +546,6 @@ def make_distill_loss(apply: Callable[..., jax.Array], *, beta: float, temperatu
     return loss_fn
 
 
-def student_batches(arrays: Mapping[str, np.ndarray], batch_size: int, rng: np.random.Generator,
-                    *, drop_remainder: bool = False) -> Iterable[dict[str, np.ndarray]]:
-    """One shuffled epoch of distillation batches from `corpus_to_student` arrays.
-
-    The last partial batch is padded to `batch_size` with mask-0 rows (PAD tokens, no teacher),
-    so every batch has the same shape; or dropped with `drop_remainder`. Host-side shuffling with
-    an explicit NumPy generator.
-    """
-    n = len(arrays["tokens"])
-    order = rng.permutation(n)
-    for start in range(0, n, batch_size):
-        idx = order[start:start + batch_size]
-        if len(idx) < batch_size and drop_remainder:
-            return
-        batch = {name: a[idx] for name, a in arrays.items()}
-        short = batch_size - len(idx)
-        if short:
-            batch = {name: np.concatenate(
-                [a, np.full((short, *a.shape[1:]),
-                            -np.inf if name == "topk_logits" else 0, a.dtype)])
-                for name, a in batch.items()}
-        yield batch
-
-
 def describe_corpus(corpus: TopKCorpus) -> dict[str, Any]:
     """Size figures: sequences, k, L, bytes on disk and bytes per 1K sequences."""
     nbytes = corpus.nbytes()

@@ -119,11 +119,3 @@ def source_shares(sources: Sequence[Any], selected: Sequence[int]) -> dict[Any, 
     return dict(sorted(out.items(), key=lambda kv: (-kv[1]["selected_count"], str(kv[0]))))
 
 
-def format_source_report(shares: dict[Any, dict[str, float]]) -> str:
-    """Markdown table of `source_shares` output."""
-    lines = ["| source | pool | share of pool | selected | share of selected | lift |",
-             "|---|---:|---:|---:|---:|---:|"]
-    for label, r in shares.items():
-        lines.append(f"| {label} | {r['pool_count']} | {r['pool_share']:.1%} | "
-                     f"{r['selected_count']} | {r['selected_share']:.1%} | {r['lift']:.2f} |")
-    return "\n".join(lines)

@@ -52,8 +52,7 @@ from fedpriv.dp.ledger import PrivacyLedger
 from fedpriv.dp.mechanisms import UnknownMechanism, get_mechanism
 from fedpriv.fl import algorithms as algs
 from fedpriv.fl.loop import train
-from fedpriv.fl.participation import CyclicSampler
-from fedpriv.fl.samplers import PoissonSampler, ShuffledPassSampler, UniformSampler
+from fedpriv.fl.samplers import CyclicSampler, PoissonSampler, ShuffledPassSampler, UniformSampler
 from fedpriv.models.lm import LMConfig, count_params, make_lm, make_lm_task
 from fedpriv.models.metrics import accuracy_with_oov, evaluate, most_frequent_token_accuracy, predict_next
 

@@ -7,15 +7,13 @@ from scipy import stats
 
 from fedpriv.dp.clipping import clip_update, global_norm
 from fedpriv.dp.noise import (
-    NoiseMechanism,
-    distributed_noise_share,
-    gaussian_mechanism,
+    gaussian_privatizer,
     node_noise,
     num_tree_levels,
     tree_increment_noise,
-    tree_mechanism,
-    tree_prefix_noise,
+    tree_privatizer,
 )
+from tests.oracles import distributed_noise_share, tree_prefix_noise
 
 
 def test_clip_bounds_norm_and_keeps_small_updates():
@@ -42,13 +40,13 @@ def test_nonfinite_update_is_zeroed_and_flagged(bad):
 
 def test_gaussian_noise_std_is_z_times_c():
     z, c = 1.3, 0.7
-    mech = gaussian_mechanism(z, c)
+    mech = gaussian_privatizer(z * c, jax.random.key(0))
     like = {"w": jnp.zeros((20000,))}
-    noised, state = jax.jit(mech.add_noise)(like, mech.init(jax.random.key(0)))
+    noised, state = jax.jit(mech.update)(like, mech.init(like))
     x = np.asarray(noised["w"])
     # KS test against N(0, (zC)^2) and fresh noise each round
     assert stats.kstest(x / (z * c), "norm").pvalue > 1e-3
-    noised2, _ = jax.jit(mech.add_noise)(like, state)
+    noised2, _ = jax.jit(mech.update)(like, state)
     assert abs(np.corrcoef(x, np.asarray(noised2["w"]))[0, 1]) < 0.05
 
 
@@ -120,12 +118,12 @@ def test_tree_increment_is_bit_identical_to_the_unrolled_levels(dtype):
 
 
 def test_noise_free_tree_reproduces_exact_prefix_sums():
-    mech = tree_mechanism(0.0, 1.0, restart_every=5)
+    mech = tree_privatizer(0.0, jax.random.key(0), restart_every=5)
     xs = np.random.default_rng(0).normal(size=(12, 4)).astype(np.float32)
-    state = mech.init(jax.random.key(0))
+    state = mech.init(jnp.asarray(xs[0]))
     released = []
     for x in xs:
-        inc, state = mech.add_noise(jnp.asarray(x), state)
+        inc, state = mech.update(jnp.asarray(x), state)
         released.append(np.asarray(inc))
     np.testing.assert_allclose(np.cumsum(released, 0), np.cumsum(xs, 0), rtol=1e-5, atol=1e-5)
 
@@ -134,10 +132,10 @@ def test_tree_noise_on_prefix_sums_and_restarts():
     """Within a tree the cumulative released noise is n(t) (popcount nodes); a restart uses a
     fresh tree whose noise is independent of the previous one."""
     std, R = 1.0, 4
-    mech = tree_mechanism(std, 1.0, restart_every=R)
+    mech = tree_privatizer(std, jax.random.key(5), restart_every=R)
     like = jnp.zeros((20000,))
-    state = mech.init(jax.random.key(5))
-    step = jax.jit(mech.add_noise)
+    state = mech.init(like)
+    step = jax.jit(mech.update)
     cums, cum = [], np.zeros(20000)
     for t in range(2 * R):
         inc, state = step(like, state)
@@ -161,6 +159,6 @@ def test_distributed_shares_add_up_to_required_variance():
 
 def test_mechanism_rejects_bad_arguments():
     with pytest.raises(ValueError, match="std"):
-        NoiseMechanism(std=-1.0)
+        tree_privatizer(-1.0, None, 1)
     with pytest.raises(ValueError, match="restart_every"):
-        NoiseMechanism(std=1.0, restart_every=0)
+        tree_privatizer(1.0, None, restart_every=0)

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from fedpriv.dp import accounting, ddg
+from tests import oracles
 
 
 def _updates(n, d, seed=0, scale=0.1):
@@ -19,8 +20,8 @@ def test_discrete_gaussian_sampler_has_the_discrete_gaussians_variance():
     for i, sigma in enumerate((0.8, 4.0, 60.0, 3000.0)):
         v = np.asarray(ddg.discrete_gaussian(jax.random.key(i), sigma, (400_000,)), np.int64)
         assert abs(v.mean()) < 5 * sigma / 600
-        assert v.var() == pytest.approx(ddg.discrete_gaussian_variance(sigma), rel=0.015)
-    assert ddg.discrete_gaussian_variance(4.0) == pytest.approx(16.0, rel=1e-9)
+        assert v.var() == pytest.approx(oracles.discrete_gaussian_variance(sigma), rel=0.015)
+    assert oracles.discrete_gaussian_variance(4.0) == pytest.approx(16.0, rel=1e-9)
 
 
 @pytest.mark.parametrize("bits,n", [(8, 10), (12, 30), (16, 30), (20, 30)])
@@ -42,7 +43,7 @@ def test_a_too_fine_scale_wraps_and_is_detected():
     r = ddg.ddg_round(cfg, x, seed=1)
     assert r.overflowed
     err = np.square(r.decoded - r.clipped_sum).sum()
-    assert err > 2 * ddg.expected_error_variance(cfg, r)  # wrapped coordinates: not the noise
+    assert err > 2 * oracles.expected_error_variance(cfg, r)  # wrapped coordinates: not the noise
 
 
 @pytest.mark.parametrize("bits", [8, 12, 16])
@@ -54,7 +55,7 @@ def test_decoded_error_matches_rounding_plus_noise_variance(bits):
     for seed in range(3):
         r = ddg.ddg_round(cfg, _updates(n, d, seed), seed=seed)
         err += float(np.square(r.decoded - r.clipped_sum).sum())
-        pred += ddg.expected_error_variance(cfg, r)
+        pred += oracles.expected_error_variance(cfg, r)
         rounding += cfg.gamma ** 2 * r.rounding_variance
     assert err == pytest.approx(pred, rel=0.05)
     if bits == 8:  # coarse: the rounding term is large, and needed to match
@@ -77,10 +78,10 @@ def test_dropout_noise_and_accounting_use_the_survivors_only():
         assert r.num_survivors == 24
         np.testing.assert_allclose(r.clipped_sum, x[:24].sum(0))  # the dropped are not summed
         err += float(np.square(r.decoded - r.clipped_sum).sum())
-        pred += ddg.expected_error_variance(cfg, r)
+        pred += oracles.expected_error_variance(cfg, r)
     assert err == pytest.approx(pred, rel=0.05)
     # 24 survivors' shares carry 24/30 of the planned noise variance
-    noise = 24 * d * ddg.discrete_gaussian_variance(cfg.local_sigma) * cfg.gamma ** 2
+    noise = 24 * d * oracles.discrete_gaussian_variance(cfg.local_sigma) * cfg.gamma ** 2
     assert noise == pytest.approx(0.8 * d * cfg.sum_std ** 2, rel=1e-3)
     eps = {k: ddg.ddg_epsilon(cfg, k, 1e-5) for k in (40, 30, 24)}
     assert eps[40] < eps[30] < eps[24]

@@ -72,7 +72,8 @@ import pytest
 
 from fedpriv.dp import accounting, matrix as M, mechanisms
 from fedpriv.dp.noise import num_tree_levels
-from fedpriv.fl.participation import AmplifiedCyclicSampler, CyclicSampler
+from fedpriv.fl.samplers import AmplifiedCyclicSampler, CyclicSampler
+from tests import oracles
 
 jp = pytest.importorskip("jax_privacy.matrix_factorization")
 T, S, BT, BD = jp.toeplitz, jp.sensitivity, jp.buffered_toeplitz, jp.banded
@@ -288,7 +289,7 @@ def test_noise_covariance_and_prefix_variance_equal_jax_privacys(name):
     strategy = NOISE_STRATEGIES[name](n)
     _, cinv = _their_noising_matrix(strategy, n)
     np.testing.assert_allclose(cinv @ strategy.matrix(n), np.eye(n), atol=n * EPS64 * 100)
-    _assert_same_noise_covariance(M.noise_covariance(strategy, n, std), cinv, std, n)
+    _assert_same_noise_covariance(oracles.noise_covariance(strategy, n, std), cinv, std, n)
     # Toeplitz: jax_privacy's per-query error of the prefix sums from C^{-1}'s first column
     per_query = std ** 2 * np.asarray(T.per_query_error(noising_coef=jnp.asarray(cinv[:, 0])))
     np.testing.assert_allclose(M.prefix_noise_variance(strategy, n, std), per_query,
@@ -350,7 +351,7 @@ def test_jax_privacys_privatizer_on_our_strategy_has_our_noise_covariance():
             o, state = tx.update(x, state)
             out.append(np.asarray(o, np.float64))
     w = np.stack(out)
-    emp, true = w @ w.T / d, M.noise_covariance(strategy, n, std)
+    emp, true = w @ w.T / d, oracles.noise_covariance(strategy, n, std)
     expected = np.sqrt((np.trace(true) ** 2 + (true ** 2).sum()) / d) / np.linalg.norm(true)
     assert np.linalg.norm(emp - true) / np.linalg.norm(true) < 4 * expected
 
@@ -474,8 +475,8 @@ def test_the_comparisons_catch_broken_fedpriv_quantities(monkeypatch):
     assert _fails(_assert_same_sensitivity, bent.sensitivity(n, sep), theirs, n)
     std, m = 1.7, 48
     _, cinv = _their_noising_matrix(bsr, m)
-    assert not _fails(_assert_same_noise_covariance, M.noise_covariance(bsr, m, std), cinv, std, m)
-    assert _fails(_assert_same_noise_covariance, M.noise_covariance(bent, m, std), cinv, std, m)
+    assert not _fails(_assert_same_noise_covariance, oracles.noise_covariance(bsr, m, std), cinv, std, m)
+    assert _fails(_assert_same_noise_covariance, oracles.noise_covariance(bent, m, std), cinv, std, m)
     # 3. the transposed covariance C^{-T} C^{-1} (the order of the factors swapped)
     ours_inv = np.linalg.inv(bsr.matrix(m))
     assert _fails(_assert_same_noise_covariance, std ** 2 * ours_inv.T @ ours_inv, cinv, std, m)

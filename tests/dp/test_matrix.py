@@ -8,6 +8,7 @@ import optax
 import pytest
 
 from fedpriv.dp import accounting, matrix as M
+from tests import oracles
 
 STRATEGIES = {"banded4": lambda: M.banded_strategy(4), "blt3": lambda: M.blt_strategy(16, 3)}
 
@@ -54,13 +55,13 @@ def test_empirical_covariance_within_2_percent_and_a_wrong_strategy_is_detected(
     strategy, n, d, std = STRATEGIES[name](), 16, 200_000, 1.3
     w = _released_noise(strategy, n, d, std, key=11)     # d coordinates = d i.i.d. samples
     emp = w @ w.T / d
-    true = M.noise_covariance(strategy, n, std)
+    true = oracles.noise_covariance(strategy, n, std)
     rel = np.linalg.norm(emp - true) / np.linalg.norm(true)
     assert rel < 0.02, rel
     # a broken variant (a strategy other than the one whose sensitivity is accounted — e.g.
     # 2 bands, or a BLT fitted with other buffers) has a measurably different covariance
     wrong = M.banded_strategy(2) if name.startswith("banded") else M.blt_strategy(16, 1)
-    off = np.linalg.norm(emp - M.noise_covariance(wrong, n, std)) / np.linalg.norm(true)
+    off = np.linalg.norm(emp - oracles.noise_covariance(wrong, n, std)) / np.linalg.norm(true)
     assert off > 5 * 0.02, off
 
 
@@ -156,7 +157,7 @@ def test_square_root_factorization_respects_the_published_gamma2_lower_bound(n):
 
 def test_optimized_blt_lowers_the_variance_at_equal_epsilon_and_is_accepted_by_dpconfig():
     from fedpriv.fl.algorithms import MatrixDPConfig, privacy_event
-    from fedpriv.fl.participation import CyclicSampler
+    from fedpriv.fl.samplers import CyclicSampler
     n, b = 256, 32
     fitted, opt = M.blt_strategy(n, 3), M.optimize_blt(n, 3, b, steps=150)
     assert M.variance_ratio_to_tree(opt, n, b)["mean"] < 0.9 * M.variance_ratio_to_tree(fitted, n, b)["mean"]

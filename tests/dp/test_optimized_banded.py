@@ -32,7 +32,7 @@ from fedpriv.dp.accounting import compute_epsilon
 from fedpriv.dp.matrix import MinSeparationError
 from fedpriv.dp.mechanisms import MatrixDPConfig, get_mechanism, mechanism_names
 from fedpriv.dp.optimized_banded import OptimizedBandedMechanism, optimized_banded_strategy
-from fedpriv.fl.participation import AmplifiedCyclicSampler, CyclicSampler, amplified_banded_event
+from fedpriv.fl.samplers import AmplifiedCyclicSampler, CyclicSampler, amplified_banded_event
 
 T = pytest.importorskip("jax_privacy.matrix_factorization.toeplitz")
 

@@ -153,7 +153,7 @@ def test_tree_restart_must_equal_the_epoch():
     """A shuffled pass (a client once per epoch) and a cyclic sampler (once per min-separation
     cycle) both account a tree only when it restarts with their period; the accepted events are
     the restarted-tree event, composed with the fresh releases of each participation."""
-    from fedpriv.fl.participation import CyclicSampler
+    from fedpriv.fl.samplers import CyclicSampler
     for s, period, k in ((ShuffledPassSampler(200, 20), 10, 3), (CyclicSampler(200, 20), 10, 3)):
         for restart in (period // 2, 2 * period):
             with pytest.raises(ValueError, match="a client could appear twice in one tree"):

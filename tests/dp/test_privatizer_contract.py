@@ -47,6 +47,7 @@ from scipy import stats
 
 import fedpriv.dp
 from fedpriv.dp import ddg, matrix as M, noise
+from tests import oracles
 
 N, D, STD = 8, 16384, 1.3          # steps, i.i.d. coordinates per step, noise std
 EPS32 = float(np.finfo(np.float32).eps)
@@ -152,6 +153,22 @@ def _banded_opt():
     from fedpriv.dp import optimized_banded  # noqa: F401 (registers "banded_opt")
     from fedpriv.dp.mechanisms import MatrixDPConfig
     return MatrixDPConfig(1.0, 1.0, mechanism="banded_opt", bands=3, min_separation=3, mf_rounds=N)
+
+
+def _ma1_privatizer(std, key):
+    """A stream defined outside the library on the engine (``noise.streaming_privatizer``): MA(1)
+    noise ``w_t = Z_t + Z_{t-1} / 2`` (one buffer holding ``Z_{t-1}``), ``C^{-1}`` bidiagonal."""
+    def noise_fn(key, step, like, prev):
+        z = noise.noise_like(noise.release_key(key, step), like, std)
+        return jax.tree_util.tree_map(lambda a, b: a + 0.5 * b, z, prev), z
+    return noise.streaming_privatizer(noise_fn, key, lambda p: jax.tree_util.tree_map(jnp.zeros_like, p))
+
+
+def _ma1_covariance(n):
+    cinv = np.eye(n) + 0.5 * np.eye(n, k=-1)
+    return cinv @ cinv.T
+
+
 CASES = [
     Case("gaussian", lambda std, key: noise.gaussian_privatizer(std, key), np.eye,
          ("noise.gaussian_privatizer",)),
@@ -161,6 +178,7 @@ CASES = [
          lambda n: mf_covariance(BANDED, n), ("matrix.banded_privatizer", "matrix.privatizer")),
     Case("blt", lambda std, key: M.blt_privatizer(std, key, BLT),
          lambda n: mf_covariance(BLT, n), ("matrix.blt_privatizer", "matrix.privatizer")),
+    Case("streaming_ma1", _ma1_privatizer, _ma1_covariance, ("noise.streaming_privatizer",)),
     Case("ddg", ddg_test_privatizer, np.eye, (), _ddg_zero_noise_atol, dim=2048),
     # a mechanism object's own privatizer (fedpriv/dp/optimized_banded.py): the optimised
     # 3-banded C for N rounds (jax_privacy, the "mf" extra)
@@ -314,7 +332,7 @@ def test_prescribed_covariances_match_the_mechanisms_own_formulas():
     np.testing.assert_array_equal(prefix_var - np.array([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]),
                                   per_tree)
     for s in (BANDED, BLT):
-        np.testing.assert_allclose(mf_covariance(s, N), M.noise_covariance(s, N), rtol=1e-12)
+        np.testing.assert_allclose(mf_covariance(s, N), oracles.noise_covariance(s, N), rtol=1e-12)
 
 
 # ----------------------------------------------------------------------------- broken privatizers

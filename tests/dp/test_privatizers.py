@@ -6,9 +6,9 @@ import optax
 import pytest
 
 from fedpriv.dp import gaussian_privatizer, tree_privatizer
-from fedpriv.dp.noise import tree_prefix_noise
 from fedpriv.fl import algorithms as algs
 from fedpriv.fl.cohort import build_cohort
+from tests.oracles import tree_prefix_noise
 
 DIM, CLIP, Z, R, ROUNDS = 6, 0.5, 1.3, 4, 7
 

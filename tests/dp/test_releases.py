@@ -13,7 +13,7 @@ from configs.population_expansion import SCHEMES_BY_NAME, TRAINING_SCHEMES
 from fedpriv import expansion, fred as F
 from fedpriv.dp import accounting as acc, geometric, moments as M
 from fedpriv.dp.ledger import PrivacyLedger
-from fedpriv.dp.noise import tree_mechanism
+from fedpriv.dp.noise import tree_privatizer
 
 PAD, BOS = 0, 2
 
@@ -95,10 +95,10 @@ def test_restarted_tree_draws_fresh_noise_at_every_leaf():
     """Leaf t of tree k and leaf t of tree k+1 must not share noise (a restart that reused the
     previous tree's key would release the very same increments again)."""
     R = 4
-    mech = tree_mechanism(1.0, 1.0, restart_every=R)
+    mech = tree_privatizer(1.0, jax.random.key(3), restart_every=R)
     like = jnp.zeros((4000,))
-    state = mech.init(jax.random.key(3))
-    step = jax.jit(mech.add_noise)
+    state = mech.init(like)
+    step = jax.jit(mech.update)
     incs = []
     for _ in range(3 * R):
         inc, state = step(like, state)

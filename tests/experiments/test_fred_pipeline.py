@@ -10,8 +10,9 @@ from experiments import common, fred_pipeline
 from fedpriv import report
 from fedpriv.data.errors import ConfigError
 from fedpriv.dp.ledger import PrivacyBudgetExceeded, PrivacyLedger
-from fedpriv.fred.pipeline import RELEASE, TEST_COLUMNS, pipeline_events, run_pipeline
+from fedpriv.fred.pipeline import RELEASE, TEST_COLUMNS, run_pipeline
 from fedpriv.recipes import plans
+from tests.oracles import pipeline_events
 
 
 def test_fred_pipeline_smoke(tmp_path):

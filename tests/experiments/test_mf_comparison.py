@@ -6,7 +6,7 @@ import pytest
 
 from experiments import common, mf_comparison
 from fedpriv.dp.accounting import compute_epsilon
-from fedpriv.fl.participation import CyclicSampler
+from fedpriv.fl.samplers import CyclicSampler
 from fedpriv.recipes import lm
 from tests.fl.helpers import loss_fn
 

@@ -8,11 +8,10 @@ import optax
 import pytest
 
 from fedpriv.dp.clipping import global_norm
-from fedpriv.fl.aggregate import cohort_sum
 from fedpriv.fl.algorithms import DPConfig, build_algorithm, dp_fedavg, server_optimizer
-from fedpriv.fl.client import make_client_update
 from fedpriv.fl.cohort import build_cohort
 from tests.fl.helpers import init_params, loss_fn, make_dataset
+from tests.oracles import cohort_sum, make_client_update
 
 B = 4
 

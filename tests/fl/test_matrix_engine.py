@@ -14,8 +14,15 @@ from fedpriv.dp.adaptive import AdaptiveClipping
 from fedpriv.dp.ledger import PrivacyLedger, event_to_json
 from fedpriv.fl.algorithms import DPConfig, MatrixDPConfig, build_algorithm, privacy_event, server_optimizer
 from fedpriv.fl.loop import train
-from fedpriv.fl.participation import AmplificationError, AmplifiedCyclicSampler, CyclicSampler, amplified_banded_event
-from fedpriv.fl.samplers import PoissonSampler, ShuffledPassSampler, UniformSampler
+from fedpriv.fl.samplers import (
+    AmplificationError,
+    AmplifiedCyclicSampler,
+    CyclicSampler,
+    PoissonSampler,
+    ShuffledPassSampler,
+    UniformSampler,
+    amplified_banded_event,
+)
 from tests.fl.helpers import init_params, loss_fn, make_dataset
 
 N, COHORT = 24, 4  # CyclicSampler: 6 groups -> min-separation 6

