@@ -388,9 +388,11 @@ def with_lm_config(cls, scales: dict, lm_scales: dict, arg: str | None, lm_confi
 
 @dataclasses.dataclass(frozen=True)
 class PrivateCorpusFields:
-    """The private-corpus fields of the configs that build on the private users' text
-    (``configs/public_training.py``, ``configs/wang_figure3.py``): users split by client, messages
-    truncated to ``seq_len`` tokens, at most ``max_examples_per_client`` per user."""
+    """The private-corpus fields of a config that reads the private users' text without training
+    on them federatedly (``configs/wang_figure3.py``; the FL configs have them in
+    ``configs.lm_fl.LMFLFields``, with ``split_seed`` in ``configs/public_training.py``): users
+    split by client, messages truncated to ``seq_len`` tokens, at most ``max_examples_per_client``
+    per user."""
     corpus: str = "chitchat"
     max_clients: int | None = None
     split: tuple = (0.8, 0.1, 0.1)

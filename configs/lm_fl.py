@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import ClassVar
 
 from configs.common import ConfigError, check, check_lanes, from_scale
 
@@ -28,7 +29,31 @@ CLIENT_COMPUTE = ("float32", "bfloat16")        # fedpriv.fl.client.make_local_s
 
 
 @dataclasses.dataclass(frozen=True)
-class LMFLConfig:
+class LMModelFields:
+    """The on-device LM (App. B.2), declared once for every config that builds one
+    (:class:`LMFLFields`, ``configs/wang_figure3.py``'s oracle): ``fedpriv.recipes.lm.build_task``
+    reads these and ``seq_len``."""
+    arch: str = "lstm"                    # lstm | transformer
+    embed_dim: int = 96
+    hidden_dim: int = 670
+    num_heads: int = 10                   # transformer heads (670 / 10 = 67, App. B.2)
+
+    def check_heads(self, archs: tuple | None = None) -> None:
+        """Refuse a transformer (``arch``, or any of ``archs``) whose heads do not divide its width."""
+        if "transformer" in (archs or (self.arch,)) and self.hidden_dim % self.num_heads:
+            raise ConfigError(f"num_heads={self.num_heads} must divide hidden_dim={self.hidden_dim} "
+                              "(transformer)")
+
+
+@dataclasses.dataclass(frozen=True)
+class LMFLFields(LMModelFields):
+    """The private FL of an on-device LM: its data, model (:class:`LMModelFields`), DP algorithm
+    and loop, declared once for :class:`LMFLConfig` and ``configs/public_training.py`` (flat, so
+    the overrides name them directly: ``rounds=80``). ``fedpriv.recipes.lm.build_task`` /
+    ``build_algorithm`` read them; a config adds its own fields and checks in ``__post_init__``
+    after ``super().__post_init__()``."""
+    # the algorithms this config accepts (a class constant, not a field)
+    algorithms: ClassVar[tuple] = ALGORITHMS
     # data
     corpus: str = "chitchat"              # chitchat | shakespeare | simpsons | stackoverflow | reddit_jsonl
     corpus_path: str | None = None        # stackoverflow: TFF's stackoverflow.sqlite(.lzma);
@@ -41,24 +66,12 @@ class LMFLConfig:
     max_examples_per_client: int = 256
     batch_size: int = 16
     max_local_steps: int | None = 16
-    # tokenizer (Wang et al. §3.1): public SentencePiece or private top-k words
-    # sentencepiece | word_public (top-k words of the public pool) | word (top-k words of the
-    # training users' own text: NON-PRIVATE, recorded so in the ledger, eps reported as inf)
-    tokenizer: str = "sentencepiece"
-    vocab_size: int = 8000
-    # model (App. B.2)
-    arch: str = "lstm"                    # lstm | transformer
-    embed_dim: int = 96
-    hidden_dim: int = 670
-    num_heads: int = 10                   # transformer heads (670 / 10 = 67, App. B.2)
     # algorithm
     # fedavg | dp_fedavg (Poisson cohorts) | dp_ftrl | dp_mf_banded | dp_mf_blt | dp_fedavg_fixed
     # (central Gaussian, fixed-size cohorts) | dp_ddg (distributed discrete Gaussian under secure
     # aggregation, fixed-size cohorts, no amplification) | dp_mf_banded_opt (banded MF with
     # jax_privacy-optimised coefficients; extra "mf")
     algorithm: str = "dp_ftrl"
-    mf_bands: int = 64                    # dp_mf_banded: bands (at most the min-separation)
-    ddg_bits: int = 16                    # dp_ddg: secure aggregation modulus 2^bits
     rounds: int = 1600
     cohort_size: int = 100
     noise_cohort_size: int | None = None  # simulate the noise of a larger cohort (say so)
@@ -91,27 +104,41 @@ class LMFLConfig:
     # "auto": packed on one sequential lane (CPU), padded on vmapped lanes (GPU/TPU).
     # padded/trimmed/packed/auto identify the same run (fedpriv.recipes.lm.SAME_NUMBERS_BATCHINGS)
     batching: str = "auto"
-    # client forward/backward precision: "bfloat16" casts the parameters for the local pass
-    # (mixed precision); gradients, clipping, sums and noise stay float32 (the DP release is
-    # unchanged). For accelerators: on a CPU bfloat16 is emulated and slower.
-    client_compute: str = "float32"
     seed: int = 0
 
     def __post_init__(self):
         check(self, positive=("max_clients", "seq_len", "max_examples_per_client", "batch_size",
                               "max_local_steps", "embed_dim", "hidden_dim", "num_heads", "rounds",
                               "cohort_size", "noise_cohort_size", "target_epsilon", "clip_norm",
-                              "client_lr", "server_lr", "eval_every", "eval_batch_size", "mf_bands", "ddg_bits",
+                              "client_lr", "server_lr", "eval_every", "eval_batch_size",
                               "max_eval_examples", "checkpoint_every"),
               non_negative=("noise_multiplier", "server_momentum", "seed"), open_unit=("delta",),
-              choices={"corpus": CORPORA, "tokenizer": TOKENIZERS, "arch": ARCHS,
-                       "algorithm": ALGORITHMS, "server_optimizer": SERVER_OPTIMIZERS,
-                       "batching": BATCHINGS + ("auto",), "client_compute": CLIENT_COMPUTE},
+              choices={"corpus": CORPORA, "arch": ARCHS, "algorithm": self.algorithms,
+                       "server_optimizer": SERVER_OPTIMIZERS, "batching": BATCHINGS + ("auto",)},
               fractions=("split",))
         check_lanes(self.lanes)
-        if self.arch == "transformer" and self.hidden_dim % self.num_heads:
-            raise ConfigError(f"num_heads={self.num_heads} must divide hidden_dim={self.hidden_dim} "
-                              "(transformer)")
+
+
+@dataclasses.dataclass(frozen=True)
+class LMFLConfig(LMFLFields):
+    # (LMFLFields: data, model, algorithm, loop)
+    # tokenizer (Wang et al. §3.1): public SentencePiece or private top-k words
+    # sentencepiece | word_public (top-k words of the public pool) | word (top-k words of the
+    # training users' own text: NON-PRIVATE, recorded so in the ledger, eps reported as inf)
+    tokenizer: str = "sentencepiece"
+    vocab_size: int = 8000
+    mf_bands: int = 64                    # dp_mf_banded: bands (at most the min-separation)
+    ddg_bits: int = 16                    # dp_ddg: secure aggregation modulus 2^bits
+    # client forward/backward precision: "bfloat16" casts the parameters for the local pass
+    # (mixed precision); gradients, clipping, sums and noise stay float32 (the DP release is
+    # unchanged). For accelerators: on a CPU bfloat16 is emulated and slower.
+    client_compute: str = "float32"
+
+    def __post_init__(self):
+        super().__post_init__()
+        check(self, positive=("mf_bands", "ddg_bits"),
+              choices={"tokenizer": TOKENIZERS, "client_compute": CLIENT_COMPUTE})
+        self.check_heads()
         if self.vocab_size <= 4:
             raise ConfigError(f"vocab_size must be > 4 (the 4 special tokens), got {self.vocab_size}")
         if not self.server_momentum < 1:

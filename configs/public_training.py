@@ -4,33 +4,39 @@
 ``dataclasses.replace`` overrides of one base, never copied files. Extra overrides:
 ``"small,rounds=80,seeds=0/1,epsilons=1.77/18.71"``.
 
-The private FL fields keep the names of ``configs/lm_fl.py`` (so ``experiments.lm_fl``'s
-``build_task``/``build_algorithm`` read them); the student vocabulary is the teacher's BPE
-restricted to ``vocab_kept`` ids of the public pool (`fedpriv.public.distill.VocabRestriction`).
+The private FL fields are ``configs/lm_fl.py``'s :class:`~configs.lm_fl.LMFLFields` (inherited:
+the same names, defaults and checks; ``fedpriv.recipes.lm.build_task``/``build_algorithm`` read
+them); the student vocabulary is the teacher's BPE restricted to ``vocab_kept`` ids of the
+public pool (`fedpriv.public.distill.VocabRestriction`).
 """
 from __future__ import annotations
 
 import dataclasses
 import os
+from typing import ClassVar
 
-from configs.common import ConfigError, PrivateCorpusFields, check, check_lanes, from_scale, refuse_nonprivate
-from configs.lm_fl import CORPORA
-from fedpriv.fl.cohort import BATCHINGS
+from configs.common import ConfigError, check, from_scale, refuse_nonprivate
+from configs.lm_fl import LMFLFields
 
 ROWS = ("none", "pretrain_lm", "pretrain_distill_long", "pretrain_distill", "mid_random_lm",
         "mid_random", "mid_dm", "mid_dm_priv_only")
 
 
 @dataclasses.dataclass(frozen=True)
-class PublicTrainingConfig(PrivateCorpusFields):
+class PublicTrainingConfig(LMFLFields):
     # private data (chitchat users; split by client), or the papers' own (configs/lm_fl.py:
     # corpus=stackoverflow | reddit_jsonl with corpus_path); public pool: public_pool_path (a C4
-    # TFDS directory or .txt/.jsonl files; None: the packaged pool)
-    # (PrivateCorpusFields: corpus, max_clients, split, split_seed, seq_len,
-    # max_examples_per_client, batch_size)
-    corpus_path: str | None = None
-    public_pool_path: str | None = None
-    max_local_steps: int | None = 16
+    # TFDS directory or .txt/.jsonl files; None: the packaged pool); the on-device model (App.
+    # B.2) and DP-FTRL (§2, App. C) (LMFLFields: corpus, corpus_path, public_pool_path,
+    # max_clients, split, seq_len, max_examples_per_client, batch_size, max_local_steps, arch,
+    # embed_dim, hidden_dim, num_heads, algorithm, rounds, cohort_size, noise_cohort_size, delta,
+    # clip_norm, client_lr, server_optimizer, server_lr, server_momentum, eval_every,
+    # eval_batch_size, max_eval_examples, checkpoint_every, lanes, batching; seed,
+    # target_epsilon and noise_multiplier are set per run from `seeds` and `epsilons`;
+    # simulated_population: the paper-noise protocol, with which `epsilons` are the SIMULATED
+    # population's epsilons, z = the paper's noise)
+    algorithms: ClassVar[tuple] = ("fedavg", "dp_fedavg", "dp_ftrl")
+    split_seed: int = 0                   # draws max_clients and splits the users
     # teacher and student vocabulary (§4.1; App. B.3)
     teacher_path: str | None = None       # None: the packaged SmolLM2-135M GGUF
     vocab_kept: int | None = None         # V kept teacher ids (student vocab V+4); None: all
@@ -41,32 +47,14 @@ class PublicTrainingConfig(PrivateCorpusFields):
     # public pool (Wikipedia excerpt, Lee news, film quotes); a uniform sample of it
     pool_size: int | None = None          # None: the whole pool
     pool_seed: int = 0
-    # on-device model (App. B.2)
-    arch: str = "lstm"
     # the students of Table 2/3's columns, each trained on every row (None: just `arch`); the
     # first must be `arch`. LSTM runs stay at the workdir's top level, others in <workdir>/<arch>/
     archs: tuple | None = None
     # the server lr of each student of archs, in order (chosen per student on validation; None:
     # server_lr for every student)
     student_server_lrs: tuple | None = None
-    embed_dim: int = 96
-    hidden_dim: int = 670
-    num_heads: int = 10                   # transformer heads (670 / 10 = 67, App. B.2)
-    # DP-FTRL (§2, App. C)
-    algorithm: str = "dp_ftrl"
-    rounds: int = 1600
     t_prime: int | None = None            # None: T/2 (§5.3)
-    cohort_size: int = 100
-    noise_cohort_size: int | None = None  # simulate the noise of a larger cohort (say so)
     epsilons: tuple = (1.77, 18.71)       # z calibrated to each for this run's schedule
-    delta: float = 1e-6
-    clip_norm: float = 0.3
-    client_lr: float = 0.5
-    server_optimizer: str = "sgdm"
-    server_lr: float = 1.0
-    server_momentum: float = 0.9
-    lanes: str = "auto"                   # clients trained concurrently (see configs/lm_fl.py)
-    batching: str = "auto"                # local batches (configs/lm_fl.py); auto: packed on a CPU
     # public training (§3.2, §4, §5; App. B.2–B.3)
     q: float = 0.0008                     # fraction of the pool for distillation / mid-training
     pretrain_fraction: float = 1.0        # "pre-training w/ public data" (LM loss)
@@ -86,11 +74,6 @@ class PublicTrainingConfig(PrivateCorpusFields):
     # (`distill.make_distill_loss`) is unchanged: its L_LM term and the teacher's UNK mass keep UNK
     train_on_unk: bool = True
     rows: tuple = ROWS
-    # loop and evaluation
-    eval_every: int = 100
-    eval_batch_size: int = 256
-    max_eval_examples: int | None = 10000
-    checkpoint_every: int = 50
     # another experiment's workdir (public_training <-> wang_ablations): a finished run there that
     # is the same computation (`fedpriv.recipes.public.run_key`) is read back, not retrained
     reuse_workdir: str | None = None
@@ -99,33 +82,14 @@ class PublicTrainingConfig(PrivateCorpusFields):
     # that exist (e.g. a column finished over several sessions) without starting the rest
     train_missing: bool = True
     seeds: tuple = (0,)
-    seed: int = 0                         # set per run from `seeds`
-    # the paper-noise protocol (configs/lm_fl.py, fedpriv.dp.population): with a simulated
-    # population, `epsilons` are the SIMULATED population's epsilons (z = the paper's noise)
-    simulated_population: str | None = None
-    # set per run from `epsilons` (read by experiments.lm_fl.build_algorithm)
-    target_epsilon: float | None = None
-    noise_multiplier: float | None = None
 
     def __post_init__(self):
-        check(self, positive=("max_clients", "seq_len", "max_examples_per_client", "batch_size",
-                              "max_local_steps", "vocab_kept", "vocab_texts", "topk",
-                              "teacher_batch_size", "pool_size", "embed_dim", "hidden_dim", "num_heads",
-                              "rounds", "cohort_size", "noise_cohort_size",
-                              "clip_norm", "client_lr", "server_lr", "q",
+        super().__post_init__()
+        check(self, positive=("vocab_kept", "vocab_texts", "topk", "teacher_batch_size", "pool_size", "q",
                               "pretrain_fraction", "central_batch_size", "central_lr", "long_q",
-                              "temperature", "eval_every", "eval_batch_size",
-                              "max_eval_examples", "checkpoint_every", "target_epsilon"),
-              non_negative=("split_seed", "pool_seed", "t_prime", "server_momentum", "pretrain_steps",
-                            "distill_steps", "long_distill_steps", "kd_beta", "seed", "noise_multiplier"),
-              open_unit=("delta",),
-              choices={"corpus": CORPORA,
-                       "arch": ("lstm", "transformer"),
-                       "algorithm": ("fedavg", "dp_fedavg", "dp_ftrl"),
-                       "server_optimizer": ("sgd", "sgdm", "adam"),
-                       "batching": BATCHINGS + ("auto",)},
-              fractions=("split",))
-        check_lanes(self.lanes)
+                              "temperature"),
+              non_negative=("split_seed", "pool_seed", "t_prime", "pretrain_steps", "distill_steps",
+                            "long_distill_steps", "kd_beta"))
         if self.reuse_workdir is not None and not os.path.isdir(self.reuse_workdir):
             raise ConfigError(f"reuse_workdir {self.reuse_workdir!r} is not a directory")
         archs = self.archs if self.archs is not None else (self.arch,)
@@ -144,9 +108,7 @@ class PublicTrainingConfig(PrivateCorpusFields):
                 raise ConfigError(f"student_server_lrs={'/'.join(map(str, self.student_server_lrs))} must be one "
                                   f"positive server lr per student of archs={'/'.join(archs)}")
             object.__setattr__(self, "student_server_lrs", lrs)
-        if "transformer" in archs and self.hidden_dim % self.num_heads:
-            raise ConfigError(f"num_heads={self.num_heads} must divide hidden_dim={self.hidden_dim} "
-                              "(transformer)")
+        self.check_heads(archs)
         unknown = set(self.rows) - set(ROWS)
         if unknown:
             raise ConfigError(f"unknown rows {sorted(unknown)}; choose from {ROWS}")

@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from configs.common import PrivateCorpusFields, check, from_scale
-from configs.lm_fl import PACKAGED_CORPORA
+from configs.common import ConfigError, PrivateCorpusFields, check, from_scale
+from configs.lm_fl import PACKAGED_CORPORA, LMModelFields
 
 
 @dataclasses.dataclass(frozen=True)
-class WangFigure3Config(PrivateCorpusFields):
+class WangFigure3Config(PrivateCorpusFields, LMModelFields):
     # private data (PrivateCorpusFields: chitchat users, split by client: oracle on train users,
-    # samples of test users)
+    # samples of test users); the oracle on-device LM's shape (LMModelFields: arch, embed_dim,
+    # hidden_dim, num_heads)
     # teacher and student vocabulary
     teacher_path: str | None = None       # None: the packaged SmolLM2-135M GGUF
     vocab_kept: int | None = None
@@ -24,10 +25,6 @@ class WangFigure3Config(PrivateCorpusFields):
     teacher_batch_size: int = 32
     unk_correction: bool = True           # oracle NLL per teacher token (p(UNK) spread)
     # oracle on-device LM (NON-PRIVATE, central Adam on the private training users)
-    arch: str = "lstm"
-    embed_dim: int = 96
-    hidden_dim: int = 670
-    num_heads: int = 10                   # transformer heads
     oracle_steps: int = 20000
     oracle_batch_size: int = 128
     oracle_lr: float = 1e-3
@@ -49,12 +46,8 @@ class WangFigure3Config(PrivateCorpusFields):
               fractions=("split",))
         if not self.seeds or len(set(self.seeds)) != len(self.seeds) or any(
                 not isinstance(x, int) or isinstance(x, bool) or x < 0 for x in self.seeds):
-            from configs.common import ConfigError
             raise ConfigError(f"seeds must be distinct integers >= 0, got {self.seeds!r}")
-        if self.arch == "transformer" and self.hidden_dim % self.num_heads:
-            from configs.common import ConfigError
-            raise ConfigError(f"num_heads={self.num_heads} must divide hidden_dim={self.hidden_dim} "
-                              "(transformer)")
+        self.check_heads()
 
 
 BASE = WangFigure3Config()

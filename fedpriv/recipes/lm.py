@@ -157,11 +157,18 @@ def prepare_data(cfg, progress: bool = True) -> Prepared:
     return Prepared(train_ds, val_ds, test_ds, tok, stats, train_text=tr, test_text=te)
 
 
+def model_config(cfg, vocab_size: int) -> LMConfig:
+    """The on-device LM of ``cfg``: its model fields (``configs.lm_fl.LMModelFields``: arch,
+    embed_dim, hidden_dim, num_heads) and ``seq_len``, over ``vocab_size`` tokens."""
+    return LMConfig(vocab_size=vocab_size, arch=cfg.arch, embed_dim=cfg.embed_dim,
+                    hidden_dim=cfg.hidden_dim, num_heads=getattr(cfg, "num_heads", 10),
+                    max_len=max(64, cfg.seq_len))
+
+
 def build_task(cfg, vocab_size: int):
-    lm_cfg = LMConfig(vocab_size=vocab_size, arch=cfg.arch, embed_dim=cfg.embed_dim,
-                      hidden_dim=cfg.hidden_dim, num_heads=getattr(cfg, "num_heads", 10),
-                      max_len=max(64, cfg.seq_len))
-    return make_lm_task(make_lm(lm_cfg))
+    """The LM task of :func:`model_config` (any config with the LM-FL fields, e.g.
+    ``configs.lm_fl.LMFLConfig`` or ``configs.public_training.PublicTrainingConfig``)."""
+    return make_lm_task(make_lm(model_config(cfg, vocab_size)))
 
 
 def simulated_population(cfg):

@@ -76,8 +76,7 @@ def figure3_samples(cfg, workdir: str, *, teacher=None, progress: bool = True,
                                cache_dir=cache_dir or os.path.join(workdir, "teacher_cache"),
                                with_topk=False, batch_size=cfg.teacher_batch_size,
                                progress=progress)
-    task = _task(cfg.arch, cfg.embed_dim, cfg.hidden_dim, cfg.seq_len, tok.vocab_size,
-                 getattr(cfg, "num_heads", 10))
+    task = _task(cfg, tok.vocab_size)
     train_tokens = train.concat_examples()["tokens"]
     log(f"oracle (NON-PRIVATE): {cfg.oracle_steps} central steps on {len(train_tokens)} "
         f"sequences of {len(train)} training users")

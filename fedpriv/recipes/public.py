@@ -26,7 +26,6 @@ import hashlib
 import json
 import os
 import time
-import types
 
 import jax
 import numpy as np
@@ -37,7 +36,7 @@ from fedpriv.dp import accounting
 from fedpriv.dp.ledger import PrivacyLedger
 from fedpriv.fl import algorithms as algs
 from fedpriv.models import gguf
-from fedpriv.models.lm import count_params
+from fedpriv.models.lm import LMConfig, count_params, make_lm, make_lm_task
 from fedpriv.models.metrics import evaluate, most_frequent_token_accuracy
 from fedpriv.public import distill, select
 from fedpriv.public.algorithm import PrivateTraining, PublicTrainingSpec, algorithm1, private_only
@@ -194,14 +193,17 @@ def row_spec(row: str, cfg, seed: int) -> PublicTrainingSpec:
     raise ValueError(f"no spec for row {row!r}")
 
 
+def _task(cfg, vocab_size: int, train_on_unk: bool = True):
+    """The student task of ``cfg``'s model (``lm.model_config``: its LM fields): the same object
+    for every `run_rows` call with that model (the points of a sweep), so its compiled steps are
+    reused. ``train_on_unk=False``: UNK targets carry no training loss
+    (`fedpriv.public.unk_free_loss_task`)."""
+    return _model_task(lm.model_config(cfg, vocab_size), train_on_unk)
+
+
 @functools.lru_cache(maxsize=4)
-def _task(arch: str, embed_dim: int, hidden_dim: int, seq_len: int, vocab_size: int,
-          num_heads: int = 10, train_on_unk: bool = True):
-    """The student task of a model shape: the same object for every `run_rows` call with that
-    shape (the points of a sweep), so its compiled steps are reused. ``train_on_unk=False``: UNK
-    targets carry no training loss (`fedpriv.public.unk_free_loss_task`)."""
-    task = lm.build_task(types.SimpleNamespace(arch=arch, embed_dim=embed_dim, hidden_dim=hidden_dim,
-                                               num_heads=num_heads, seq_len=seq_len), vocab_size)
+def _model_task(model: LMConfig, train_on_unk: bool):
+    task = make_lm_task(make_lm(model))
     return task if train_on_unk else unk_free_loss_task(task)
 
 
@@ -252,9 +254,7 @@ def run_rows(cfg, workdir: str, *, teacher=None, progress: bool = True, log=prin
     prepared = prepare(cfg, teacher, cache_dir or os.path.join(workdir, "teacher_cache"),
                        progress, log)
     T, tp = cfg.rounds, cfg.t_prime_rounds
-    task = _task(cfg.arch, cfg.embed_dim, cfg.hidden_dim, cfg.seq_len,
-                 prepared.tokenizer.vocab_size, getattr(cfg, "num_heads", 10),
-                 cfg.train_on_unk)  # one task: compilations reused (across calls too)
+    task = _task(cfg, prepared.tokenizer.vocab_size, cfg.train_on_unk)  # one task: compilations reused
     ids = list(prepared.train.client_ids)
     val = prepared.val.concat_examples()["tokens"][: cfg.max_eval_examples]
     test = prepared.test.concat_examples()["tokens"][: cfg.max_eval_examples]
@@ -541,8 +541,7 @@ def _trained_minutes(runs: list[dict]) -> float:
 
 
 def _num_params(cfg, arch: str, vocab_size: int) -> int:
-    task = _task(arch, cfg.embed_dim, cfg.hidden_dim, cfg.seq_len, vocab_size, getattr(cfg, "num_heads", 10),
-                 cfg.train_on_unk)
+    task = _model_task(dataclasses.replace(lm.model_config(cfg, vocab_size), arch=arch), cfg.train_on_unk)
     return count_params(jax.eval_shape(task.init, jax.random.key(0)))
 
 
