@@ -206,6 +206,14 @@ def seed_columns(rs: list[dict], val_loss: bool = False) -> dict:
     return out
 
 
+def lm_setting_note(c, cohort: str, simulated: str) -> str:
+    """The first note line of an LM-FL comparison: corpus, model, rounds and cohort of config
+    ``c`` (``configs/lm_fl.py``), and what a simulated noise cohort means for its epsilons."""
+    return (f"{c.corpus}, {c.arch} (embed {c.embed_dim}, hidden {c.hidden_dim}), {c.rounds} rounds, {cohort} "
+            f"{c.cohort_size}" + (f" with the noise of {c.noise_cohort_size} ({simulated})"
+                                  if c.noise_cohort_size else ""))
+
+
 def publish_rows(rows: list[dict], table: list[dict], workdir: str, name: str, *, title: str,
                  notes: list[str], verdicts: list, config, seeds, runs_name: str = "runs") -> None:
     """The end of a seeds x rows experiment: every run (``<runs_name>.{csv,md}``), the verdicts,

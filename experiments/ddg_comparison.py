@@ -80,10 +80,8 @@ def main(argv=None):
     cfg, workdir, spec = common.config_and_workdir(argv, __doc__, "ddg_comparison")
     rows = run(cfg, workdir)
     c = cfg.lm
-    notes = [f"{c.corpus}, {c.arch} (embed {c.embed_dim}, hidden {c.hidden_dim}), {c.rounds} rounds, fixed-size "
-             f"cohorts of {c.cohort_size}" + (f" with the noise of {c.noise_cohort_size} (simulated: the central "
-                                               "row's population and DDG's shares scaled alike; executed-run "
-                                               "epsilons in runs.csv)" if c.noise_cohort_size else "")
+    notes = [common.lm_setting_note(c, "fixed-size cohorts of", "simulated: the central row's population and "
+                                    "DDG's shares scaled alike; executed-run epsilons in runs.csv")
              + f", z = {c.noise_multiplier} for every row, clip {c.clip_norm}, delta {c.delta:g}, unit: user",
              "epsilon: central Gaussian with amplification by fixed-size sampling (replace-one); DDG without "
              "amplification (Kairouz et al. 2021 Prop. 14 with the rounding-inflated sensitivity, composed "

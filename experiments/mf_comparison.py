@@ -51,9 +51,7 @@ def main(argv=None):
     cfg, workdir, spec = common.config_and_workdir(argv, __doc__, "mf_comparison")
     rows = run(cfg, workdir)
     c = cfg.lm
-    notes = [f"{c.corpus}, {c.arch} (embed {c.embed_dim}, hidden {c.hidden_dim}), {c.rounds} rounds, cohort "
-             f"{c.cohort_size}" + (f" with the noise of {c.noise_cohort_size} (simulated population; "
-                                    "epsilon_executed_run in runs.csv)" if c.noise_cohort_size else "")
+    notes = [common.lm_setting_note(c, "cohort", "simulated population; epsilon_executed_run in runs.csv")
              + f", target epsilon {c.target_epsilon} at delta {c.delta:g}, unit: user",
              f"most-frequent-token val accuracy: {100 * rows[0]['baseline']:.2f}%",
              "not covered by the ledger: the accuracies (exact evaluation on held-out users)",

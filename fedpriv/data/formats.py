@@ -17,17 +17,14 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from fedpriv.data import cache as cache_lib
+from fedpriv.data import cache as cache_lib, parsing
 from fedpriv.data.errors import ConfigError, EmptyCorpusError, MalformedDataError, MissingResourceError
 from fedpriv.data.parsing import (
     Parsed,
-    connect_ro,
     duplicate_keys,
     is_client_id,
-    is_text,
     load_federated,
     loader_settings,
-    loads_json,
 )
 from fedpriv.data.sources import require_file
 from fedpriv.data.text import FederatedText, normalize_whitespace
@@ -100,7 +97,7 @@ def load_stackoverflow_sqlite(path: str | os.PathLike, split: str = "train", *,
     def parse(progress: bool) -> Parsed:
         out = Parsed()
         try:
-            with connect_ro(db) as con:
+            with parsing.connect_ro(db) as con:
                 tables = {r[0] for r in con.execute(
                     "SELECT name FROM sqlite_master WHERE type='table'")}
                 if "examples" not in tables:
@@ -197,7 +194,7 @@ def load_jsonl(path: str | os.PathLike, *, user_key: str = "user", text_key: str
                     continue
                 out.records += 1
                 try:
-                    rec = loads_json(raw.decode("utf-8"))
+                    rec = parsing.loads_json(raw.decode("utf-8"))
                 except UnicodeDecodeError:
                     invalid_utf8 += 1
                     out.malformed += 1
@@ -212,7 +209,7 @@ def load_jsonl(path: str | os.PathLike, *, user_key: str = "user", text_key: str
                     continue
                 uid, text = rec.get(user_key), rec.get(text_key)
                 if (not (is_client_id(uid) or (isinstance(uid, int) and not isinstance(uid, bool)))
-                        or not is_text(text)):
+                        or not parsing.is_text(text)):
                     out.malformed += 1
                     continue
                 cid = str(uid)

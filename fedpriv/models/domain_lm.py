@@ -70,12 +70,20 @@ def _route(per_domain: list[jax.Array], domain: jax.Array) -> jax.Array:
     return out
 
 
-def _check_domains(num_domains: int):
-    if num_domains < 1:
-        raise ValueError(f"num_domains must be >= 1, got {num_domains}")
+class _DomainLM(nn.Module):
+    """What both domain LMs take: the LM config, the number of domains (checked >= 1 when
+    called) and ``uses_domain`` (their ``__call__`` takes ``domain int[B]``)."""
+    config: LMConfig
+    num_domains: int = 2
+    uses_domain: ClassVar[bool] = True
+
+    def _setup_call(self) -> LMConfig:
+        if self.num_domains < 1:
+            raise ValueError(f"num_domains must be >= 1, got {self.num_domains}")
+        return self.config
 
 
-class DSDSRLM(nn.Module):
+class DSDSRLM(_DomainLM):
     """Domain-shared + domain-specific LSTM LM (Morioka et al. 2018).
 
     ``__call__(tokens int[B, L], domain int[B]) -> logits float32[B, L, V]``. Parameters:
@@ -83,17 +91,13 @@ class DSDSRLM(nn.Module):
     ``head`` (projection of the concatenation to ``embed_dim``, then the vocabulary layer).
     """
 
-    config: LMConfig
-    num_domains: int = 2
     specific_embed_dim: int | None = None
     specific_hidden_dim: int | None = None
-    uses_domain: ClassVar[bool] = True
 
     @nn.compact
     def __call__(self, tokens: jax.Array, domain: jax.Array, *,
                  deterministic: bool = True) -> jax.Array:
-        cfg = self.config
-        _check_domains(self.num_domains)
+        cfg = self._setup_call()
         drop = nn.Dropout(cfg.dropout_rate)
         emb = lm._embed(cfg, name="shared_embedding")
         h_sh = drop(emb(tokens), deterministic=deterministic)
@@ -151,7 +155,7 @@ class DEMixSublayer(nn.Module):
         return nn.LayerNorm(epsilon=1e-6, name="ln")(x + y)
 
 
-class DEMixLM(nn.Module):
+class DEMixLM(_DomainLM):
     """LM whose feed-forward layers are DEMix domain-expert layers (Gururangan et al. 2022).
 
     ``config.arch='transformer'``: embed → [causal attention → DEMix FFN] × num_layers → head.
@@ -159,15 +163,10 @@ class DEMixLM(nn.Module):
     ``__call__(tokens int[B, L], domain int[B]) -> logits float32[B, L, V]``.
     """
 
-    config: LMConfig
-    num_domains: int = 2
-    uses_domain: ClassVar[bool] = True
-
     @nn.compact
     def __call__(self, tokens: jax.Array, domain: jax.Array, *,
                  deterministic: bool = True) -> jax.Array:
-        cfg = self.config
-        _check_domains(self.num_domains)
+        cfg = self._setup_call()
         if cfg.arch == "transformer":
             x, emb = lm.TransformerEmbed(cfg, name="embed")(tokens, deterministic)
         else:

@@ -38,18 +38,9 @@ from fedpriv.fl import algorithms as algs
 from fedpriv.models import gguf
 from fedpriv.models.lm import LMConfig, count_params, make_lm, make_lm_task
 from fedpriv.models.metrics import evaluate, most_frequent_token_accuracy
-from fedpriv.public import distill, select
+from fedpriv.public import distill, select, vocab
 from fedpriv.public.algorithm import PrivateTraining, PublicTrainingSpec, algorithm1, private_only
 from fedpriv.public.pool import PublicPool, build_public_pool
-from fedpriv.public.vocab import (
-    RestrictedTeacherTokenizer,
-    private_datasets,
-    restriction_from_texts,
-    suggestion_eval_task,
-    unk_class_size,
-    unk_free_loss_task,
-    unk_rate,
-)
 from fedpriv.recipes import lm
 
 # Wang et al. 2023, Table 2, LSTM column (test accuracy %, StackOverflow): eps 1.77, eps 18.71
@@ -90,7 +81,7 @@ class Prepared:
     train: object
     val: object
     test: object
-    tokenizer: RestrictedTeacherTokenizer
+    tokenizer: vocab.RestrictedTeacherTokenizer
     pool: PublicPool
     stats: dict
 
@@ -117,7 +108,7 @@ def private_splits(cfg, tok, progress: bool = True):
         ids = np.random.default_rng(cfg.split_seed).choice(len(text.client_ids), cfg.max_clients,
                                                            replace=False)
         text = text.subset([text.client_ids[i] for i in sorted(ids)])
-    train, val, test = private_datasets(
+    train, val, test = vocab.private_datasets(
         text, tok, split=cfg.split, split_seed=cfg.split_seed, seq_len=cfg.seq_len,
         max_examples_per_client=cfg.max_examples_per_client, batch_size=cfg.batch_size,
         seed=cfg.split_seed)
@@ -135,9 +126,9 @@ def prepare(cfg, teacher, cache_dir: str, progress: bool = True, log=print) -> P
     else:
         vocab_idx = (np.arange(len(pub)) if cfg.vocab_texts is None or cfg.vocab_texts >= len(pub)
                      else np.sort(rng.choice(len(pub), cfg.vocab_texts, replace=False)))
-        restriction = restriction_from_texts(teacher, [pub.texts[i] for i in vocab_idx],
+        restriction = vocab.restriction_from_texts(teacher, [pub.texts[i] for i in vocab_idx],
                                                       cfg.vocab_kept)
-    tok = RestrictedTeacherTokenizer(teacher, restriction)
+    tok = vocab.RestrictedTeacherTokenizer(teacher, restriction)
     text, train, val, test = private_splits(cfg, tok, progress)
     n = len(pub) if cfg.pool_size is None else min(cfg.pool_size, len(pub))
     sel = np.sort(np.random.default_rng([cfg.pool_seed, 1]).choice(len(pub), n, replace=False))
@@ -149,12 +140,12 @@ def prepare(cfg, teacher, cache_dir: str, progress: bool = True, log=print) -> P
     train_tokens = train.concat_examples()["tokens"]
     stats = {
         "student_vocab_size": tok.vocab_size, "vocab_kept": len(restriction.kept_teacher_ids),
-        "unk_class_size": unk_class_size(restriction),
+        "unk_class_size": vocab.unk_class_size(restriction),
         "train_clients": len(train), "train_examples": train.total_examples,
         "val_clients": len(val), "val_examples": val.total_examples,
         "test_clients": len(test), "test_examples": test.total_examples,
-        "private_train_unk_rate": unk_rate(train_tokens),
-        "pool_unk_rate": unk_rate(pool.tokens),
+        "private_train_unk_rate": vocab.unk_rate(train_tokens),
+        "pool_unk_rate": vocab.unk_rate(pool.tokens),
         "pool_sources": {s: c for s, c in zip(*np.unique(pool.sources, return_counts=True))},
         "teacher": {"file": os.path.basename(teacher.path or ""), "sha256": teacher.fingerprint},
         **pool.info,
@@ -204,7 +195,7 @@ def _task(cfg, vocab_size: int, train_on_unk: bool = True):
 @functools.lru_cache(maxsize=4)
 def _model_task(model: LMConfig, train_on_unk: bool):
     task = make_lm_task(make_lm(model))
-    return task if train_on_unk else unk_free_loss_task(task)
+    return task if train_on_unk else vocab.unk_free_loss_task(task)
 
 
 _NOT_IN_RUN_KEY = ("rows", "seeds", "seed", "epsilons", "target_epsilon", "noise_multiplier",
@@ -260,7 +251,7 @@ def run_rows(cfg, workdir: str, *, teacher=None, progress: bool = True, log=prin
     test = prepared.test.concat_examples()["tokens"][: cfg.max_eval_examples]
     mft = most_frequent_token_accuracy(prepared.train.concat_examples()["tokens"], test)
     eval_fn = lambda p: evaluate(task, p, val, cfg.eval_batch_size)  # noqa: E731
-    suggest = suggestion_eval_task(task)
+    suggest = vocab.suggestion_eval_task(task)
 
     def log_row(row):
         if "eval_accuracy" in row:
