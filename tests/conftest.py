@@ -35,3 +35,41 @@ def xla_flags(*extra: str) -> str:
     """``XLA_FLAGS`` for a test's subprocess: the suite's (above) plus ``extra``."""
     return " ".join(f for f in (TEST_XLA_FLAGS, *extra) if f)
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+
+# pytest-xdist's --dist loadfile hands out one file at a time, by default sorted by its NUMBER
+# of tests (--loadscope-reorder), which put the slowest files (a few long tests each:
+# test_configs_heavy*.py, test_lm_experiments.py, test_fred_*.py, test_public_training.py) at
+# the end of the queue, where one worker ran them while the other sat idle. Instead the files
+# below, the slowest measured on the 2-core CPU (cold caches, --durations), go first, slowest
+# first; every other file follows in collection order. Only the order changes, never a test.
+SLOWEST_FILES_FIRST = (
+    "tests/experiments/test_pre_text.py",
+    "tests/experiments/test_lm_experiments.py",
+    "tests/experiments/test_configs_heavy.py",
+    "tests/experiments/test_fred_pipeline.py",
+    "tests/experiments/test_population_expansion.py",
+    "tests/experiments/test_plan_charges.py",
+    "tests/public/test_algorithm.py",
+    "tests/fl/test_resume.py",
+    "tests/experiments/test_configs_heavy_iw.py",
+    "tests/experiments/test_fred_mixtures.py",
+    "tests/experiments/test_paper_configs.py",
+    "tests/experiments/test_configs.py",
+    "tests/dp/test_ddg.py",
+    "tests/experiments/test_public_training.py",
+    "tests/experiments/test_wang.py",
+    "tests/test_audit.py",
+    "tests/models/test_generate.py",
+    "tests/experiments/test_ddg_comparison.py",
+)
+
+
+def pytest_configure(config):
+    if getattr(config.option, "loadscopereorder", None):  # xdist loaded: keep the order below
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {f: i for i, f in enumerate(SLOWEST_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable

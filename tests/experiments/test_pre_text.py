@@ -13,13 +13,19 @@ from configs.pre_text import privacy_plan
 from experiments import common, pre_text
 from fedpriv.data.errors import ConfigError
 from fedpriv.dp.plan import account
+from fedpriv.models import gguf
 from fedpriv.recipes import lm, pretext
 
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     wd = str(tmp_path_factory.mktemp("pre_text"))
-    pre_text.main(["--config", "configs/pre_text.py:smoke", "--workdir", wd])
+    # the packaged teacher, parsed once for the module (gguf.cached_teacher: the same file, the same
+    # Teacher; ~5 s a load here): the CLI's run_arms loads it with load_teacher() when none is passed
+    teacher = gguf.cached_teacher()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(gguf, "load_teacher", lambda: teacher)
+        pre_text.main(["--config", "configs/pre_text.py:smoke", "--workdir", wd])
     return wd
 
 
@@ -58,7 +64,7 @@ def test_every_arm_starts_from_the_public_model(smoke, monkeypatch):
     monkeypatch.setattr(pretext, "_read", lambda sub, cfg=None: None)  # rerun the arms' start only
     monkeypatch.setattr(pretext, "_run_arm", lambda *a: seen.append(a[-1]) or {
         "test_accuracy": 0.0, "test_loss": 1.0, "epsilon_spent": 0.0, "num_params": 1})
-    rows = pretext.run_arms(cfg, smoke, progress=False, log=lambda *_: None)
+    rows = pretext.run_arms(cfg, smoke, teacher=gguf.cached_teacher(), progress=False, log=lambda *_: None)
     assert len(seen) == 3
     prepared = pretext.prepared_data(dataclasses.replace(cfg.lm, seed=0))
     task = lm.build_task(cfg.lm, prepared.tokenizer.vocab_size)
@@ -71,7 +77,7 @@ def test_every_arm_starts_from_the_public_model(smoke, monkeypatch):
     assert sum(r["arm_key"] == "public" for r in rows) == 1
     seen.clear()
     scratch = dataclasses.replace(cfg, init="scratch")
-    rows = pretext.run_arms(scratch, smoke, progress=False, log=lambda *_: None)
+    rows = pretext.run_arms(scratch, smoke, teacher=gguf.cached_teacher(), progress=False, log=lambda *_: None)
     assert not any(r["arm_key"] == "public" for r in rows) and len(seen) == 3
     assert all(all(jax.tree.leaves(jax.tree.map(lambda a, b: bool(np.array_equal(a, b)), p, fresh)))
                for p in seen)
