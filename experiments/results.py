@@ -350,6 +350,18 @@ def _status_counts(verdicts) -> str:
     return ", ".join(f"{counts[s]} {s}" for s in V.STATUSES if s in counts) or "no verdicts recorded"
 
 
+def _dirty_note(dirty, paths) -> str:
+    """How the run's tree differed from its commit: nothing, only published compact summaries
+    (another artefact's results, no code), or uncommitted changes (listed in the summary)."""
+    if dirty is None:
+        return "; tree state not recorded"
+    if not dirty:
+        return ""
+    if paths and all(p.startswith("experiments/results/") for p in paths):
+        return "; the tree's only uncommitted changes were other artefacts' published results (no code)"
+    return "; the tree had uncommitted changes"
+
+
 def _age(st: dict) -> str:
     commit = (st["commit"] or "?")[:7]
     behind = "?" if st["commits_behind"] is None else st["commits_behind"]
@@ -408,8 +420,7 @@ def _section(item: dict, runs: str, out_dir: str) -> tuple[str, dict]:
     lines += [f"Outputs below from `{inv['command']}` (finished {inv.get('time', '?')}), read from {where}; "
               f"{at}{(st['commit'] or '?')[:7]}, "
               f"{'?' if st['commits_behind'] is None else st['commits_behind']} commits before HEAD"
-              + ("; the tree had uncommitted changes" if dirty else "; tree state not recorded" if dirty is None
-                 else "") + ".", ""]
+              + _dirty_note(dirty, inv.get("git_dirty_paths")) + ".", ""]
     if st["stale"]:
         lines += [f"**STALE**: {st['reason']}. Re-run to refresh.", ""]
     summary.update(ran=f"`{inv['config']}`", commit=_age(st))

@@ -258,3 +258,14 @@ def test_an_artefact_is_dated_by_the_commit_its_runs_trained_at(tmp_path, monkey
     page = results.build(str(tmp_path / "empty_runs"), str(out), summary_dir=str(summaries), repo=str(repo),
                          force=True)
     assert f"| {written[:7]} (0 commits old) |" in page
+
+
+def test_dirty_tree_note_says_whether_code_was_uncommitted():
+    """A run whose tree differed from its commit only by other artefacts' published summaries says
+    so; any other uncommitted path (code) keeps the plain warning; unrecorded state is named."""
+    from experiments.results import _dirty_note
+    assert _dirty_note(False, []) == ""
+    assert _dirty_note(None, None) == "; tree state not recorded"
+    assert "no code" in _dirty_note(True, ["experiments/results/summaries/demo.json"])
+    for paths in (["fedpriv/dp/noise.py"], ["experiments/results/summaries/demo.json", "configs/lm_fl.py"], [], None):
+        assert _dirty_note(True, paths) == "; the tree had uncommitted changes"
