@@ -70,6 +70,15 @@ def pytest_configure(config):
         config.option.loadscopereorder = False
 
 
+def _order(nodeid: str, rank: dict) -> int:
+    """tests/data first (its session fixture points $FEDPRIV_CACHE at a fresh directory for the
+    rest of the worker's session: run first, the corpora it loads there serve every later test;
+    run after the experiments, they would be loaded cold a second time), then the slowest files,
+    then the rest."""
+    path = nodeid.split("::", 1)[0]
+    return -1 if path.startswith("tests/data/") else rank.get(path, len(rank))
+
+
 def pytest_collection_modifyitems(config, items):
     rank = {f: i for i, f in enumerate(SLOWEST_FILES_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable
+    items.sort(key=lambda item: _order(item.nodeid, rank))  # stable
