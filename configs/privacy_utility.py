@@ -5,8 +5,9 @@ run Wang et al.'s per-round noise on the averaged update (z = 1.13 / 8.83 for a 
 ``small`` trains 16 clients per round with the noise of 100), and their epsilons are SIMULATED for
 Wang et al.'s StackOverflow population (342,477 users, each at most once); every run reports the
 epsilon it SPENDS on chitchat's users beside it. ``small`` runs 800 of the paper's 1,600 rounds
-(the most this CPU affords for 9 runs; the simulated epsilons of 800 rounds are below the labels)
-with the hyper-parameters chosen on validation (``configs.lm_fl.TUNED``).
+(the most this CPU affords for 27 runs: 3 tokenizers x 3 rows x 3 seeds; the simulated epsilons
+of 800 rounds are below the labels) with the hyper-parameters chosen on validation
+(``configs.lm_fl.TUNED``).
 
 ``get_config("small,seeds=0/1/2,tokenizers=sentencepiece/word_public")``; the FL fields come
 from ``configs/lm_fl.py`` at the same scale.
@@ -49,8 +50,13 @@ class PrivacyUtilityConfig:
                                   "seeds >= 0; epsilons and server_lrs > 0)")
 
 
-SCALES = {"smoke": dict(), "small": dict(seeds=(0, 1, 2), tuned=True),
-          "paper": dict(seeds=(0, 1, 2), tuned=True)}
+# Figure 1's tokenizers: the public SentencePiece model against word-level unigram vocabularies of
+# the training users' top-k words at the paper's two sizes (10K and 32K beside SentencePiece's 32K;
+# ``small``: the same ratios to its 2,000-token SentencePiece model)
+SCALES = {"smoke": dict(), "small": dict(seeds=(0, 1, 2), tuned=True,
+                                         tokenizers=("sentencepiece", "word:625", "word:2000")),
+          "paper": dict(seeds=(0, 1, 2), tuned=True,
+                        tokenizers=("sentencepiece", "word:10000", "word:32000"))}
 # set per row by the experiment (a FedAvg row, one DP-FTRL row per epsilon), never by an override
 DERIVED = {n: "each row sets it (a FedAvg row, then DP-FTRL at each of epsilons=...): set "
               "epsilons" for n in ("algorithm", "target_epsilon", "noise_multiplier")}

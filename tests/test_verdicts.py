@@ -248,3 +248,46 @@ def test_welch_df_survives_underflowing_variances():
     assert method == "Welch t" and df == 1.0 and ci[0] <= gap <= ci[1]
     v = V.compare("c", [0.0, 0.0], [0.0, 1.5054866444168255e-117], higher_is_better=False, trivial=0.0)
     assert v.status == V.BELOW_TRIVIAL
+
+
+def test_figure1_verdicts_cover_both_panels_oov_and_the_noise_interaction():
+    """Wang Figure 1 / §3.1: SentencePiece beats each word vocabulary (OOV excluded and counted),
+    loses nothing to OOV (equivalence), and its advantage is larger at the larger epsilon; a
+    word model below its trivial baseline makes the gap-of-gaps claim inconclusive."""
+    import types
+
+    from fedpriv.recipes import tokenizer_study
+    cfg = types.SimpleNamespace(tokenizers=("sentencepiece", "word:50", "word:200"), epsilons=(18.71, 1.77),
+                                lm=types.SimpleNamespace(vocab_size=200))
+    acc = {("sentencepiece", "hi"): 0.25, ("sentencepiece", "lo"): 0.13,
+           ("word:50", "hi"): 0.15, ("word:50", "lo"): 0.10, ("word:200", "hi"): 0.14, ("word:200", "lo"): 0.09}
+    rows = []
+    for seed in (0, 1, 2):
+        for tok in cfg.tokenizers:
+            for name in ("hi", "lo"):
+                a = acc[(tok, name)] + 0.002 * seed
+                oov = a if tok == "sentencepiece" else a - 0.03
+                rows.append({"tokenizer": tok, "seed": seed, "method": name, "server_lr": 1.0, "val_accuracy": a,
+                             "val_token_accuracy": a, "val_token_accuracy_with_oov": oov + 1e-4 * seed})
+            rows.append({"tokenizer": tok, "seed": seed, "method": "most frequent token", "val_accuracy": 0.04})
+    vs = {v.claim: v for v in tokenizer_study.verdicts(cfg, rows, [("FedAvg", {}), ("hi", {}), ("lo", {})])}
+    beats = [v for c, v in vs.items() if "SentencePiece beats" in c]
+    assert len(beats) == 2 * 2 * 2 and all(v.status == V.REPRODUCED for v in beats)
+    assert sum("OOV targets counted" in c for c in vs) == 4
+    assert sum("larger word vocabulary" in c for c in vs) == 2  # one per epsilon
+    oov = [v for c, v in vs.items() if "loses nothing to OOV" in c]
+    assert len(oov) == 2 and all(v.status == V.EQUIVALENT and v.margin == tokenizer_study.OOV_MARGIN for v in oov)
+    inter = [v for c, v in vs.items() if "advantage over" in c]
+    assert len(inter) == 2 and all(v.status == V.REPRODUCED for v in inter)  # 10/11 points vs 3/4
+    # a broken SentencePiece (OOV costs 2 points) is caught by the equivalence test
+    for r in rows:
+        if r["tokenizer"] == "sentencepiece" and "val_token_accuracy_with_oov" in r:
+            r["val_token_accuracy_with_oov"] -= 0.02
+    vs = {v.claim: v for v in tokenizer_study.verdicts(cfg, rows, [("FedAvg", {}), ("hi", {}), ("lo", {})])}
+    assert all(v.status == V.NOT_EQUIVALENT for c, v in vs.items() if "loses nothing to OOV" in c)
+    # a word model at the trivial baseline: the interaction claim is not decided
+    for r in rows:
+        if r["tokenizer"] == "word:50" and r["method"] == "lo":
+            r["val_token_accuracy"] = 0.03
+    vs = {v.claim: v for v in tokenizer_study.verdicts(cfg, rows, [("FedAvg", {}), ("hi", {}), ("lo", {})])}
+    assert next(v for c, v in vs.items() if "advantage over word:50" in c).status == V.BELOW_TRIVIAL
