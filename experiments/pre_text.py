@@ -25,7 +25,6 @@ from experiments import common
 from fedpriv import verdicts as V
 from fedpriv.recipes import pretext
 
-
 # the "fewer rounds" claim holds at matched accuracy: (b) non-inferior to (a) within this many
 # test-accuracy points (the margin of the project's other non-inferiority claims)
 ROUNDS_MARGIN = 0.5
