@@ -237,8 +237,16 @@ def trained_commits(workdir: str) -> list[str]:
     without repeats, in the order found; ``None`` for a run that recorded no commit (the page then
     marks the artefact STALE: fail closed). An experiment that reads finished runs back writes its
     tables at a later commit than they trained at: the page dates the artefact by these."""
-    out = []
-    for root, dirs, files in sorted(os.walk(workdir)):
+    out, seen = [], set()
+    # runs combined from several workdirs are symlinked in (pre_text, public_training): follow the
+    # links (a run reached twice, or a link cycle, is walked once), else their commits go unread
+    # and the page would date the artefact by the invocation that only wrote the tables
+    for root, dirs, files in sorted(os.walk(workdir, followlinks=True)):
+        real = os.path.realpath(root)
+        if real in seen:
+            dirs[:] = []
+            continue
+        seen.add(real)
         dirs.sort()
         if os.path.abspath(root) == os.path.abspath(workdir) or "summary.json" not in files:
             continue

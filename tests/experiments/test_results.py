@@ -251,9 +251,18 @@ def test_an_artefact_is_dated_by_the_commit_its_runs_trained_at(tmp_path, monkey
     page = results.build(str(tmp_path / "empty_runs"), str(out), summary_dir=str(summaries), repo=str(repo))
     assert "**STALE**: a training run it read back recorded no commit" in page
     os.remove(wd / "seed2" / "summary.json")
-    # the same tables with no sub-runs: dated by the invocation, current
+    # runs combined from another workdir by symlink (pre_text's combine) are read through the
+    # link: the page once dated such an artefact by the combine's own commit, as current
+    other = tmp_path / "other_run"
+    (other / "seed3").mkdir(parents=True)
+    (other / "seed3" / "summary.json").write_text(json.dumps({"git_commit_full": trained}))
+    os.symlink(other / "seed3", wd / "seed3")
+    os.symlink(other, other / "seed3" / "loop")  # a link cycle is walked once
     for seed in (0, 1):
         os.remove(wd / f"seed{seed}" / "summary.json")
+    assert results.trained_commits(str(wd)) == [trained]
+    os.remove(wd / "seed3")
+    # the same tables with no sub-runs: dated by the invocation, current
     results.record_compact(inv, str(wd), str(summaries), str(tmp_path))
     page = results.build(str(tmp_path / "empty_runs"), str(out), summary_dir=str(summaries), repo=str(repo),
                          force=True)
