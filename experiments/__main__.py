@@ -35,8 +35,8 @@ ARTEFACTS = (
              "pre-training (with pre-training: wang-table2's pretrain_lm row)", "privacy_utility", "privacy_utility",
              outputs=("table1.md", "privacy_utility.md"), claims=('(Table 1)',)),
     Artefact("wang-figure1", "Wang et al. 2023", "tokenizers (SentencePiece vs word vocabularies), next-token "
-             "accuracy without / with OOV", "privacy_utility", "privacy_utility", outputs=("figure1.png",),
-             claims=('(Figure 1)',)),
+             "accuracy without / with OOV", "privacy_utility", "privacy_utility",
+             outputs=("figure1.png", "privacy_utility.md"), claims=('Figure 1',)),
     Artefact("wang-table2", "Wang et al. 2023", "public pre-/mid-training, LLM distillation, distribution "
              "matching", "public_training", "public_training",
              outputs=("public_training.md", "public_training.png"), claims=('Table 2', 'Tables 1/2')),

@@ -47,3 +47,37 @@ def test_missing_artefact_and_bad_scale_exit_2(capsys, monkeypatch):
     with pytest.raises(SystemExit) as e:
         common.cli(index.main, ["demo", "--scale", "paper"])
     assert e.value.code == 2 and "not 'paper'" in capsys.readouterr().err
+
+
+def test_every_published_verdict_lands_under_exactly_one_artefact():
+    """The page shows a module's verdict under the artefacts whose ``claims`` filter matches it: a
+    claim that matches none is silently dropped from the page (Figure 1's "(...; Figure 1)"
+    claims once were), one that matches two is shown twice. Checked on the committed summaries
+    and on the claims the Figure 1 recipe writes."""
+    import glob
+    import json
+    import os
+    import types
+
+    from fedpriv.recipes import tokenizer_study
+
+    def owners(module, claim):
+        return [a.name for a in index.ARTEFACTS if a.module == module
+                and (not a.claims or any(c in claim for c in a.claims))]
+    summaries = glob.glob(os.path.join(os.path.dirname(index.__file__), "results", "summaries", "*.json"))
+    assert summaries
+    for f in summaries:
+        with open(f) as fh:
+            d = json.load(fh)
+        for v in d["verdicts"]:
+            assert len(owners(d["module"].rsplit(".", 1)[-1], v["claim"])) == 1, (f, v["claim"])
+    cfg = types.SimpleNamespace(tokenizers=("sentencepiece", "word:5", "word:9"), epsilons=(18.71, 1.77),
+                                lm=types.SimpleNamespace(vocab_size=9))
+    rows = [{"tokenizer": t, "seed": s, "method": m, "server_lr": 1.0, "val_accuracy": 0.1 + 0.01 * s,
+             "val_accuracy_round0": 0.0, "val_token_accuracy": 0.1 + 0.01 * s,
+             "val_token_accuracy_with_oov": 0.1 + 0.011 * s}
+            for t in cfg.tokenizers for s in (0, 1) for m in ("hi", "lo")]
+    claims = [v.claim for v in tokenizer_study.verdicts(cfg, rows, [("FedAvg", {}), ("hi", {}), ("lo", {})])]
+    assert len(claims) > 10
+    assert all(owners("privacy_utility", c) in (["wang-table1"], ["wang-figure1"]) for c in claims), claims
+    assert sum(owners("privacy_utility", c) == ["wang-figure1"] for c in claims) == len(claims) - 3
