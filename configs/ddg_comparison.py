@@ -32,7 +32,7 @@ class DDGComparisonConfig:
                               "target_epsilon (each row reports its own epsilon)")
 
 
-SCALES = {"smoke": dict(bits=(8, 16)), "small": dict(seeds=(0, 1)), "paper": dict(seeds=(0, 1, 2))}
+SCALES = {"smoke": dict(bits=(8, 16)), "small": dict(seeds=(0, 1, 2)), "paper": dict(seeds=(0, 1, 2))}
 # small: the LM task of lm_fl:small with half its rounds (DDG's per-client encoding of a 2^20-d
 # update roughly doubles a round's time on this 2-core CPU)
 LM_SCALE = {"smoke": "smoke,rounds=3,eval_every=3,target_epsilon=None,noise_multiplier=1.0",
