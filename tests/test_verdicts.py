@@ -291,3 +291,19 @@ def test_figure1_verdicts_cover_both_panels_oov_and_the_noise_interaction():
             r["val_token_accuracy"] = 0.03
     vs = {v.claim: v for v in tokenizer_study.verdicts(cfg, rows, [("FedAvg", {}), ("hi", {}), ("lo", {})])}
     assert next(v for c, v in vs.items() if "advantage over word:50" in c).status == V.BELOW_TRIVIAL
+
+
+def test_a_skipped_paper_epsilon_lists_its_claims_as_not_run():
+    """A Table 2/3 run at eps 1.77 only still lists the eps 18.71 claims (Table 3's "negligible"
+    among them) as "not run yet" with the rerun command, instead of dropping them from the page;
+    a run at both budgets adds none."""
+    from configs.public_training import get_config
+    from fedpriv.recipes import public
+    one = public.verdicts(get_config("small,epsilons=1.77"), [], 0.035)
+    skipped = [v for v in one if "eps 18.71]" in v.claim]
+    assert skipped and any("negligible" in v.claim for v in skipped)
+    assert all(v.status in (V.NOT_RUN, V.NOT_TESTABLE) for v in skipped)
+    assert all("rerun with epsilons=1.77/18.71" in v.measured for v in skipped if v.status == V.NOT_RUN)
+    both = public.verdicts(get_config("small,epsilons=1.77/18.71"), [], 0.035)
+    assert len(both) == len(one)
+    assert not any("this run trained epsilons" in v.measured for v in both)
