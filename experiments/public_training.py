@@ -28,7 +28,7 @@ import os
 import time
 
 from experiments import common
-from fedpriv.recipes import public
+from fedpriv.recipes import ablations, public
 
 
 def run_students(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print):
@@ -50,6 +50,16 @@ def _label(cfg, r) -> str:
     return r["row"] if len(cfg.students) == 1 else f"{public.arch_of(r)}: {r['row']}"
 
 
+def verdicts(cfg, runs: list[dict], mft) -> list:
+    """`public.verdicts` at the run's epsilons, then the claims at a paper budget the run skipped
+    (1.77 / 18.71), each "not run yet" with the rerun command (`ablations.skipped_epsilon_verdicts`)."""
+    def at(eps):
+        tag = f"eps {eps:g}]"
+        return [v for v in public.verdicts(dataclasses.replace(cfg, epsilons=(eps,)), [], mft) if tag in v.claim]
+    return public.verdicts(cfg, runs, mft) + ablations.skipped_epsilon_verdicts(
+        at, cfg.epsilons, "each student's rows x seeds of DP-FTRL")
+
+
 def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) -> dict:
     """Every (student, seed, epsilon, row) run of `cfg`; returns the tables (also written to disk)."""
     t_start = time.time()
@@ -61,7 +71,7 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
     common.write_table(table, workdir, "public_training",
                        title="Public training for private FL (Wang et al. 2023, Table 2/3 rows)",
                        notes=public.table_notes(cfg, rr, seconds))
-    common.write_verdicts(public.verdicts(cfg, runs, rr.mft), workdir)
+    common.write_verdicts(verdicts(cfg, runs, rr.mft), workdir)
     common.write_table([{k: v for k, v in r.items() if k not in ("ledger", "curve", "shares",
                                                                  "spec", "public")}
                         for r in runs], workdir, "public_training_runs")

@@ -92,7 +92,7 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
         verdicts += ablations.t_prime_verdicts(runs, lm.rounds, tps, eps, row="mid_random",
                                                metric=METRIC, table="Table 5")
         verdicts += ablations.dm_vs_random_verdicts(runs, lm.rounds, tps, eps, metric=METRIC)
-        verdicts += public.skipped_epsilon_verdicts(  # the paper's other budget, listed "not run yet"
+        verdicts += ablations.skipped_epsilon_verdicts(  # the paper's other budget, listed "not run yet"
             lambda e: [v for row, table in (("mid_dm", "Table 4"), ("mid_random", "Table 5"))
                        for v in ablations.t_prime_verdicts([], lm.rounds, tps, [e], row=row, metric=METRIC,
                                                            table=table)]
@@ -119,7 +119,7 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
                            f"pre-training w/ distillation (mean ± std, seeds {list(lm.seeds)})")
         verdicts += [v for e in eps for v in ablations.sweep_verdicts(
             runs, field, e, f"{claim} (eps~{e:g}; Figure 2/4)", metric=METRIC)]
-        verdicts += public.skipped_epsilon_verdicts(
+        verdicts += ablations.skipped_epsilon_verdicts(
             lambda e: [V.not_run(f"{claim} (eps~{e:g}; Figure 2/4)", "not run")], eps,
             f"{len(grid)} {xlabel} points x seeds of DP-FTRL")
     every = [r for k, v in out.items() if k.endswith("_runs") for r in v]

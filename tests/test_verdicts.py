@@ -298,12 +298,12 @@ def test_a_skipped_paper_epsilon_lists_its_claims_as_not_run():
     among them) as "not run yet" with the rerun command, instead of dropping them from the page;
     a run at both budgets adds none."""
     from configs.public_training import get_config
-    from fedpriv.recipes import public
-    one = public.verdicts(get_config("small,epsilons=1.77"), [], 0.035)
+    from experiments import public_training
+    one = public_training.verdicts(get_config("small,epsilons=1.77"), [], 0.035)
     skipped = [v for v in one if "eps 18.71]" in v.claim]
     assert skipped and any("negligible" in v.claim for v in skipped)
     assert all(v.status in (V.NOT_RUN, V.NOT_TESTABLE) for v in skipped)
     assert all("rerun with epsilons=1.77/18.71" in v.measured for v in skipped if v.status == V.NOT_RUN)
-    both = public.verdicts(get_config("small,epsilons=1.77/18.71"), [], 0.035)
+    both = public_training.verdicts(get_config("small,epsilons=1.77/18.71"), [], 0.035)
     assert len(both) == len(one)
     assert not any("this run trained epsilons" in v.measured for v in both)

@@ -5,6 +5,7 @@ top-k logits), with the paper's numbers and the verdicts on its claimed ordering
 """
 from __future__ import annotations
 
+import dataclasses
 from fractions import Fraction
 
 from fedpriv import report, verdicts as V
@@ -90,6 +91,28 @@ def _trivial(runs) -> float | None:
     accuracy (:data:`TRIVIAL_KEY`, recorded per run by the experiment); None if none has it."""
     vals = [100 * r[TRIVIAL_KEY] for r in runs if r.get(TRIVIAL_KEY) is not None]
     return sum(vals) / len(vals) if vals else None
+
+
+#: the privacy budgets of Wang et al.'s Tables 2-5 and Figures 2/4 (delta 1e-6)
+PAPER_EPSILONS = (1.77, 18.71)
+
+
+def skipped_epsilon_verdicts(verdicts_at, run_epsilons, run_hint: str) -> list:
+    """The claims a run did not test because it skipped one of the paper's epsilons, each
+    "not run yet" with why and how to run it: ``verdicts_at(eps)`` gives the claims at ``eps``
+    (from no runs: every comparison is then "not run"); claims that cannot be tested for another
+    reason ("not testable here") keep that verdict. So a page built from an eps-1.77-only run
+    still lists the eps-18.71 claims (e.g. Table 3's "negligible") instead of dropping them."""
+    out = []
+    for eps in PAPER_EPSILONS:
+        if any(abs(eps - e) < 1e-9 for e in run_epsilons):
+            continue
+        reason = (f"this run trained epsilons={'/'.join(f'{e:g}' for e in run_epsilons)} only: every row "
+                  f"again at eps {eps:g} ({run_hint}); rerun with epsilons="
+                  f"{'/'.join(f'{e:g}' for e in sorted({*run_epsilons, eps}))}")
+        out += [v if v.status != V.NOT_RUN else dataclasses.replace(v, measured=reason, reason=reason)
+                for v in verdicts_at(eps)]
+    return out
 
 
 def t_prime_verdicts(runs: list[dict], rounds: int, t_primes, epsilons, *, row: str = "mid_dm",

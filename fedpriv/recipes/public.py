@@ -396,26 +396,6 @@ NEGLIGIBLE_MARGIN_PP = 0.5
 NONINFERIOR_MARGIN_PP = 0.5
 #: an epsilon at or above this is the paper's weak-privacy column (18.71)
 WEAK_PRIVACY_EPSILON = 10.0
-#: the privacy budgets of Wang et al.'s Tables 2-5 and Figures 2/4 (delta 1e-6)
-PAPER_EPSILONS = (1.77, 18.71)
-
-
-def skipped_epsilon_verdicts(verdicts_at, run_epsilons, run_hint: str) -> list:
-    """The claims a run did not test because it skipped one of the paper's epsilons, each
-    "not run yet" with why and how to run it: ``verdicts_at(eps)`` gives the claims at ``eps``
-    (from no runs: every comparison is then "not run"); claims that cannot be tested for another
-    reason (``not testable here``) keep that verdict. So a page built from an eps-1.77-only run
-    still lists the eps-18.71 claims (e.g. Table 3's "negligible"), instead of dropping them."""
-    out = []
-    for eps in PAPER_EPSILONS:
-        if any(abs(eps - e) < 1e-9 for e in run_epsilons):
-            continue
-        reason = (f"this run trained epsilons={'/'.join(f'{e:g}' for e in run_epsilons)} only: every row "
-                  f"again at eps {eps:g} ({run_hint}); rerun with epsilons="
-                  f"{'/'.join(f'{e:g}' for e in sorted({*run_epsilons, eps}))}")
-        out += [v if v.status != V.NOT_RUN else dataclasses.replace(v, measured=reason, reason=reason)
-                for v in verdicts_at(eps)]
-    return out
 
 
 def verdicts(cfg, runs: list[dict], mft: float | None = None) -> list:
@@ -442,11 +422,6 @@ def verdicts(cfg, runs: list[dict], mft: float | None = None) -> list:
     for arch in cfg.students:
         pre = "" if arch == "lstm" else "Transformer, "  # the LSTM's claims read as before the column
         out += _arch_verdicts(cfg, [r for r in runs if arch_of(r) == arch], claims, trivial, pre)
-    for arch in cfg.students:
-        pre = "" if arch == "lstm" else "Transformer, "
-        out += skipped_epsilon_verdicts(
-            lambda eps: _arch_verdicts(cfg, [], claims, trivial, pre, epsilons=(eps,)),
-            cfg.epsilons, "each student's 8 rows x seeds of DP-FTRL")
     if "transformer" not in cfg.students:
         out.append(V.not_run("the Transformer column of Tables 2/3 (the same orderings with a transformer "
                              "student; Table 2 and Table 3)", f"this run trained archs={'/'.join(cfg.students)}; "
@@ -454,11 +429,10 @@ def verdicts(cfg, runs: list[dict], mft: float | None = None) -> list:
     return out
 
 
-def _arch_verdicts(cfg, runs, claims, trivial, pre: str, epsilons=None) -> list:
-    """`verdicts` for one student's runs at ``epsilons`` (default ``cfg.epsilons``); ``pre``
-    prefixes each claim's epsilon tag."""
+def _arch_verdicts(cfg, runs, claims, trivial, pre: str) -> list:
+    """`verdicts` for one student's runs; ``pre`` prefixes each claim's epsilon tag."""
     out = []
-    for eps in cfg.epsilons if epsilons is None else epsilons:
+    for eps in cfg.epsilons:
         acc = {row: {r["seed"]: 100 * r["test_accuracy"] for r in runs
                      if r["row"] == row and r["target_epsilon"] == eps and r.get("test_accuracy") is not None}
                for row in cfg.rows}
