@@ -59,7 +59,7 @@ from fedpriv.fl.samplers import PoissonSampler
 from fedpriv.models.domain_lm import make_demix_task, make_dsdsr_task
 from fedpriv.models.lm import LMConfig, count_params, make_lm, make_lm_task
 from fedpriv.models.metrics import evaluate
-from fedpriv.report import metric_curve, save_json
+from fedpriv.report import git_state, metric_curve, save_json
 
 __all__ = ["UNIGRAM_STAGE", "build_task", "calibrate_stage", "stage_clients", "StagePlan",
            "plan_stages", "unigram_diagnostics", "run_scheme", "executed_by_population",
@@ -386,6 +386,9 @@ def run_scheme(scheme: TrainingScheme, prep: Prepared, cfg, seed: int, workdir: 
         "epsilon_if_public": if_public, "outputs": outputs(),
         "unigram_diagnostics": diagnostics, "stages_done_earlier": done.resumed,
         "wall_clock_s": time.time() - t0, "skipped": False, "unit_of_privacy": "user",
+        # the code it trained at: the results page dates an artefact by its runs' commits and
+        # marks one whose runs recorded none STALE (experiments.results.trained_commits)
+        **git_state(),
     }
     save_json(summary, path)
     log(f"{tag}: val PPL {val['perplexity']:.2f}, test PPL {test['perplexity']:.2f}, eps by "

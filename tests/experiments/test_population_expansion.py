@@ -175,6 +175,9 @@ def test_end_to_end_tables_and_privacy(e2e, smoke_cfg):
     assert saved["seed"] == list(smoke_cfg.seeds) and saved["config"]["rounds"] == smoke_cfg.rounds
     runs = {r["scheme"]: r for r in first["runs"]}
     assert set(runs) == set(smoke_cfg.schemes)
+    # every scheme's run records the commit it trained at (the results page dates by it)
+    from experiments import results
+    assert len(results.trained_commits(workdir)) == 1 and None not in results.trained_commits(workdir)
     for r in runs.values():
         assert np.isfinite(r["val_ppl"]) and np.isfinite(r["test_ppl"]) and r["val_ppl"] > 1
         # S: the DP epsilon; T: inf (the vocabulary), with the epsilon if it were public beside it
