@@ -27,6 +27,10 @@ class Artefact:
     depends: tuple = ()   # paths beyond fedpriv/, its config and module (and the configs /
                           # modules they import) whose changes make its results stale
 
+    def shows(self, claim: str) -> bool:
+        """Whether the results page shows a verdict on ``claim`` under this artefact (``claims``)."""
+        return not self.claims or any(c in claim for c in self.claims)
+
 
 ARTEFACTS = (
     Artefact("demo", "-", "the main job: DP-FTRL LSTM on chitchat (make demo)", "demo", "demo", ("smoke", "small"),

@@ -397,7 +397,7 @@ def collect(runs: str = "runs", summary_dir: str | None = None, repo: str | None
                 if None in trained:  # a run read back recorded no commit: its code is unknown
                     st.update(stale=True, reason="a training run it read back recorded no commit")
                 item.update(source=kind, record=rec, outputs=outputs, workdir=workdir,
-                            verdicts=[v for v in vs if not a.claims or any(c in v.claim for c in a.claims)],
+                            verdicts=[v for v in vs if a.shows(v.claim)],
                             staleness=st)
         out.append(item)
     return out
