@@ -2,8 +2,10 @@
 pre-training" columns; Figure 1 with several tokenizers).
 
 Rows: non-private FedAvg, DP-FTRL at each epsilon of the config (18.71 and 1.77 at delta 1e-6;
-z calibrated for this run's own schedule of rounds and epochs), and the accuracy of always
-predicting the most frequent training token. Same data, model, seeds and rounds for every row.
+z calibrated for this run's own schedule of rounds and epochs), and the trivial baselines: the
+accuracy of always predicting the most frequent training token, and in the with-OOV metric the
+better of it and always predicting UNK (``tokenizer_study.constant_baselines``). Same data,
+model, seeds and rounds for every row.
 Tokenizers are ``name[:vocab size]`` (``sentencepiece``, ``word_public``, ``word``); a word
 model's accuracy is also converted to next-token accuracy with the public SentencePiece model
 of the first ``sentencepiece`` entry (§3.1), with and without OOV targets.
@@ -26,7 +28,7 @@ from configs import lm_fl as lm_fl_config
 from experiments import common
 from fedpriv.data import load_public_pool, train_sentencepiece
 from fedpriv.recipes import lm
-from fedpriv.recipes.tokenizer_study import figure1, table1, verdicts
+from fedpriv.recipes.tokenizer_study import constant_baselines, figure1, table1, verdicts
 
 SUMMARY_KEYS = ("epsilon", "epsilon_executed_run", "epsilon_if_vocabulary_public",
                 "epsilon_executed_run_if_vocabulary_public", "noise_multiplier", "val_accuracy",
@@ -70,8 +72,12 @@ def run(cfg, workdir: str, progress: bool = True) -> list[dict]:
                                  # the paper-noise protocol's simulated epsilon (paper population)
                                  **({"epsilon_paper_population": s["paper_noise"]["epsilon_simulated"]}
                                     if s.get("paper_noise") else {})})
+            # the trivial baselines: the best constant prediction in each metric (the MFT, or
+            # UNK where OOV targets count: tokenizer_study.constant_baselines)
             rows.append({"tokenizer": tok, "seed": seed, "method": "most frequent token",
-                         "val_accuracy": s["most_frequent_token_val_accuracy"]})
+                         **constant_baselines(prepared.train.concat_examples()["tokens"],
+                                              prepared.val.concat_examples()["tokens"][: base.max_eval_examples],
+                                              prepared.tokenizer, sp)})
     return rows
 
 

@@ -269,7 +269,8 @@ def test_figure1_verdicts_cover_both_panels_oov_and_the_noise_interaction():
                 oov = a if tok == "sentencepiece" else a - 0.03
                 rows.append({"tokenizer": tok, "seed": seed, "method": name, "server_lr": 1.0, "val_accuracy": a,
                              "val_token_accuracy": a, "val_token_accuracy_with_oov": oov + 1e-4 * seed})
-            rows.append({"tokenizer": tok, "seed": seed, "method": "most frequent token", "val_accuracy": 0.04})
+            rows.append({"tokenizer": tok, "seed": seed, "method": "most frequent token", "val_accuracy": 0.04,
+                         "val_token_accuracy": 0.04, "val_token_accuracy_with_oov": 0.04})
     vs = {v.claim: v for v in tokenizer_study.verdicts(cfg, rows, [("FedAvg", {}), ("hi", {}), ("lo", {})])}
     beats = [v for c, v in vs.items() if "SentencePiece beats" in c]
     assert len(beats) == 2 * 2 * 2 and all(v.status == V.REPRODUCED for v in beats)
@@ -291,6 +292,66 @@ def test_figure1_verdicts_cover_both_panels_oov_and_the_noise_interaction():
             r["val_token_accuracy"] = 0.03
     vs = {v.claim: v for v in tokenizer_study.verdicts(cfg, rows, [("FedAvg", {}), ("hi", {}), ("lo", {})])}
     assert next(v for c, v in vs.items() if "advantage over word:50" in c).status == V.BELOW_TRIVIAL
+
+
+def test_figure1_with_oov_panel_is_gated_by_always_predicting_unk():
+    """With OOV targets counted, always predicting UNK scores the OOV share (word:625 on chitchat:
+    11.8 % against the most frequent token's 5.7 %). A word model at 10 % in that panel is below
+    its trivial baseline, so "SentencePiece beats it (OOV counted)" is not decided; gated by the
+    most-frequent-token value alone (the old rule) it was "reproduced"."""
+    import types
+
+    from fedpriv.recipes import tokenizer_study
+    cfg = types.SimpleNamespace(tokenizers=("sentencepiece", "word:50"), epsilons=(1.77,),
+                                lm=types.SimpleNamespace(vocab_size=200))
+
+    def rows_with(word_oov_baseline):
+        rows = []
+        for seed in (0, 1, 2):
+            for tok, a in (("sentencepiece", 0.14), ("word:50", 0.10)):
+                a += 0.003 * seed
+                rows.append({"tokenizer": tok, "seed": seed, "method": "DP", "server_lr": 1.0, "val_accuracy": a,
+                             "val_token_accuracy": a, "val_token_accuracy_with_oov": a})
+            for tok, oov in (("sentencepiece", 0.04), ("word:50", word_oov_baseline)):
+                rows.append({"tokenizer": tok, "seed": seed, "method": "most frequent token", "val_accuracy": 0.04,
+                             "val_token_accuracy": 0.05, "val_token_accuracy_with_oov": oov})
+        return {v.claim: v for v in tokenizer_study.verdicts(cfg, rows, [("FedAvg", {}), ("DP", {})])}
+
+    counted = "DP: SentencePiece beats word:50 in next-token accuracy, OOV targets counted (Figure 1)"
+    excluded = "DP: SentencePiece beats word:50 in next-token accuracy (Figure 1)"
+    assert rows_with(0.05)[counted].status == V.REPRODUCED       # the MFT alone as the baseline
+    vs = rows_with(0.118)                                        # always-UNK scores 11.8 %
+    assert vs[counted].status == V.BELOW_TRIVIAL and vs[excluded].status == V.REPRODUCED
+
+
+def test_constant_baselines_hand_computed():
+    """tokenizer_study.constant_baselines: the most frequent training token and UNK as constant
+    predictions, in each Figure 1 metric (word targets weighed by their SentencePiece pieces)."""
+    from fedpriv.data import WordTokenizer
+    from fedpriv.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+    from fedpriv.recipes.tokenizer_study import constant_baselines
+
+    class ThreeCharPieces:
+        def encode(self, words):
+            return [list(range((len(w) + 2) // 3)) for w in words]
+
+    word = WordTokenizer(["a", "cats", "elephant"])          # ids 4, 5, 6; pieces 1, 2, 3
+    train = np.array([[BOS_ID, 5, 5, 4, UNK_ID, UNK_ID, UNK_ID, EOS_ID]])   # MFT 5 ("cats"), not UNK
+    val = np.array([[BOS_ID, 4, 5, 6, UNK_ID, EOS_ID, PAD_ID],
+                    [BOS_ID, 6, 6, 5, UNK_ID, UNK_ID, EOS_ID]])
+    b = constant_baselines(train, val, word, ThreeCharPieces())
+    # in-vocab targets 4 5 6 | 6 6 5: MFT right on two words (2 + 2 pieces of 1+2+3+3+3+2 = 14)
+    assert b["val_accuracy"] == pytest.approx(2 / 6) and b["val_token_accuracy"] == pytest.approx(4 / 14)
+    # with OOV: 3 UNK targets weigh one token each, 17 in all; UNK constant 3/17, MFT 4/17
+    assert b["val_token_accuracy_with_oov_always_unk"] == pytest.approx(3 / 17)
+    assert b["val_token_accuracy_with_oov_mft"] == pytest.approx(4 / 17)
+    assert b["val_token_accuracy_with_oov"] == pytest.approx(4 / 17)
+    b = constant_baselines(train, np.array([[BOS_ID, UNK_ID, UNK_ID, 4, EOS_ID]]), word, ThreeCharPieces())
+    assert b["val_token_accuracy_with_oov"] == pytest.approx(2 / 3)  # UNK wins: 2 of 1+2 tokens
+    # a subword tokenizer (no word conversion): the same constants on its own ids
+    b = constant_baselines(train, val, None)
+    assert b["val_token_accuracy"] == pytest.approx(2 / 6)
+    assert b["val_token_accuracy_with_oov"] == pytest.approx(3 / 9)  # UNK: 3 of 9 scored targets
 
 
 def test_a_skipped_paper_epsilon_lists_its_claims_as_not_run():

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from fedpriv import report, verdicts as V
+from fedpriv.data.tokenizers import UNK_ID, WordTokenizer, word_ids_to_token_accuracy
+from fedpriv.models.metrics import accuracy_with_oov, in_vocab_mask, most_frequent_token_accuracy
 from fedpriv.recipes.lm import parse_tokenizer
 
 # Wang et al. Table 1 (next-token accuracy %, StackOverflow dev): {eps: (round 0, round 1600)}
@@ -18,6 +22,45 @@ PAPER_TABLE1 = {"without pre-training": {1.77: (None, 20.48), 18.71: (0.00, 24.4
 # §3.1's "same accuracy with or without the OOV token", tested as equivalence within this many
 # accuracy points (a tenth of a point: well under the seed-to-seed spread of any row)
 OOV_MARGIN = 0.1
+
+
+def constant_baselines(train_tokens: np.ndarray, val_tokens: np.ndarray, tokenizer, sp_tokenizer=None) -> dict:
+    """Trivial baselines of Figure 1's metrics: the best CONSTANT prediction in each metric.
+
+    ``train_tokens`` ``int[N, L+1]`` (the training users'), ``val_tokens`` ``int[M, L+1]`` (the
+    validation examples the run scores, e.g. its first ``max_eval_examples``). Two constants:
+    the most frequent in-vocabulary training token (MFT) and UNK. With OOV targets counted
+    (``*_with_oov``) always predicting UNK scores the OOV share, which for a small word vocabulary
+    is far above the MFT's score (word:625 on chitchat: ~11.5 % vs ~4 %); OOV excluded, UNK
+    never scores and the MFT is the baseline. For a word ``tokenizer`` with a SentencePiece
+    ``sp_tokenizer`` the scores are in next-token units, as the models' (each target word weighs
+    its SentencePiece pieces; an OOV target one token: ``recipes.lm.tokenizer_accuracies``).
+
+    Returns ``{"val_accuracy", "val_token_accuracy", "val_token_accuracy_with_oov",
+    "val_token_accuracy_with_oov_mft", "val_token_accuracy_with_oov_always_unk"}`` (fractions):
+    the trivial baseline of each metric is its key (the max of the two constants where both can
+    score).
+    """
+    val = np.asarray(val_tokens)
+    targets = val[:, 1:]
+    mft_acc = most_frequent_token_accuracy(train_tokens, val)
+    tr = np.asarray(train_tokens)[:, 1:].ravel()
+    tr = tr[in_vocab_mask(tr)]  # the constant is the MFT of most_frequent_token_accuracy
+    mft = int(np.bincount(tr).argmax()) if tr.size else UNK_ID
+    const = lambda i: np.full(targets.shape, i, targets.dtype)  # noqa: E731
+    if isinstance(tokenizer, WordTokenizer) and sp_tokenizer is not None:
+        unk = targets == UNK_ID
+        n_unk = int(unk.sum())
+        ta = word_ids_to_token_accuracy(targets, const(mft), tokenizer, sp_tokenizer)
+        total = ta.total_tokens + n_unk
+        token_acc, with_mft = ta.accuracy, (ta.correct_tokens / total if total else float("nan"))
+        with_unk = n_unk / total if total else float("nan")
+    else:
+        token_acc = mft_acc
+        with_mft, with_unk = accuracy_with_oov(val, const(mft)), accuracy_with_oov(val, const(UNK_ID))
+    return {"val_accuracy": mft_acc, "val_token_accuracy": token_acc,
+            "val_token_accuracy_with_oov": max(with_mft, with_unk),
+            "val_token_accuracy_with_oov_mft": with_mft, "val_token_accuracy_with_oov_always_unk": with_unk}
 
 
 def _pick(rows, tok, method):
@@ -60,10 +103,10 @@ def figure1(cfg, rows, variants, path: str) -> dict:
         groups[panel] = {}
         for tok in cfg.tokenizers:
             bars = {}
-            for name, _ in variants:
+            for name in [n for n, _ in variants] + ["most frequent token"]:
                 m, sd, n = report.mean_std(100 * r[key] for r in _pick(rows, tok, name) if r.get(key) is not None)
                 if n:
-                    bars[name] = (m, sd)
+                    bars["trivial (best constant)" if name == "most frequent token" else name] = (m, sd)
             groups[panel][tok] = bars
     report.bar_chart(groups, path, "validation accuracy (%)", f"Figure 1 ({cfg.lm.corpus}, {cfg.lm.rounds} rounds)")
     return groups
@@ -71,15 +114,15 @@ def figure1(cfg, rows, variants, path: str) -> dict:
 
 def verdicts(cfg, rows, variants) -> list:
     """The orderings Wang et al. claim in §2/§3.1 that this run can test (:mod:`fedpriv.verdicts`:
-    90 % interval, paired by seed). Trivial baseline: each tokenizer's most-frequent-token
-    validation accuracy (the ``"most frequent token"`` rows; for the word tokenizers' Figure 1
-    token accuracy it is the word-level value, an approximation); "training improves on round 0"
-    gates only the trained side (the round-0 model is the untrained reference)."""
+    90 % interval, paired by seed). Trivial baseline: each tokenizer's best constant prediction
+    in the compared metric (the ``"most frequent token"`` rows, :func:`constant_baselines`: the
+    most frequent token, or UNK where OOV targets count and UNK scores more); "training improves
+    on round 0" gates only the trained side (the round-0 model is the untrained reference)."""
     def get(tok, name, key="val_token_accuracy"):
         return {r["seed"]: 100 * r[key] for r in _pick(rows, tok, name) if r.get(key) is not None}
 
-    def trivial(tok):
-        return [100 * r["val_accuracy"] for r in rows
+    def trivial(tok, key="val_accuracy"):  # the best constant prediction in ``key``'s metric
+        return [100 * r[key] for r in rows
                 if r["tokenizer"] == tok and r["method"] == "most frequent token"] or None
 
     names = [n for n, _ in variants]
@@ -107,15 +150,16 @@ def verdicts(cfg, rows, variants) -> list:
                     if get(sp, name, key) and get(w, name, key):
                         out.append(V.compare(f"{name}: SentencePiece beats {w} in next-token accuracy"
                                              f"{panel} (Figure 1)", get(sp, name, key), get(w, name, key),
-                                             higher_is_better=True, trivial=(trivial(sp), trivial(w)),
-                                             names=(sp, w)))
+                                             higher_is_better=True,
+                                             trivial=(trivial(sp, key), trivial(w, key)), names=(sp, w)))
             # §3.1: "SentencePiece finds no OOV tokens ... the same high prediction accuracy with or
             # without the OOV token": equivalence of the two panels within OOV_MARGIN points
             if get(sp, name) and get(sp, name, oov):
                 out.append(V.equivalence(f"{name}: SentencePiece loses nothing to OOV (accuracy with OOV "
                                          "targets equals without; Figure 1)", get(sp, name, oov),
                                          get(sp, name), margin=OOV_MARGIN, higher_is_better=True,
-                                         trivial=trivial(sp), names=("with OOV", "OOV excluded")))
+                                         trivial=(trivial(sp, oov), trivial(sp, "val_token_accuracy")),
+                                         names=("with OOV", "OOV excluded")))
         sized = sorted((parse_tokenizer(w)[1] or cfg.lm.vocab_size, w) for w in words if w.startswith("word:")
                        or w == "word")
         if len(sized) > 1 and get(sized[0][1], name) and get(sized[-1][1], name):
@@ -124,7 +168,8 @@ def verdicts(cfg, rows, variants) -> list:
             out.append(V.compare(f"{name}: under DP the larger word vocabulary does not help (tested as: the "
                                  "smaller beats the larger; Figure 1)",
                                  get(sized[0][1], name), get(sized[-1][1], name), higher_is_better=True,
-                                 trivial=(trivial(sized[0][1]), trivial(sized[-1][1])),
+                                 trivial=(trivial(sized[0][1], "val_token_accuracy"),
+                                          trivial(sized[-1][1], "val_token_accuracy")),
                                  names=sized[0][1:] + sized[-1][1:]))
     # §3.1: SentencePiece "can significantly improve ... upon the unigram tokenizers, especially with
     # smaller DP noise and eps = 18.71": its per-seed advantage at the largest epsilon exceeds the
@@ -137,7 +182,8 @@ def verdicts(cfg, rows, variants) -> list:
             seeds = sorted(set(a) & set(b) & set(c) & set(d))
             if not seeds:
                 continue
-            gaps = [V.compare("", x, y, higher_is_better=True, trivial=(trivial(sp), trivial(w)))
+            gaps = [V.compare("", x, y, higher_is_better=True,
+                              trivial=(trivial(sp, "val_token_accuracy"), trivial(w, "val_token_accuracy")))
                     for x, y in ((a, b), (c, d))]
             v = V.compare(f"SentencePiece's advantage over {w} is larger at {hi} than at {lo} "
                           "(Figure 1: 'especially with smaller DP noise')",

@@ -57,6 +57,10 @@ def test_privacy_utility_table(tmp_path, capsys):
     rows = json.load(open(os.path.join(wd, "summary.json")))["rows"]
     methods = [r["method"] for r in rows]
     assert methods == ["FedAvg (non-private)", "DP-FTRL eps~18.7", "DP-FTRL eps~1.77", "most frequent token"]
+    mft = rows[-1]  # the trivial baselines: the better constant (MFT or UNK) in each metric
+    assert mft["val_token_accuracy_with_oov"] == max(mft["val_token_accuracy_with_oov_mft"],
+                                                     mft["val_token_accuracy_with_oov_always_unk"])
+    assert 0 < mft["val_accuracy"] == mft["val_token_accuracy"] < 1  # SentencePiece: the same metric
     eps = {r["method"]: r.get("epsilon") for r in rows}
     assert eps["FedAvg (non-private)"] is None
     assert eps["DP-FTRL eps~1.77"] <= 1.77 + 1e-9 and eps["DP-FTRL eps~18.7"] <= 18.71 + 1e-9
