@@ -4,8 +4,8 @@
 
 Every LM-FL run records ``phase_seconds`` in its ``summary.json`` (``recipes.lm.PhaseTimer``:
 data, training (rounds, compiles, checkpoints), evaluation; wall and CPU, this session's only).
-This walks each WORKDIR (following links, each real directory once, as the results page does),
-sums the phases over the runs it finds, and reads the experiment invocation's own ``wall_clock_s``
+This walks each WORKDIR (``experiments.results.run_summaries``: links followed, each real
+directory once, as the results page does), sums the phases over the runs it finds, and reads the experiment invocation's own ``wall_clock_s``
 / ``cpu_s`` (``invocation.json`` at the top of WORKDIR, if any; the publishing invocation of a
 workdir whose runs trained elsewhere is only the read-back). A figure, not a test: wall seconds
 depend on what else the machine ran (compare CPU seconds across loads), and runs resumed in
@@ -17,26 +17,15 @@ import argparse
 import json
 import os
 
+from experiments import results
+
 
 def collect(workdir: str) -> dict:
     """``{"runs": n, "phases": {phase: {"wall": s, "cpu": s}}, "run_wall_s": s, "invocation": {...}}``."""
     phases: dict = {}
-    runs, run_wall, seen = 0, 0.0, set()
-    for root, dirs, files in sorted(os.walk(workdir, followlinks=True)):
-        real = os.path.realpath(root)
-        if real in seen:
-            dirs[:] = []
-            continue
-        seen.add(real)
-        dirs.sort()
-        if "summary.json" not in files:
-            continue
-        try:
-            with open(os.path.join(root, "summary.json")) as f:
-                s = json.load(f)
-        except (OSError, ValueError):
-            continue
-        if not isinstance(s, dict) or not isinstance(s.get("phase_seconds"), dict):
+    runs, run_wall = 0, 0.0
+    for _, s in results.run_summaries(workdir):
+        if not isinstance(s.get("phase_seconds"), dict):
             continue
         runs += 1
         run_wall += float(s.get("wall_clock_s") or 0.0)

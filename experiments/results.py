@@ -231,31 +231,43 @@ def _scale(spec: str) -> str:
     return spec.partition(":")[2].split(",")[0]
 
 
-def trained_commits(workdir: str) -> list[str]:
-    """The commits the finished training runs under ``workdir`` recorded (``summary.json`` of
-    every sub-directory, e.g. one per seed and row; not the top-level one the invocation writes),
-    without repeats, in the order found; ``None`` for a run that recorded no commit (the page then
-    marks the artefact STALE: fail closed). An experiment that reads finished runs back writes its
-    tables at a later commit than they trained at: the page dates the artefact by these."""
-    out, seen = [], set()
-    # runs combined from several workdirs are symlinked in (pre_text, public_training): follow the
-    # links (a run reached twice, or a link cycle, is walked once), else their commits go unread
-    # and the page would date the artefact by the invocation that only wrote the tables
-    for root, dirs, files in sorted(os.walk(workdir, followlinks=True)):
+def run_summaries(workdir: str) -> list[tuple[str, dict]]:
+    """``(directory, summary)`` of every readable ``summary.json`` under ``workdir`` (itself
+    included), sorted by directory. Runs combined from several workdirs are symlinked in
+    (pre_text, public_training): links are followed, and a directory reached twice (or through a
+    link cycle) is walked once."""
+    found, seen = [], set()
+    for root, dirs, files in os.walk(workdir, followlinks=True):
         real = os.path.realpath(root)
         if real in seen:
-            dirs[:] = []
+            dirs[:] = []  # an alias of a directory already walked: not again, nor below it
             continue
         seen.add(real)
-        dirs.sort()
-        if os.path.abspath(root) == os.path.abspath(workdir) or "summary.json" not in files:
+        if "summary.json" not in files:
             continue
         try:
             with open(os.path.join(root, "summary.json")) as f:
                 rec = json.load(f)
         except (OSError, ValueError):
             continue
-        c = (rec.get("git_commit_full") or rec.get("git_commit") or None) if isinstance(rec, dict) else None
+        if isinstance(rec, dict):
+            found.append((root, rec))
+    return sorted(found, key=lambda item: item[0])
+
+
+def trained_commits(workdir: str) -> list[str]:
+    """The commits the finished training runs under ``workdir`` recorded (``summary.json`` of
+    every sub-directory, e.g. one per seed and row; not the top-level one the invocation writes),
+    without repeats, in the order found; ``None`` for a run that recorded no commit (the page then
+    marks the artefact STALE: fail closed). An experiment that reads finished runs back writes its
+    tables at a later commit than they trained at: the page dates the artefact by these (links
+    followed, :func:`run_summaries`: else a combined workdir's commits go unread and the page
+    would date it by the invocation that only wrote the tables)."""
+    out = []
+    for root, rec in run_summaries(workdir):
+        if os.path.abspath(root) == os.path.abspath(workdir):
+            continue
+        c = rec.get("git_commit_full") or rec.get("git_commit") or None
         if c not in out:
             out.append(c)
     return out
