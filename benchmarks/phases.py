@@ -5,11 +5,11 @@
 Every LM-FL run records ``phase_seconds`` in its ``summary.json`` (``recipes.lm.PhaseTimer``:
 data, training (rounds, compiles, checkpoints), evaluation; wall and CPU, this session's only).
 This walks each WORKDIR (``experiments.results.run_summaries``: links followed, each real
-directory once, as the results page does), sums the phases over the runs it finds, and reads the experiment invocation's own ``wall_clock_s``
-/ ``cpu_s`` (``invocation.json`` at the top of WORKDIR, if any; the publishing invocation of a
-workdir whose runs trained elsewhere is only the read-back). A figure, not a test: wall seconds
-depend on what else the machine ran (compare CPU seconds across loads), and runs resumed in
-several sessions record only their last.
+directory once, as the results page does), sums the phases over the runs it finds, and reads the
+experiment invocation's own ``wall_clock_s`` / ``cpu_s`` (``invocation.json`` at the top of
+WORKDIR, if any; the publishing invocation of a workdir whose runs trained elsewhere is only the
+read-back). A figure, not a test: wall seconds depend on what else the machine ran (compare CPU
+seconds across loads), and runs resumed in several sessions record only their last.
 """
 from __future__ import annotations
 
