@@ -49,10 +49,10 @@ class PublicTrainingConfig(LMFLFields):
     pool_seed: int = 0
     # the students of Table 2/3's columns, each trained on every row (None: just `arch`); the
     # first must be `arch`. LSTM runs stay at the workdir's top level, others in <workdir>/<arch>/
-    archs: tuple[str, ...] | None = None
+    archs: tuple | None = None
     # the server lr of each student of archs, in order (chosen per student on validation; None:
     # server_lr for every student)
-    student_server_lrs: tuple[float, ...] | None = None
+    student_server_lrs: tuple | None = None
     t_prime: int | None = None            # None: T/2 (§5.3)
     epsilons: tuple = (1.77, 18.71)       # z calibrated to each for this run's schedule
     # public training (§3.2, §4, §5; App. B.2–B.3)
@@ -100,7 +100,10 @@ class PublicTrainingConfig(LMFLFields):
                               f"student; its first is arch (set arch={archs[0]} or reorder archs)")
         lrs = self.student_server_lrs
         if lrs is not None:
-            lrs = tuple(float(x) for x in lrs if isinstance(x, (int, float)) and not isinstance(x, bool))
+            try:  # an override arrives as strings ("0.05/0.02")
+                lrs = tuple(float(x) for x in lrs if not isinstance(x, bool))
+            except (TypeError, ValueError):
+                lrs = ()
             if len(lrs) != len(archs) or len(lrs) != len(self.student_server_lrs) or not all(x > 0 for x in lrs):
                 raise ConfigError(f"student_server_lrs={'/'.join(map(str, self.student_server_lrs))} must be one "
                                   f"positive server lr per student of archs={'/'.join(archs)}")
