@@ -51,8 +51,13 @@ class PublicTrainingConfig(LMFLFields):
     # first must be `arch`. LSTM runs stay at the workdir's top level, others in <workdir>/<arch>/
     archs: tuple | None = None
     # the server lr of each student of archs, in order (chosen per student on validation; None:
-    # server_lr for every student)
+    # server_lr for every student); or one per (student, epsilon), student-major, as App. C tunes
+    # it per epsilon: archs=lstm/transformer, epsilons=1.77/18.71 -> lstm at 1.77 / lstm at 18.71 /
+    # transformer at 1.77 / transformer at 18.71. server_lr must be the first of them
     student_server_lrs: tuple | None = None
+    # the one student's server lr at each of epsilons, in order (None: server_lr at every epsilon;
+    # several students: student_server_lrs' per-epsilon form). server_lr must be the first
+    epsilon_server_lrs: tuple | None = None
     t_prime: int | None = None            # None: T/2 (§5.3)
     epsilons: tuple = (1.77, 18.71)       # z calibrated to each for this run's schedule
     # public training (§3.2, §4, §5; App. B.2–B.3)
@@ -98,22 +103,36 @@ class PublicTrainingConfig(LMFLFields):
         if archs[0] != self.arch:
             raise ConfigError(f"arch={self.arch!r} and archs={'/'.join(archs)} disagree: archs runs each "
                               f"student; its first is arch (set arch={archs[0]} or reorder archs)")
-        lrs = self.student_server_lrs
-        if lrs is not None:
-            try:  # an override arrives as strings ("0.05/0.02")
-                lrs = tuple(float(x) for x in lrs if not isinstance(x, bool))
-            except (TypeError, ValueError):
-                lrs = ()
-            if len(lrs) != len(archs) or len(lrs) != len(self.student_server_lrs) or not all(x > 0 for x in lrs):
-                raise ConfigError(f"student_server_lrs={'/'.join(map(str, self.student_server_lrs))} must be one "
-                                  f"positive server lr per student of archs={'/'.join(archs)}")
-            object.__setattr__(self, "student_server_lrs", lrs)
+        if any(not (isinstance(e, (int, float)) and e > 0) for e in self.epsilons):
+            raise ConfigError(f"epsilons must be positive numbers, got {self.epsilons}")
+        n_eps = len(self.epsilons)
+        for name, sizes, what in (
+                ("student_server_lrs", {len(archs), len(archs) * n_eps},
+                 f"one positive server lr per student of archs={'/'.join(archs)}, or one per (student, "
+                 f"epsilon) ({len(archs) * n_eps}: each student's at epsilons={'/'.join(map(str, self.epsilons))})"),
+                ("epsilon_server_lrs", {n_eps},
+                 f"one positive server lr per epsilon of epsilons={'/'.join(map(str, self.epsilons))}")):
+            given = getattr(self, name)
+            if given is None:
+                continue
+            lrs = _positive_floats(given)  # an override arrives as strings ("0.05/0.02")
+            if lrs is None or len(lrs) not in sizes:
+                raise ConfigError(f"{name}={'/'.join(map(str, given))} must be {what}")
+            object.__setattr__(self, name, lrs)
+        if self.epsilon_server_lrs is not None and (self.student_server_lrs is not None or len(archs) > 1):
+            raise ConfigError("epsilon_server_lrs is the one student's server lr per epsilon; with archs="
+                              f"{'/'.join(archs)} or student_server_lrs give student_server_lrs one per "
+                              "(student, epsilon) instead")
+        first = (self.student_server_lrs or self.epsilon_server_lrs or (self.server_lr,))[0]
+        if first != self.server_lr:
+            name = "student_server_lrs" if self.student_server_lrs is not None else "epsilon_server_lrs"
+            shown = "/".join(f"{x:g}" for x in getattr(self, name))
+            raise ConfigError(f"server_lr={self.server_lr:g} and {name}={shown} disagree: the first run's "
+                              f"server lr is {first:g} (set server_lr={first:g})")
         self.check_heads(archs)
         unknown = set(self.rows) - set(ROWS)
         if unknown:
             raise ConfigError(f"unknown rows {sorted(unknown)}; choose from {ROWS}")
-        if any(not (isinstance(e, (int, float)) and e > 0) for e in self.epsilons):
-            raise ConfigError(f"epsilons must be positive numbers, got {self.epsilons}")
 
     @property
     def students(self) -> tuple:
@@ -121,14 +140,30 @@ class PublicTrainingConfig(LMFLFields):
         return self.archs if self.archs is not None else (self.arch,)
 
     def student(self, arch: str):
-        """This config for one student's runs: ``arch`` and its server lr set, no student lists."""
-        lrs = self.student_server_lrs or (self.server_lr,) * len(self.students)
-        return dataclasses.replace(self, arch=arch, archs=None, student_server_lrs=None,
-                                   server_lr=lrs[self.students.index(arch)])
+        """This config for one student's runs: ``arch`` and its server lr (per epsilon, where
+        ``student_server_lrs`` gives one per (student, epsilon)) set, no student lists."""
+        i, lrs = self.students.index(arch), self.student_server_lrs
+        if lrs is None:
+            return dataclasses.replace(self, arch=arch, archs=None)
+        if len(lrs) == len(self.students):
+            return dataclasses.replace(self, arch=arch, archs=None, student_server_lrs=None, server_lr=lrs[i])
+        per_eps = lrs[i * len(self.epsilons):(i + 1) * len(self.epsilons)]
+        return dataclasses.replace(self, arch=arch, archs=None, student_server_lrs=None, server_lr=per_eps[0],
+                                   epsilon_server_lrs=per_eps)
 
     @property
     def t_prime_rounds(self) -> int:
         return self.rounds // 2 if self.t_prime is None else self.t_prime
+
+
+def _positive_floats(values) -> tuple | None:
+    """``values`` as positive finite floats (an override gives strings), or None if one is not."""
+    try:
+        out = tuple(float(x) for x in values if not isinstance(x, bool))
+    except (TypeError, ValueError):
+        return None
+    ok = len(out) == len(values) and all(0 < x < float("inf") for x in out)
+    return out if ok else None
 
 
 BASE = PublicTrainingConfig()

@@ -199,7 +199,20 @@ def _model_task(model: LMConfig, train_on_unk: bool):
 
 
 _NOT_IN_RUN_KEY = ("rows", "seeds", "seed", "epsilons", "target_epsilon", "noise_multiplier",
-                   "t_prime", "reuse_workdir", "archs", "student_server_lrs", "train_missing")
+                   "t_prime", "reuse_workdir", "archs", "student_server_lrs", "train_missing",
+                   "epsilon_server_lrs")
+
+
+def at_epsilon(cfg, eps: float):
+    """``cfg`` for its runs at ``eps``: ``server_lr`` = the entry of ``cfg.epsilon_server_lrs``
+    (aligned with ``cfg.epsilons``; Wang et al. App. C tune the server lr per epsilon), the list
+    dropped; ``cfg`` itself where it has none. Run keys are of this config (the server lr a run
+    used), so a run at a per-epsilon lr is the same computation as one configured with that lr."""
+    lrs = getattr(cfg, "epsilon_server_lrs", None)
+    if not lrs:
+        return cfg
+    return dataclasses.replace(cfg, server_lr=float(lrs[list(cfg.epsilons).index(eps)]),
+                               epsilon_server_lrs=None)
 
 
 def run_key(cfg, row: str, seed: int, eps: float) -> str:
@@ -261,7 +274,8 @@ def run_rows(cfg, workdir: str, *, teacher=None, progress: bool = True, log=prin
     for seed in cfg.seeds:
         init = None  # initialised on the first row that runs (not for skipped rows)
         for eps in cfg.epsilons:
-            fcfg = dataclasses.replace(cfg, seed=seed, target_epsilon=eps, noise_multiplier=None)
+            ecfg = at_epsilon(cfg, eps)
+            fcfg = dataclasses.replace(ecfg, seed=seed, target_epsilon=eps, noise_multiplier=None)
             alg, sampler, event, z = lm.build_algorithm(fcfg, len(ids), task.loss_fn)
             eps_val = accounting.compute_epsilon(event, cfg.delta)[0]
             eps_real = None
@@ -281,7 +295,7 @@ def run_rows(cfg, workdir: str, *, teacher=None, progress: bool = True, log=prin
             for row in cfg.rows:
                 sub = os.path.join(base, row)
                 done = os.path.join(sub, "summary.json")
-                key = run_key(cfg, row, seed, eps)
+                key = run_key(ecfg, row, seed, eps)
                 found = None if os.path.exists(done) else _find_run(key, reuse_dirs)
                 if found:
                     with open(found) as f:
@@ -325,7 +339,7 @@ def run_rows(cfg, workdir: str, *, teacher=None, progress: bool = True, log=prin
                     summary = {"row": row, "title": TITLES[row], "seed": seed, "arch": cfg.arch, "run_key": key,
                                "target_epsilon": eps, "epsilon": eps_val,
                                "epsilon_executed_run": eps_real, "noise_multiplier": z,
-                               "delta": cfg.delta, "unit_of_privacy": "user",
+                               "delta": cfg.delta, "unit_of_privacy": "user", "server_lr": ecfg.server_lr,
                                "rounds": T, "t_prime": tp if row.startswith("mid") else 0,
                                "final_round": int(result.state.round),
                                "val_accuracy": v["accuracy"], "val_loss": v["loss"],
@@ -539,9 +553,12 @@ def _num_params(cfg, arch: str, vocab_size: int) -> int:
 def table_notes(cfg, rr: "RowRuns", seconds: float) -> list[str]:
     """The notes under the Table 2 table: data, models, schedule, metrics, privacy."""
     st, privacy, mft, prepared = rr.prepared.stats, rr.privacy, rr.mft, rr.prepared
+    def lrs(c) -> str:
+        return ", ".join(f"{at_epsilon(c, e).server_lr:g} at eps {e:g}" for e in c.epsilons) \
+            if getattr(c, "epsilon_server_lrs", None) else f"{c.server_lr:g}"
     students = ", ".join(
         f"{a} ({_num_params(cfg, a, prepared.tokenizer.vocab_size)} params, server lr "
-        f"{cfg.student(a).server_lr if hasattr(cfg, 'student') else cfg.server_lr:g})"
+        f"{lrs(cfg.student(a) if hasattr(cfg, 'student') else cfg)})"
         for a in getattr(cfg, "students", (cfg.arch,)))
     notes = [f"{cfg.corpus} (private, user-level DP-FTRL, delta={cfg.delta:g}); public pool "
              f"{st['num_sequences']} sentences {st['pool_sources']}; teacher SmolLM2-135M "

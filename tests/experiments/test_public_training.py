@@ -123,10 +123,51 @@ def test_smoke_config_writes_tables_and_resumes(tmp_path, capsys, monkeypatch):
     with pytest.raises(common.ConfigError, match="disagree"):
         common.load_config("configs/public_training.py:smoke,archs=transformer/lstm")
     # a server lr per student: each student's runs are those of its own single-student config
-    per = common.load_config("configs/public_training.py:smoke,archs=lstm/transformer,student_server_lrs=0.5/0.25")
+    per = common.load_config("configs/public_training.py:smoke,archs=lstm/transformer,server_lr=0.5,"
+                             "student_server_lrs=0.5/0.25")
     t = per.student("transformer")
     assert (t.arch, t.server_lr, t.archs, per.student("lstm").server_lr) == ("transformer", 0.25, None, 0.5)
     assert public.run_key(t, "none", 0, 1.0) == public.run_key(
         dataclasses.replace(cfg, arch="transformer", server_lr=0.25), "none", 0, 1.0)
     with pytest.raises(common.ConfigError, match="one positive server lr per student"):
         common.load_config("configs/public_training.py:smoke,archs=lstm/transformer,student_server_lrs=0.5")
+
+    with pytest.raises(common.ConfigError, match="disagree"):  # server_lr is the first run's lr
+        common.load_config("configs/public_training.py:smoke,archs=lstm/transformer,student_server_lrs=0.5/0.25")
+
+    # a server lr per epsilon (App. C tunes it per budget): each epsilon's runs are the same
+    # computation as a config with that lr alone (same run key, same numbers)
+    pe = dataclasses.replace(cfg, rows=("none",), epsilons=(18.71, 30.0), server_lr=0.5,
+                             epsilon_server_lrs=(0.5, 0.25))
+    rr = public.run_rows(pe, str(tmp_path / "per_eps"), teacher=gguf.cached_teacher(), progress=False,
+                         log=lambda s: None)
+    assert {r["target_epsilon"]: r["server_lr"] for r in rr.runs} == {18.71: 0.5, 30.0: 0.25}
+    alone = dataclasses.replace(cfg, rows=("none",), epsilons=(30.0,), server_lr=0.25)
+    ra = public.run_rows(alone, str(tmp_path / "alone"), teacher=gguf.cached_teacher(), progress=False,
+                         log=lambda s: None).runs[0]
+    r30 = [r for r in rr.runs if r["target_epsilon"] == 30.0][0]
+    assert r30["run_key"] == ra["run_key"] and r30["val_loss"] == ra["val_loss"]
+    assert public.run_key(public.at_epsilon(pe, 18.71), "none", 0, 18.71) == public.run_key(
+        dataclasses.replace(cfg, server_lr=0.5), "none", 0, 18.71)  # the list itself is not in the key
+
+
+def test_server_lrs_per_student_and_epsilon():
+    """student_server_lrs one per (student, epsilon), student-major; epsilon_server_lrs for one
+    student; wrong lengths, a server_lr that is not the first run's, and both lists refused."""
+    from fedpriv.recipes import public
+    spec = "configs/public_training.py:smoke,epsilons=1.77/18.71,archs=lstm/transformer,server_lr=0.05,"
+    c = common.load_config(spec + "student_server_lrs=0.05/0.2/0.02/0.1")
+    got = {a: [public.at_epsilon(c.student(a), e).server_lr for e in c.epsilons] for a in c.students}
+    assert got == {"lstm": [0.05, 0.2], "transformer": [0.02, 0.1]}
+    one = common.load_config("configs/public_training.py:smoke,epsilons=1.77/18.71,server_lr=0.05,"
+                             "epsilon_server_lrs=0.05/0.2")
+    assert [public.at_epsilon(one, e).server_lr for e in one.epsilons] == [0.05, 0.2]
+    for bad, why in ((spec + "student_server_lrs=0.05/0.2/0.02", "one per \\(student, epsilon\\)"),
+                     (spec + "student_server_lrs=0.05/0.2/0.02/inf", "one per"),
+                     (spec + "epsilon_server_lrs=0.05/0.2", "give student_server_lrs one per"),
+                     ("configs/public_training.py:smoke,epsilons=1.77/18.71,epsilon_server_lrs=0.05/0.2",
+                      "disagree"),
+                     ("configs/public_training.py:smoke,epsilons=1.77/18.71,server_lr=0.05,"
+                      "epsilon_server_lrs=0.05", "one positive server lr per epsilon")):
+        with pytest.raises(common.ConfigError, match=why):
+            common.load_config(bad)
