@@ -135,20 +135,21 @@ def test_smoke_config_writes_tables_and_resumes(tmp_path, capsys, monkeypatch):
     with pytest.raises(common.ConfigError, match="disagree"):  # server_lr is the first run's lr
         common.load_config("configs/public_training.py:smoke,archs=lstm/transformer,student_server_lrs=0.5/0.25")
 
-    # a server lr per epsilon (App. C tunes it per budget): each epsilon's runs are the same
-    # computation as a config with that lr alone (same run key, same numbers)
-    pe = dataclasses.replace(cfg, rows=("none",), epsilons=(18.71, 30.0), server_lr=0.5,
-                             epsilon_server_lrs=(0.5, 0.25))
+    # a server lr per epsilon (App. C tunes it per budget): each epsilon's run is the same
+    # computation as a config with that lr alone. The first epsilon gets half the lr; the second
+    # (18.71) the smoke lr, so it must reproduce the "none" run above exactly (a run_rows that
+    # trained every epsilon at server_lr, the first entry, would not)
+    lr = cfg.server_lr
+    pe = dataclasses.replace(cfg, rows=("none",), epsilons=(30.0, 18.71), server_lr=lr / 2,
+                             epsilon_server_lrs=(lr / 2, lr))
     rr = public.run_rows(pe, str(tmp_path / "per_eps"), teacher=gguf.cached_teacher(), progress=False,
-                         log=lambda s: None)
-    assert {r["target_epsilon"]: r["server_lr"] for r in rr.runs} == {18.71: 0.5, 30.0: 0.25}
-    alone = dataclasses.replace(cfg, rows=("none",), epsilons=(30.0,), server_lr=0.25)
-    ra = public.run_rows(alone, str(tmp_path / "alone"), teacher=gguf.cached_teacher(), progress=False,
-                         log=lambda s: None).runs[0]
-    r30 = [r for r in rr.runs if r["target_epsilon"] == 30.0][0]
-    assert r30["run_key"] == ra["run_key"] and r30["val_loss"] == ra["val_loss"]
-    assert public.run_key(public.at_epsilon(pe, 18.71), "none", 0, 18.71) == public.run_key(
-        dataclasses.replace(cfg, server_lr=0.5), "none", 0, 18.71)  # the list itself is not in the key
+                         log=lambda s: None, cache_dir=os.path.join(wd, "teacher_cache"))
+    got = {r["target_epsilon"]: r for r in rr.runs}
+    assert {e: r["server_lr"] for e, r in got.items()} == {30.0: lr / 2, 18.71: lr}
+    assert got[18.71]["run_key"] == by_row["none"]["run_key"]
+    assert got[18.71]["val_loss"] == by_row["none"]["val_loss"]
+    assert got[30.0]["run_key"] == public.run_key(dataclasses.replace(cfg, rows=("none",), server_lr=lr / 2),
+                                                  "none", 0, 30.0)  # the list itself is not in the key
 
 
 def test_server_lrs_per_student_and_epsilon():
