@@ -23,12 +23,14 @@ def test_smoke_config_writes_tables_and_resumes(tmp_path, capsys, monkeypatch):
         assert os.path.getsize(os.path.join(wd, name)) > 0, name
     assert [r["method"] for r in out["table"]] == [TITLES[r] for r in cfg.rows]
     # nine per paper epsilon (claims of Tables 2/3; those at the budget this run skipped listed
-    # "not run yet" with the rerun command) + the Transformer column
+    # "not run yet" with the rerun command) + the Transformer column + three across the epsilons
     from fedpriv.recipes.ablations import PAPER_EPSILONS
     from fedpriv.report import read_verdicts
     vs = read_verdicts(wd)
     claims = [v.claim for v in vs]
-    assert len(claims) == 9 * len(PAPER_EPSILONS) + 1 and any("distribution matching" in c for c in claims)
+    assert len(claims) == 9 * len(PAPER_EPSILONS) + 1 + 3 and any("distribution matching" in c for c in claims)
+    assert [v.status for v in vs if "eps 1.77 vs 18.71]" in v.claim or "eps 18.71 vs 1.77]" in v.claim] == [
+        "not run yet"] * 3
     skipped = [v for v in vs if "eps 1.77]" in v.claim]
     assert cfg.epsilons == (18.71,) and len(skipped) == 9
     assert all(v.status in ("not run yet", "not testable here") for v in skipped)
@@ -172,3 +174,32 @@ def test_server_lrs_per_student_and_epsilon():
                       "epsilon_server_lrs=0.05", "one positive server lr per epsilon")):
         with pytest.raises(common.ConfigError, match=why):
             common.load_config(bad)
+
+
+def test_cross_epsilon_verdicts_pair_gains_by_seed_and_gate_on_the_trivial_baseline():
+    """'public data helps most under strong privacy': each seed's gain (row - none) at 1.77 minus
+    its gain at 18.71; below-trivial models gate it; one budget only -> "not run yet"."""
+    from fedpriv import verdicts as V
+    cfg = common.load_config("configs/public_training.py:smoke,epsilons=1.77/18.71")
+
+    def runs(acc):  # acc[(row, eps)] = per-seed test accuracy (%)
+        return [{"row": row, "target_epsilon": eps, "seed": s, "arch": "lstm", "test_accuracy": a / 100}
+                for (row, eps), accs in acc.items() for s, a in enumerate(accs)]
+    base = {("none", 1.77): [8.0, 8.5, 9.0], ("none", 18.71): [15.0, 15.5, 16.0],
+            ("mid_dm", 1.77): [11.0, 11.4, 12.1], ("mid_dm", 18.71): [15.5, 15.9, 16.4]}
+    helps = {**base, ("pretrain_lm", 1.77): [10.0, 10.6, 11.0], ("pretrain_lm", 18.71): [15.2, 15.6, 16.3]}
+    got = {v.claim.split("] ")[1].split(":")[0]: v for v in public_training.cross_epsilon_verdicts(
+        cfg, runs(helps), mft=0.035)}
+    assert got[TITLES["pretrain_lm"]].status == V.REPRODUCED and got[TITLES["mid_dm"]].status == V.REPRODUCED
+    assert got["without public training, eps 18.71 is more accurate than eps 1.77 (Table 2"].status == V.REPRODUCED
+    # the gain at 18.71 larger (pre-training helps more with less noise): not reproduced
+    flipped = {**base, ("pretrain_lm", 1.77): [8.1, 8.5, 9.2], ("pretrain_lm", 18.71): [17.0, 17.6, 18.1]}
+    v = [v for v in public_training.cross_epsilon_verdicts(cfg, runs(flipped), mft=0.035)
+         if TITLES["pretrain_lm"] in v.claim][0]
+    assert v.status == V.NOT_REPRODUCED
+    # a model behind a gain at or below the trivial baseline: no verdict on the gain
+    v = [v for v in public_training.cross_epsilon_verdicts(cfg, runs(helps), mft=0.09)
+         if TITLES["pretrain_lm"] in v.claim][0]
+    assert v.status == V.BELOW_TRIVIAL
+    one = common.load_config("configs/public_training.py:smoke")
+    assert {v.status for v in public_training.cross_epsilon_verdicts(one, runs(helps), mft=0.035)} == {V.NOT_RUN}
