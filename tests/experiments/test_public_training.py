@@ -137,21 +137,23 @@ def test_smoke_config_writes_tables_and_resumes(tmp_path, capsys, monkeypatch):
     with pytest.raises(common.ConfigError, match="disagree"):  # server_lr is the first run's lr
         common.load_config("configs/public_training.py:smoke,archs=lstm/transformer,student_server_lrs=0.5/0.25")
 
-    # a server lr per epsilon (App. C tunes it per budget): each epsilon's run is the same
-    # computation as a config with that lr alone. The first epsilon gets half the lr; the second
-    # (18.71) the smoke lr, so it must reproduce the "none" run above exactly (a run_rows that
-    # trained every epsilon at server_lr, the first entry, would not)
-    lr = cfg.server_lr
-    pe = dataclasses.replace(cfg, rows=("none",), epsilons=(30.0, 18.71), server_lr=lr / 2,
-                             epsilon_server_lrs=(lr / 2, lr))
-    rr = public.run_rows(pe, str(tmp_path / "per_eps"), teacher=gguf.cached_teacher(), progress=False,
-                         log=lambda s: None, cache_dir=os.path.join(wd, "teacher_cache"))
-    got = {r["target_epsilon"]: r for r in rr.runs}
-    assert {e: r["server_lr"] for e, r in got.items()} == {30.0: lr / 2, 18.71: lr}
-    assert got[18.71]["run_key"] == by_row["none"]["run_key"]
-    assert got[18.71]["val_loss"] == by_row["none"]["val_loss"]
-    assert got[30.0]["run_key"] == public.run_key(dataclasses.replace(cfg, rows=("none",), server_lr=lr / 2),
-                                                  "none", 0, 30.0)  # the list itself is not in the key
+    # a server lr per epsilon (App. C tunes it per budget): run_rows builds each epsilon's DP-FTRL
+    # with that epsilon's lr (the first epsilon gets half the smoke lr, the second the smoke lr: a
+    # run_rows that built every epsilon at server_lr, the first entry, would not), and each run's key
+    # is that of a config with the lr alone (the eps-18.71 one: the smoke "none" run's). No rows are
+    # trained here: the DP-FTRL that build_algorithm returns is what the rows would train with
+    lr, built = cfg.server_lr, []
+    real_build = public.lm.build_algorithm
+    monkeypatch.setattr(public.lm, "build_algorithm",
+                        lambda c, *a, **kw: built.append((c.target_epsilon, c.server_lr)) or real_build(c, *a, **kw))
+    pe = dataclasses.replace(cfg, rows=(), epsilons=(30.0, 18.71), server_lr=lr / 2, epsilon_server_lrs=(lr / 2, lr))
+    public.run_rows(pe, str(tmp_path / "per_eps"), teacher=gguf.cached_teacher(), progress=False,
+                    log=lambda s: None, cache_dir=os.path.join(wd, "teacher_cache"))
+    monkeypatch.undo()
+    assert built == [(30.0, lr / 2), (18.71, lr)]
+    assert public.run_key(public.at_epsilon(pe, 18.71), "none", 0, 18.71) == by_row["none"]["run_key"]
+    assert public.run_key(public.at_epsilon(pe, 30.0), "none", 0, 30.0) == public.run_key(
+        dataclasses.replace(cfg, server_lr=lr / 2), "none", 0, 30.0)  # the list itself is not in the key
 
 
 def test_server_lrs_per_student_and_epsilon():
