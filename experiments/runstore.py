@@ -1,0 +1,142 @@
+"""A committed store of finished runs, so that a rerun longer than one session keeps its work.
+
+Wang et al.'s Tables 2-5 at both budgets are ~180 runs of 800 rounds (~20 CPU-hours on 2 cores):
+more than one session, and a new session may start on a fresh machine with a fresh work tree,
+where the workdirs of the last one are gone. A finished run's ``summary.json`` is small (its
+``run_key``, the commit it ran at, metrics, curve and ledger report) and is everything the tables
+read. ``add`` copies the finished runs of a workdir into ``experiments/results/runs/<name>/`` (one
+``<arch>-eps<eps>-seed<seed>-<row>-<key>/summary.json`` per run); a later session reads them back
+by key with the ``reuse_workdir`` override (`fedpriv.recipes.public.run_rows` searches it
+recursively; two runs with one key are the same computation), trains only what is missing, and
+the results page still dates every run by the commit it ran at (STALE where the code moved)::
+
+    python -m experiments.runstore add runs/public_training --name wang
+    python -m experiments.runstore list --name wang
+    python -m experiments.public_training \
+        --config "configs/public_training.py:small,...,reuse_workdir=experiments/results/runs/wang"
+
+Refused (one line, exit 2; nothing in the store is changed by a refused call): a run from a
+work tree with uncommitted changes (its code has no commit to date it by), a run without a
+commit or a key, and a run whose key is stored already with other numbers (the same computation
+giving two results: find out why before keeping either). Read-backs (``reused_from``) are copies
+of stored or other runs and are not stored again.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import sys
+
+from fedpriv.data.errors import ConfigError
+
+STORE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "runs")
+#: fields a stored run needs: the key that identifies the computation and the commit it ran at
+REQUIRED = ("run_key", "git_commit_full")
+
+
+def _entry_name(s: dict) -> str:
+    eps = s.get("target_epsilon")
+    return "-".join(str(p) for p in (s.get("arch") or "lstm", f"eps{eps:g}" if eps is not None else "eps-",
+                                     f"seed{s.get('seed')}", s.get("row") or "run", s["run_key"]))
+
+
+def stored(store: str) -> dict[str, str]:
+    """``run_key -> path`` of every run in ``store`` (a directory; {} when it does not exist)."""
+    out = {}
+    for path in sorted(glob.glob(os.path.join(store, "**", "summary.json"), recursive=True)):
+        with open(path) as f:
+            key = json.load(f).get("run_key")
+        if key:
+            out[key] = path
+    return out
+
+
+def _canonical(s: dict) -> str:
+    return json.dumps(s, sort_keys=True, default=str)
+
+
+def add(workdir: str, store: str) -> dict:
+    """Copy every finished run of ``workdir`` (a ``summary.json`` with a ``run_key``, searched
+    recursively) into ``store``. Returns counts: ``added``, ``already`` (the same run stored),
+    ``read_back`` (copies of other runs, skipped), ``not_runs`` (summaries without a key: an
+    experiment's own summary, an engine's). Checks every run before writing any (all or nothing)."""
+    if not os.path.isdir(workdir):
+        raise ConfigError(f"workdir {workdir!r} is not a directory")
+    have = stored(store)
+    todo, counts = {}, {"added": 0, "already": 0, "read_back": 0, "not_runs": 0}
+    for path in sorted(glob.glob(os.path.join(workdir, "**", "summary.json"), recursive=True)):
+        with open(path) as f:
+            s = json.load(f)
+        if not s.get("run_key"):
+            counts["not_runs"] += 1
+            continue
+        if s.get("reused_from"):
+            counts["read_back"] += 1
+            continue
+        missing = [k for k in REQUIRED if not s.get(k)]
+        if missing:
+            raise ConfigError(f"{path}: no {'/'.join(missing)}: a stored run must name the commit it ran at")
+        if s.get("git_dirty") is not False:
+            raise ConfigError(f"{path}: ran in a work tree with uncommitted changes "
+                              f"({', '.join(s.get('git_dirty_paths') or ['unknown'])}): its code has no commit")
+        key = s["run_key"]
+        for other in (have.get(key), todo.get(key, (None,))[0]):
+            if other is None:
+                continue
+            with open(other) as f:
+                if _canonical(json.load(f)) != _canonical(s):
+                    raise ConfigError(f"run {key} is stored already ({other}) with other numbers than "
+                                      f"{path}: the same computation gave two results; keep neither "
+                                      "until that is explained")
+        if key in have or key in todo:
+            counts["already"] += 1
+            continue
+        todo[key] = (path, s)
+    for key, (path, s) in todo.items():
+        dest = os.path.join(store, _entry_name(s), "summary.json")
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        with open(dest + ".tmp", "w") as f:
+            json.dump(s, f, indent=1, sort_keys=True, default=str)
+            f.write("\n")
+        os.replace(dest + ".tmp", dest)
+        counts["added"] += 1
+    return counts
+
+
+def listing(store: str) -> list[str]:
+    """One line per stored run: arch, epsilon, seed, row, commit, test accuracy."""
+    lines = []
+    for key, path in sorted(stored(store).items(), key=lambda kv: kv[1]):
+        with open(path) as f:
+            s = json.load(f)
+        acc = s.get("test_accuracy")
+        lines.append(f"{os.path.basename(os.path.dirname(path))}  {s.get('git_commit')}  "
+                     f"test {'-' if acc is None else f'{100 * acc:.2f} %'}")
+    return lines
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m experiments.runstore", description=__doc__.split("\n")[0])
+    ap.add_argument("command", choices=("add", "list"))
+    ap.add_argument("workdir", nargs="?", help="add: the workdir whose finished runs to store")
+    ap.add_argument("--name", required=True, help="the store under experiments/results/runs/ (e.g. wang)")
+    ap.add_argument("--store", default=STORE, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if not args.name or os.sep in args.name or args.name.startswith("."):
+        raise ConfigError(f"--name {args.name!r} must be a plain directory name")
+    store = os.path.join(args.store, args.name)
+    if args.command == "add":
+        if not args.workdir:
+            raise ConfigError("add needs the workdir whose finished runs to store")
+        counts = add(args.workdir, store)
+        print(f"{store}: {counts['added']} added, {counts['already']} stored before, "
+              f"{counts['read_back']} read-backs skipped; {len(stored(store))} runs in the store")
+    else:
+        print("\n".join(listing(store)) or f"{store}: no runs")
+
+
+if __name__ == "__main__":
+    from experiments import common
+    common.cli(main, sys.argv[1:])

@@ -1,0 +1,92 @@
+"""experiments.runstore: finished runs committed so a rerun longer than one session keeps its work."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from experiments import runstore
+from fedpriv.data.errors import ConfigError
+from fedpriv.recipes import public
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _run(key, acc=0.1, **kw):
+    return {"run_key": key, "row": "none", "seed": 0, "arch": "lstm", "target_epsilon": 1.77,
+            "test_accuracy": acc, "git_commit": COMMIT[:7], "git_commit_full": COMMIT,
+            "git_dirty": False, "git_dirty_paths": [], **kw}
+
+
+def _write(path, summary):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(summary, f)
+
+
+def _workdir(tmp_path, runs):
+    wd = tmp_path / "wd"
+    _write(wd / "summary.json", {"module": "experiments.public_training"})  # the experiment's own: no key
+    for i, s in enumerate(runs):
+        _write(wd / f"seed0/eps1.77/row{i}/summary.json", s)
+    return str(wd)
+
+
+def _files(store):
+    return sorted(os.path.relpath(os.path.join(d, f), store) for d, _, fs in os.walk(store) for f in fs)
+
+
+def test_added_runs_are_read_back_by_key_and_adding_twice_changes_nothing(tmp_path):
+    store = str(tmp_path / "store")
+    wd = _workdir(tmp_path, [_run("a" * 16), _run("b" * 16, row="mid_dm", seed=2),
+                             _run("c" * 16, reused_from="/elsewhere")])
+    assert runstore.add(wd, store) == {"added": 2, "already": 0, "read_back": 1, "not_runs": 1}
+    # what run_rows' reuse_workdir search finds: the stored copy, with every field kept
+    found = public._find_run("b" * 16, [store])
+    assert found and found.startswith(store)
+    with open(found) as f:
+        assert json.load(f) == _run("b" * 16, row="mid_dm", seed=2)
+    assert public._find_run("c" * 16, [store]) is None  # read-backs are not stored again
+    before = _files(store)
+    assert runstore.add(wd, store)["already"] == 2
+    assert _files(store) == before
+    assert any("seed2-mid_dm" in line and "10.00 %" in line for line in runstore.listing(store))
+
+
+@pytest.mark.parametrize("bad, message", [
+    (_run("d" * 16, git_dirty=True, git_dirty_paths=["fedpriv/fl/loop.py"]), "uncommitted changes"),
+    (_run("d" * 16, git_dirty=None), "uncommitted changes"),  # unknown: refused too (fail closed)
+    (_run("d" * 16, git_commit_full=""), "commit"),
+])
+def test_a_run_without_a_clean_commit_is_refused_and_nothing_is_written(tmp_path, bad, message):
+    store = str(tmp_path / "store")
+    wd = _workdir(tmp_path, [_run("a" * 16), bad])
+    with pytest.raises(ConfigError, match=message):
+        runstore.add(wd, store)
+    assert not os.path.exists(store)  # all or nothing: the good run was not written either
+
+
+def test_one_key_with_two_results_is_refused(tmp_path):
+    store = str(tmp_path / "store")
+    runstore.add(_workdir(tmp_path, [_run("a" * 16, acc=0.1)]), store)
+    before = _files(store)
+    other = tmp_path / "other"
+    _write(other / "x/summary.json", _run("a" * 16, acc=0.2))
+    with pytest.raises(ConfigError, match="two results"):
+        runstore.add(str(other), store)
+    assert _files(store) == before
+    two = tmp_path / "two"  # the conflict inside one workdir is refused as well
+    _write(two / "x/summary.json", _run("e" * 16, acc=0.1))
+    _write(two / "y/summary.json", _run("e" * 16, acc=0.3))
+    with pytest.raises(ConfigError, match="two results"):
+        runstore.add(str(two), store)
+
+
+def test_cli_refuses_a_missing_workdir_in_one_line(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "experiments.runstore", "add", str(tmp_path / "nope"),
+                        "--name", "x", "--store", str(tmp_path / "s")], capture_output=True, text=True,
+                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert r.returncode == 2
+    assert len(r.stderr.strip().splitlines()) == 1 and "not a directory" in r.stderr
+    assert not os.path.exists(tmp_path / "s")
