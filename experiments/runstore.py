@@ -1,19 +1,19 @@
 """A committed store of finished runs, so that a rerun longer than one session keeps its work.
 
-Wang et al.'s Tables 2-5 at both budgets are ~180 runs of 800 rounds (~20 CPU-hours on 2 cores):
-more than one session, and a new session may start on a fresh machine with a fresh work tree,
-where the workdirs of the last one are gone. A finished run's ``summary.json`` is small (its
+Wang et al.'s Tables 2-5 at both budgets are ~170 runs of 800 rounds (4-6 min each on one core:
+~15 core-hours), more than one session, and a new session may start on a fresh machine with a
+fresh work tree, where the workdirs of the last one are gone. A finished run's ``summary.json`` is small (its
 ``run_key``, the commit it ran at, metrics, curve and ledger report) and is everything the tables
-read. ``add`` copies the finished runs of a workdir into ``experiments/results/runs/<name>/`` (one
-``<arch>-eps<eps>-seed<seed>-<row>-<key>/summary.json`` per run); a later session reads them back
-by key with the ``reuse_workdir`` override (`fedpriv.recipes.public.run_rows` searches it
+read. ``add`` copies the finished runs of a workdir into ``experiments/results/run_store/<name>/``
+(one ``<arch>-eps<eps>-seed<seed>-<row>-<key>/summary.json`` per run); a later session reads them
+back by key with the ``reuse_workdir`` override (`fedpriv.recipes.public.run_rows` searches it
 recursively; two runs with one key are the same computation), trains only what is missing, and
 the results page still dates every run by the commit it ran at (STALE where the code moved)::
 
     python -m experiments.runstore add runs/public_training --name wang
     python -m experiments.runstore list --name wang
     python -m experiments.public_training \
-        --config "configs/public_training.py:small,...,reuse_workdir=experiments/results/runs/wang"
+        --config "configs/public_training.py:small,...,reuse_workdir=experiments/results/run_store/wang"
 
 Refused (one line, exit 2; nothing in the store is changed by a refused call): a run from a
 work tree with uncommitted changes (its code has no commit to date it by), a run without a
@@ -31,7 +31,7 @@ import sys
 
 from fedpriv.data.errors import ConfigError
 
-STORE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "runs")
+STORE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "run_store")
 #: fields a stored run needs: the key that identifies the computation and the commit it ran at
 REQUIRED = ("run_key", "git_commit_full")
 
@@ -118,10 +118,11 @@ def listing(store: str) -> list[str]:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m experiments.runstore", description=__doc__.split("\n")[0])
+    from experiments.common import ArgumentParser  # usage errors in one line, exit 2
+    ap = ArgumentParser(prog="python -m experiments.runstore", description=__doc__.split("\n")[0])
     ap.add_argument("command", choices=("add", "list"))
     ap.add_argument("workdir", nargs="?", help="add: the workdir whose finished runs to store")
-    ap.add_argument("--name", required=True, help="the store under experiments/results/runs/ (e.g. wang)")
+    ap.add_argument("--name", required=True, help="the store under experiments/results/run_store/ (e.g. wang)")
     ap.add_argument("--store", default=STORE, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if not args.name or os.sep in args.name or args.name.startswith("."):

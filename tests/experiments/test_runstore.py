@@ -1,8 +1,6 @@
 """experiments.runstore: finished runs committed so a rerun longer than one session keeps its work."""
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -83,10 +81,11 @@ def test_one_key_with_two_results_is_refused(tmp_path):
         runstore.add(str(two), store)
 
 
-def test_cli_refuses_a_missing_workdir_in_one_line(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "experiments.runstore", "add", str(tmp_path / "nope"),
-                        "--name", "x", "--store", str(tmp_path / "s")], capture_output=True, text=True,
-                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    assert r.returncode == 2
-    assert len(r.stderr.strip().splitlines()) == 1 and "not a directory" in r.stderr
+def test_cli_refuses_a_missing_workdir_in_one_line(tmp_path, capsys):
+    from experiments import common
+    with pytest.raises(SystemExit) as e:
+        common.cli(runstore.main, ["add", str(tmp_path / "nope"), "--name", "x", "--store", str(tmp_path / "s")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a directory" in err[0]
     assert not os.path.exists(tmp_path / "s")
