@@ -5,7 +5,8 @@ Arms, per (seed, epsilon), each in its own ledger of budget ``epsilon`` on the c
 training users (add/remove one user; the epsilon SPENT on them, no simulated population):
 
 * ``ondevice``: DP-FTRL of the small LSTM (``configs/lm_fl.py`` small at the tuned
-  high-noise setting ``TUNED[1.77]``), z calibrated to ``epsilon``;
+  high-noise setting ``TUNED[1.77]``, the server lr per epsilon: ``epsilon_server_lrs``), z
+  calibrated to ``epsilon``;
 * ``synthetic``: PrE-Text (``fedpriv.synth``) with its vote noise calibrated to ``epsilon``,
   then the same LSTM trained centrally on the released synthetic set only;
 * ``synthetic_ft``: PrE-Text at ``ft_vote_share * epsilon``, synthetic pre-training, then
@@ -24,6 +25,7 @@ default to PrE-Text's (1.29 and 7.58).
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from configs.common import ConfigError, check, with_lm_config
 from configs.lm_fl import TUNED, get_config as lm_config
@@ -44,6 +46,10 @@ INSTRUCTIONS = ("Write a short, casual text message to a friend.",
 class PreTextConfig:
     lm: object                         # configs.lm_fl.LMFLConfig (data, model, DP-FTRL)
     epsilons: tuple = (1.29, 7.58)     # PrE-Text's epsilons; each arm's ledger budget
+    # the DP-FTRL server lr of (a) and (c) at each of epsilons, in order (None: lm.server_lr at
+    # every epsilon); lm.server_lr must be the first. Chosen on validation per budget (Wang et
+    # al. App. C tune it per noise level): a lr right at one budget diverges at the other
+    epsilon_server_lrs: tuple | None = None
     seeds: tuple = (0,)
     arms: tuple = ARMS
     # PrE-Text (fedpriv.synth.evolve.EvolveSettings; Hou et al. 2024 Alg. 1)
@@ -94,6 +100,16 @@ class PreTextConfig:
             raise ConfigError(f"seeds = {self.seeds!r}: non-negative integers")
         if not self.epsilons or any(not (isinstance(e, (int, float)) and e > 0) for e in self.epsilons):
             raise ConfigError(f"epsilons must be positive numbers, got {self.epsilons}")
+        if self.epsilon_server_lrs is not None:
+            lrs = _positive_floats(self.epsilon_server_lrs)  # an override arrives as strings
+            if lrs is None or len(lrs) != len(self.epsilons):
+                raise ConfigError(f"epsilon_server_lrs={'/'.join(map(str, self.epsilon_server_lrs))} must be one "
+                                  f"positive server lr per epsilon of epsilons={'/'.join(map(str, self.epsilons))}")
+            object.__setattr__(self, "epsilon_server_lrs", lrs)
+            if lrs[0] != self.lm.server_lr:
+                raise ConfigError(f"server_lr={self.lm.server_lr:g} and epsilon_server_lrs="
+                                  f"{'/'.join(f'{x:g}' for x in lrs)} disagree: the first epsilon's server lr "
+                                  f"is {lrs[0]:g} (set server_lr={lrs[0]:g})")
         from fedpriv.recipes.pretext import settings
         try:  # the loop's own settings check (keep_fraction, prefix range, sizes)
             settings(self)
@@ -117,7 +133,14 @@ SCALES = {
     # sized for the 2-core CPU (~100 min of one core for 3 seeds x 2 epsilons; the LLM's
     # generations, ~30-50 tokens/s here, are most of it): a synthetic set of 16 seeds + 256
     # expansions per run, far below PrE-Text's (their N and expansion are 10^3-10^5)
-    "small": dict(seeds=(0, 1, 2)),
+    # the DP-FTRL server lr per epsilon, chosen on validation (seed 0, (a) alone, val accuracy
+    # after 50 rounds from the public start's 5.09 %):
+    #   eps 1.29 (z 19.6): 0.003125 / 0.00625 / 0.0125 / 0.025 / 0.05 / 0.1 / 0.2 / 0.5 -> 7.08 / 7.00 /
+    #     6.67 / 6.53 / 6.03 / 1.02 / 0.29 / 0.04 % (0.1 and up diverge; a plateau at 0.003-0.006,
+    #     whose low edge was not extended: val loss rises there, 5.59 -> 5.68)
+    #   eps 7.58 (z 3.96): 0.05 / 0.2 / 0.5 -> 7.44 / 8.70 / 8.30 %
+    # (the first small run used TUNED[1.77]'s 0.05 at both: too large at 1.29, too small at 7.58)
+    "small": dict(seeds=(0, 1, 2), epsilon_server_lrs=(0.003125, 0.2)),
 }
 LM_SCALE = {
     # smoke: padded batches (packed batches compile one branch per row count: +11 s of CPU)
@@ -127,10 +150,20 @@ LM_SCALE = {
     # 0.020 at 7.58, near the 0.088 (z 8.84 / cohort 100) at which TUNED[1.77]'s server lr was
     # chosen. Cohorts of 16 for 400 rounds (the first small run) put 1.5 there at 1.29 (z 24.2):
     # DP-FTRL from the public model diverged (test loss 1,072).
-    "small": ("small,rounds=50,cohort_size=200,eval_every=25,checkpoint_every=25,noise_cohort_size=None,"
+    # eval_every 5: (a)'s validation curve for rounds-to-match (experiments.pre_text.rounds_verdicts);
+    # server_lr: the first epsilon's of epsilon_server_lrs (SCALES["small"])
+    "small": ("small,rounds=50,cohort_size=200,eval_every=5,checkpoint_every=25,noise_cohort_size=None,"
               "max_eval_examples=3000,"
-              + ",".join(f"{k}={v}" for k, v in TUNED[1.77].items())),
+              + ",".join(f"{k}={v}" for k, v in {**TUNED[1.77], "server_lr": 0.003125}.items())),
 }
+
+
+def _positive_floats(values) -> tuple | None:
+    try:
+        out = tuple(float(v) for v in values)
+    except (TypeError, ValueError):
+        return None
+    return out if all(math.isfinite(v) and v > 0 for v in out) else None
 
 
 def get_config(arg: str = "small") -> PreTextConfig:

@@ -7,7 +7,10 @@ synthetic messages (the public LLM's generations chosen by the users' DP votes);
 pre-training then DP-FTRL with what the votes left; every arm from the same start (``init``: by
 default the LSTM pre-trained on the public pool, also reported alone). Next-token accuracy and perplexity on the
 private test users, the client cost of each arm (a closed-form model), the generation
-throughput and phase times, and synthetic samples beside real ones.
+throughput and phase times, and synthetic samples beside real ones. The DP-FTRL arms run the
+server lr chosen on validation for their budget (``epsilon_server_lrs``) and are evaluated every
+``eval_every`` rounds, so "fewer rounds" is also read as rounds-to-match: the rounds (a) needs to
+reach the validation accuracy of (b) (`rounds_verdicts`, ``rounds_to_match.png``).
 
     python -m experiments.pre_text --config configs/pre_text.py:small
 """
@@ -123,6 +126,84 @@ def verdicts(cfg, rows: list[dict]) -> list:
     return out
 
 
+def rounds_to_match(curve, round0: float | None, target: float) -> int | None:
+    """The first round at which a DP-FTRL run's validation accuracy reaches ``target``: 0 when
+    its start (``round0``) already does, the first ``(round, accuracy)`` of ``curve`` (every
+    eval_every rounds) at or above it, None when it never does within the run (censored)."""
+    if round0 is not None and round0 >= target:
+        return 0
+    return next((int(r) for r, a in sorted(curve or ()) if a >= target), None)
+
+
+def rounds_verdicts(cfg, rows: list[dict]) -> list:
+    """PrE-Text's "9x fewer rounds" read at matched accuracy (validation): per seed, the rounds
+    on-device DP-FTRL (a) needs to reach the validation accuracy of (b), the model trained on the
+    synthetic set after ``pe_rounds`` vote rounds, against those ``pe_rounds``; (a) never reaching
+    it within its rounds counts as its rounds (a lower bound: the gap is then at least the one
+    shown). Paired by seed; "inconclusive (below the trivial baseline)" when (b) is not above the
+    most-frequent-token validation accuracy for some seed (matching it then means nothing)."""
+    out = []
+    for eps in cfg.epsilons:
+        a = {r["seed"]: r for r in rows if r["epsilon"] == eps and r["arm_key"] == "ondevice"}
+        b = {r["seed"]: r for r in rows if r["epsilon"] == eps and r["arm_key"] == "synthetic"}
+        claim = (f"[eps {eps:g}] on-device DP-FTRL needs more rounds than PrE-Text's {cfg.pe_rounds} vote rounds "
+                 "to reach the validation accuracy of PrE-Text's synthetic-only model (rounds-to-match; "
+                 "PrE-Text §5: '9x fewer rounds')")
+        seeds = sorted(set(a) & set(b))
+        if not seeds or any(b[s].get("val_accuracy") is None or a[s].get("val_curve") is None for s in seeds):
+            out.append(V.not_run(claim, "needs (a)'s validation curve and (b)'s validation accuracy "
+                                        "(both arms, this version of the run)"))
+            continue
+        need, censored = {}, []
+        for s in seeds:
+            r = rounds_to_match(a[s]["val_curve"], a[s].get("val_accuracy_round0"), b[s]["val_accuracy"])
+            if r is None:
+                censored.append(s)
+                r = cfg.lm.rounds
+            need[s] = float(r)
+        v = V.compare(claim, need, {s: float(cfg.pe_rounds) for s in seeds}, higher_is_better=True, trivial=None,
+                      names=("(a) rounds to match (b)", "PrE-Text vote rounds"), digits=3)
+        levels = ", ".join(f"{100 * b[s]['val_accuracy']:.2f}" for s in seeds)
+        extra = (f"; (b) val accuracy (%) {levels}"
+                 + (f"; (a) never reached it within {cfg.lm.rounds} rounds for seed(s) "
+                    f"{'/'.join(map(str, censored))} (counted as {cfg.lm.rounds})" if censored else ""))
+        below = [s for s in seeds if b[s]["val_accuracy"] <= b[s].get("trivial_val_accuracy", -1)]
+        if below:
+            v = dataclasses.replace(v, status=V.BELOW_TRIVIAL,
+                                    measured=v.measured + extra + f"; (b) NOT above the most-frequent-token "
+                                    f"validation accuracy for seed(s) {'/'.join(map(str, below))}")
+        else:
+            v = dataclasses.replace(v, measured=v.measured + extra)
+        out.append(v)
+    return out
+
+
+def rounds_figure(cfg, rows: list[dict], path: str) -> str | None:
+    """(a)'s validation accuracy per round (mean over seeds) with (b)'s level, per epsilon."""
+    curves = {}
+    for eps in cfg.epsilons:
+        a = [r for r in rows if r["epsilon"] == eps and r["arm_key"] == "ondevice" and r.get("val_curve")]
+        b = [r["val_accuracy"] for r in rows if r["epsilon"] == eps and r["arm_key"] == "synthetic"
+             and r.get("val_accuracy") is not None]
+        if not a:
+            continue
+        pts = {}
+        for r in a:
+            for rnd, acc in ([(0, r["val_accuracy_round0"])] if r.get("val_accuracy_round0") is not None
+                             else []) + [tuple(p) for p in r["val_curve"]]:
+                pts.setdefault(int(rnd), []).append(100 * acc)
+        xs = sorted(pts)
+        curves[f"(a) DP-FTRL eps {eps:g}"] = (xs, [float(np.mean(pts[x])) for x in xs])
+        if b:
+            curves[f"(b) synthetic only eps {eps:g} ({cfg.pe_rounds} vote rounds)"] = (
+                [0, cfg.lm.rounds], [100 * float(np.mean(b))] * 2)
+    if not curves:
+        return None
+    from fedpriv.report import plot_curves
+    return plot_curves(curves, path, "DP-FTRL round", "validation accuracy (%)",
+                       title="rounds-to-match: (a) per round vs (b)'s level (mean over seeds)")
+
+
 def fred_table(freds: list[dict]) -> list[dict]:
     return [{"set": name, "FreD to test users": common.pm(
                 [f["fred_to_test_users"] for f in freds if f["set"] == name], 1, 3),
@@ -180,7 +261,10 @@ def main(argv=None):
              f"'{pretext.ARM_LABELS['public']}'" if cfg.init == "public" else "every arm starts from a random init")
     notes = [start,
              f"{c.corpus}, {c.arch} (embed {c.embed_dim}, hidden {c.hidden_dim}); DP-FTRL {c.rounds} rounds, "
-             f"cohort {c.cohort_size}, server lr {c.server_lr}, clip {c.clip_norm}; epsilon SPENT on the "
+             f"cohort {c.cohort_size}, server lr "
+             + ", ".join(f"{pretext.server_lr_at(cfg, e):g} at eps {e:g}" for e in cfg.epsilons)
+             + (" (chosen on validation per epsilon)" if cfg.epsilon_server_lrs else "")
+             + f", clip {c.clip_norm}, validation every {c.eval_every} rounds; epsilon SPENT on the "
              f"training users at delta {c.delta:g}, unit: user, one ledger per (seed, epsilon, arm)",
              f"PrE-Text: N = {cfg.num_samples} samples, T = {cfg.pe_rounds} vote rounds of {cfg.vote_cohort} "
              f"users (shuffled pass: each user votes at most once), keep {cfg.keep_fraction:g}, expansion "
@@ -204,7 +288,8 @@ def main(argv=None):
     common.write_table(fred_table(freds), workdir, "fred", title="FreD of each synthetic set to the test users",
                        notes=["non-private (an evaluation, like the test accuracy); anchors of the same "
                               "size per seed: a uniform public pool sample and the training users' messages"])
-    common.write_verdicts(verdicts(cfg, rows) + fred_verdicts(freds), workdir)
+    common.write_verdicts(verdicts(cfg, rows) + rounds_verdicts(cfg, rows) + fred_verdicts(freds), workdir)
+    rounds_figure(cfg, rows, os.path.join(workdir, "rounds_to_match.png"))
     samples = sample_table(cfg, rows, workdir)
     if samples:
         common.write_table(samples, workdir, "samples", title="Synthetic vs real messages")

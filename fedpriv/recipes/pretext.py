@@ -37,6 +37,13 @@ from fedpriv.models.metrics import evaluate, most_frequent_token_accuracy
 from fedpriv.recipes import lm
 from fedpriv.synth import evolve as E, release as R
 
+
+def server_lr_at(cfg, epsilon: float) -> float:
+    """The DP-FTRL server lr of the arms at ``epsilon``: ``cfg.epsilon_server_lrs`` (one per
+    epsilon, chosen on validation per budget) or, without it, ``cfg.lm.server_lr``."""
+    lrs = getattr(cfg, "epsilon_server_lrs", None)
+    return cfg.lm.server_lr if lrs is None else lrs[list(cfg.epsilons).index(epsilon)]
+
 __all__ = ["fred_rows", "public_init", "truncated_teacher", "vote_sampler", "vote_noise", "ft_vote_epsilon", "settings",
            "client_costs", "run_arms", "ARM_LABELS"]
 
@@ -162,9 +169,19 @@ _LM_NOT_IDENTITY = {"seed", "target_epsilon", "noise_multiplier", "eval_every", 
                     "lanes"}
 
 
-def _identity(config: dict) -> dict:
+def _identity(config: dict, epsilon: float | None = None) -> dict:
+    """What identifies an arm's computation in ``config`` (a dict). With ``epsilon``: the server
+    lr the arm used there (``epsilon_server_lrs``' entry, else lm's) in place of the list, so an
+    arm run by an invocation with other epsilons (e.g. one epsilon per process) is the same."""
     out = {k: v for k, v in config.items() if k not in _NOT_IDENTITY and k != "lm"}
     out["lm"] = {k: v for k, v in config["lm"].items() if k not in _LM_NOT_IDENTITY}
+    if epsilon is not None:
+        eps = [float(e) for e in config.get("epsilons") or ()]
+        lrs = out.get("epsilon_server_lrs")
+        if not lrs or float(epsilon) in eps:  # else: the list stays (no match: refused, fail closed)
+            out.pop("epsilon_server_lrs", None)
+            if lrs:
+                out["lm"]["server_lr"] = float(lrs[eps.index(float(epsilon))])
     return json.loads(json.dumps(out, default=str))  # tuples and lists compare equal
 
 
@@ -175,16 +192,19 @@ def prepared_data(lm_cfg):
     return lm.prepare_data(lm_cfg, progress=False)
 
 
-def _read(sub: str, cfg=None):
+def _read(sub: str, cfg=None, epsilon: float | None = None):
     """A finished arm's summary (None if unfinished). With ``cfg``: it must have run this
-    config's computation (``_identity``), else ``ConfigError`` (a workdir never mixes settings)."""
+    config's computation (``_identity`` at ``epsilon``), else ``ConfigError`` (a workdir never
+    mixes settings)."""
     try:
         with open(os.path.join(sub, "summary.json")) as f:
             s = json.load(f)
     except (OSError, ValueError):
         return None
     if cfg is not None:
-        mine, theirs = _identity(dataclasses.asdict(cfg)), _identity(s.get("config") or {"lm": {}})
+        theirs = s.get("config") or {"lm": {}}
+        at = epsilon if epsilon is not None and "epsilons" in theirs else None
+        mine, theirs = _identity(dataclasses.asdict(cfg), at), _identity(theirs, at)
         diff = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k) and k != "lm")
         diff += sorted(f"lm.{k}" for k in set(mine["lm"]) | set(theirs["lm"])
                        if mine["lm"].get(k) != theirs["lm"].get(k))
@@ -257,6 +277,8 @@ def run_arms(cfg, workdir: str, *, teacher=None, embedder=None, progress: bool =
         test = prepared.test.concat_examples()["tokens"][: base.max_eval_examples]
         train_tokens = prepared.train.concat_examples()["tokens"]
         trivial = most_frequent_token_accuracy(train_tokens, test)
+        trivial_val = most_frequent_token_accuracy(
+            train_tokens, prepared.val.concat_examples()["tokens"][: base.max_eval_examples])
         msgs = _client_messages(prepared, cfg)
         lengths = (train_tokens[:, 1:] > 0).sum(axis=1)
         mean_tokens, mean_msgs = float(lengths.mean()), float(np.mean([len(m) for m in msgs]))
@@ -273,7 +295,7 @@ def run_arms(cfg, workdir: str, *, teacher=None, embedder=None, progress: bool =
                              "workdir": os.path.join(workdir, f"public-seed{seed}")})
             for arm in cfg.arms:
                 sub = os.path.join(workdir, f"seed{seed}-eps{eps:g}-{arm}")
-                s = _read(sub, cfg)
+                s = _read(sub, cfg, eps)
                 if s is None:
                     if arm != "ondevice" and clients_emb is None:
                         teacher = truncated_teacher(teacher or load_teacher(), cfg.teacher_layers)
@@ -292,7 +314,10 @@ def run_arms(cfg, workdir: str, *, teacher=None, embedder=None, progress: bool =
                              "trivial_accuracy": trivial, "epsilon_spent": s["epsilon_spent"],
                              "z_votes": s.get("z_votes"), "z_fl": s.get("z_fl"),
                              "costs": costs, "seconds": s.get("seconds", {}),
-                             "generated_tokens": s.get("generated_tokens", 0), "workdir": sub})
+                             "generated_tokens": s.get("generated_tokens", 0), "workdir": sub,
+                             "server_lr": s.get("server_lr"), "val_accuracy": s.get("val_accuracy"),
+                             "val_accuracy_round0": s.get("val_accuracy_round0"),
+                             "val_curve": s.get("val_curve"), "trivial_val_accuracy": trivial_val})
     return rows
 
 
@@ -316,15 +341,21 @@ def _run_arm(cfg, arm, base, prepared, task, test, teacher, embedder, clients_em
         out["seconds"]["synthetic training"] = time.time() - t1
     if arm == "synthetic":
         m = evaluate(task, init, test, cfg.lm.eval_batch_size)
-        out.update(test_accuracy=m["accuracy"], test_loss=m["loss"], num_params=lm.count_params(init))
+        val = prepared.val.concat_examples()["tokens"][: cfg.lm.max_eval_examples]
+        out.update(test_accuracy=m["accuracy"], test_loss=m["loss"], num_params=lm.count_params(init),
+                   val_accuracy=evaluate(task, init, val, cfg.lm.eval_batch_size)["accuracy"])
     else:
         t1 = time.time()
-        s = lm.run_lm_fl(dataclasses.replace(base, target_epsilon=eps), os.path.join(sub, "fl"),
+        lr = server_lr_at(cfg, eps)
+        s = lm.run_lm_fl(dataclasses.replace(base, target_epsilon=eps, server_lr=lr), os.path.join(sub, "fl"),
                          prepared=prepared, init_params=init, ledger=ledger, progress=progress,
                          log=log, stage="fl-training")
         out["seconds"]["dp-ftrl"] = time.time() - t1
         out.update(test_accuracy=s["test_accuracy"], test_loss=s["test_loss"],
-                   num_params=s["num_params"], z_fl=s["noise_multiplier"])
+                   num_params=s["num_params"], z_fl=s["noise_multiplier"], server_lr=lr,
+                   val_accuracy=s.get("val_accuracy"), val_accuracy_round0=s.get("val_accuracy_round0"),
+                   # validation accuracy every eval_every rounds (rounds-to-match: experiments.pre_text)
+                   val_curve=report.metric_curve(os.path.join(sub, "fl"), "eval_accuracy"))
     rep = ledger.report()
     out["epsilon_spent"] = rep["spent_epsilon"]
     out["ledger"] = rep

@@ -51,8 +51,15 @@ def test_smoke_writes_the_tables_and_every_arm_spends_what_its_plan_accounts(smo
         assert s["ledger"]["spent_epsilon"] <= r["epsilon"] * (1 + 1e-6)
         if r["arm_key"] != "ondevice":
             assert s["synthetic_samples"] > 0 and s["generated_tokens"] > 0
+    for r in rows:  # what rounds-to-match reads: (a)/(c)'s validation curve, (b)'s validation accuracy
+        if r["arm_key"] in ("ondevice", "synthetic_ft"):
+            assert r["val_curve"] and r["val_accuracy_round0"] is not None and r["server_lr"] == cfg.lm.server_lr
+        if r["arm_key"] == "synthetic":
+            assert 0 <= r["val_accuracy"] <= 1 and 0 < r["trivial_val_accuracy"] < 1
+    assert os.path.exists(os.path.join(smoke, "rounds_to_match.png"))
     verdicts = json.load(open(os.path.join(smoke, "verdicts.json")))
     assert any("equal epsilon" in v["claim"] for v in verdicts)
+    assert sum("rounds-to-match" in v["claim"] for v in verdicts) == len(cfg.epsilons)
     assert sum("improves on its start" in v["claim"] for v in verdicts) == len(names) * len(cfg.epsilons)
 
 
@@ -61,7 +68,7 @@ def test_every_arm_starts_from_the_public_model(smoke, monkeypatch):
     wrote: read back, not retrained); init=scratch is task.init and writes no public row."""
     cfg = common.load_config("configs/pre_text.py:smoke")
     seen = []
-    monkeypatch.setattr(pretext, "_read", lambda sub, cfg=None: None)  # rerun the arms' start only
+    monkeypatch.setattr(pretext, "_read", lambda sub, cfg=None, epsilon=None: None)  # rerun the arms' start only
     monkeypatch.setattr(pretext, "_run_arm", lambda *a: seen.append(a[-1]) or {
         "test_accuracy": 0.0, "test_loss": 1.0, "epsilon_spent": 0.0, "num_params": 1})
     rows = pretext.run_arms(cfg, smoke, teacher=gguf.cached_teacher(), progress=False, log=lambda *_: None)
@@ -147,3 +154,84 @@ def test_fewer_rounds_counts_only_at_matched_accuracy():
     assert fewer(-0.02).status == V.NOT_REPRODUCED       # 2 points worse: the rounds do not count
     assert fewer(+0.01).status == V.REPRODUCED           # 1 point better, and 3 < 50 rounds
     assert "non-inferior within" in fewer(0.0).claim
+
+
+def test_rounds_to_match_reads_the_curve_and_censors():
+    curve = [(5, 0.04), (10, 0.06), (15, 0.08)]
+    assert pre_text.rounds_to_match(curve, 0.03, 0.06) == 10
+    assert pre_text.rounds_to_match(curve, 0.07, 0.06) == 0  # the start already matches
+    assert pre_text.rounds_to_match(curve, 0.03, 0.09) is None  # never within the run
+    assert pre_text.rounds_to_match([], None, 0.01) is None
+
+
+def test_rounds_verdict_at_matched_validation_accuracy():
+    """(a) reaching (b)'s level only after many rounds reproduces "fewer rounds"; (a)'s start
+    already at (b)'s level does not; (b) not above the trivial validation accuracy gates it; a
+    run without (a)'s curve is "not run yet". Censored seeds count (a)'s whole run."""
+    import types
+
+    from fedpriv import verdicts as V
+    cfg = types.SimpleNamespace(epsilons=(1.29,), pe_rounds=3, lm=types.SimpleNamespace(rounds=50))
+
+    def rows(b_val, reach, start=0.05, trivial=0.04):
+        out = []
+        for s in (0, 1, 2):
+            curve = [(r, 0.05 + (0.03 if r >= reach[s] else 0.0)) for r in range(5, 55, 5)]
+            out += [{"epsilon": 1.29, "arm_key": "ondevice", "seed": s, "val_curve": curve,
+                     "val_accuracy_round0": start},
+                    {"epsilon": 1.29, "arm_key": "synthetic", "seed": s, "val_accuracy": b_val,
+                     "trivial_val_accuracy": trivial}]
+        return out
+    (v,) = pre_text.rounds_verdicts(cfg, rows(0.07, {0: 20, 1: 25, 2: 30}))
+    assert v.status == V.REPRODUCED and v.gap == pytest.approx(22.0)
+    (v,) = pre_text.rounds_verdicts(cfg, rows(0.07, {0: 20, 1: 1000, 2: 30}))  # seed 1 never: 50
+    assert v.status == V.REPRODUCED and "never reached it" in v.measured and v.gap == pytest.approx(91 / 3)
+    (v,) = pre_text.rounds_verdicts(cfg, rows(0.05, {0: 20, 1: 25, 2: 30}))  # the start matches (b)
+    assert v.status == V.NOT_REPRODUCED and v.gap == pytest.approx(-3.0)
+    (v,) = pre_text.rounds_verdicts(cfg, rows(0.035, {0: 20, 1: 25, 2: 30}))
+    assert v.status == V.BELOW_TRIVIAL
+    old = [{k: val for k, val in r.items() if k != "val_curve"} for r in rows(0.07, {0: 20, 1: 25, 2: 30})]
+    (v,) = pre_text.rounds_verdicts(cfg, old)
+    assert v.status == V.NOT_RUN
+
+
+def test_dp_ftrl_arms_take_the_server_lr_of_their_epsilon(monkeypatch, tmp_path):
+    """epsilon_server_lrs gives (a) and (c) their own lr per budget; lm.server_lr must be the
+    first; an override's strings are parsed; a wrong length or a non-positive lr is refused."""
+    cfg = common.load_config("configs/pre_text.py:smoke,epsilons=1.29/7.58,epsilon_server_lrs=0.1/0.4,server_lr=0.1")
+    assert cfg.epsilon_server_lrs == (0.1, 0.4)
+    assert [pretext.server_lr_at(cfg, e) for e in cfg.epsilons] == [0.1, 0.4]
+    plain = common.load_config("configs/pre_text.py:smoke")
+    assert pretext.server_lr_at(plain, 7.58) == plain.lm.server_lr
+    seen = []
+    monkeypatch.setattr(lm, "run_lm_fl", lambda c, *a, **k: seen.append(c.server_lr) or {
+        "test_accuracy": 0.1, "test_loss": 1.0, "num_params": 1, "noise_multiplier": 1.0,
+        "val_accuracy": 0.1, "val_accuracy_round0": 0.0})
+    base = dataclasses.replace(cfg.lm, seed=0)
+    for eps in cfg.epsilons:
+        out = pretext._run_arm(cfg, "ondevice", base, None, None, None, None, None, None, 10, 0, eps,
+                               str(tmp_path / f"e{eps}"), False, lambda *_: None, None)
+        assert out["server_lr"] == seen[-1]
+    assert seen == [0.1, 0.4]
+    for spec, match in (("epsilon_server_lrs=0.1", "one positive server lr per epsilon"),
+                        ("epsilon_server_lrs=0.1/-1,server_lr=0.1", "one positive server lr per epsilon"),
+                        ("epsilon_server_lrs=0.2/0.4", "disagree")):
+        with pytest.raises(ConfigError, match=match):
+            common.load_config(f"configs/pre_text.py:smoke,epsilons=1.29/7.58,{spec}")
+
+
+def test_an_arm_of_a_one_epsilon_invocation_is_the_same_computation(tmp_path):
+    """Arms run one epsilon per process (each with its own server lr) are read back by the
+    invocation with both epsilons and the per-epsilon lrs; an arm at another lr is refused."""
+    both = common.load_config("configs/pre_text.py:smoke,epsilons=1.29/7.58,epsilon_server_lrs=0.1/0.4,server_lr=0.1")
+    one = common.load_config("configs/pre_text.py:smoke,epsilons=7.58,epsilon_server_lrs=0.4,server_lr=0.4")
+    other = common.load_config("configs/pre_text.py:smoke,epsilons=7.58,server_lr=0.3")
+    for name, c in (("one", one), ("other", other)):
+        sub = tmp_path / name
+        sub.mkdir()
+        (sub / "summary.json").write_text(json.dumps({"config": dataclasses.asdict(c), "test_accuracy": 0.1}))
+    assert pretext._read(str(tmp_path / "one"), both, 7.58)["test_accuracy"] == 0.1
+    with pytest.raises(ConfigError, match="server_lr"):
+        pretext._read(str(tmp_path / "other"), both, 7.58)
+    with pytest.raises(ConfigError, match="other settings"):  # at 1.29 the lr would be 0.1, not 0.4
+        pretext._read(str(tmp_path / "one"), both, 1.29)
