@@ -47,8 +47,9 @@ class PreTextConfig:
     lm: object                         # configs.lm_fl.LMFLConfig (data, model, DP-FTRL)
     epsilons: tuple = (1.29, 7.58)     # PrE-Text's epsilons; each arm's ledger budget
     # the DP-FTRL server lr of (a) and (c) at each of epsilons, in order (None: lm.server_lr at
-    # every epsilon); lm.server_lr must be the first. Chosen on validation per budget (Wang et
-    # al. App. C tune it per noise level): a lr right at one budget diverges at the other
+    # every epsilon); lm.server_lr must be one of them (one epsilon per process:
+    # "epsilons=7.58,epsilon_server_lrs=0.2,server_lr=0.2"). Chosen on validation per budget
+    # (Wang et al. App. C tune it per noise level): a lr right at one budget diverges at the other
     epsilon_server_lrs: tuple | None = None
     seeds: tuple = (0,)
     arms: tuple = ARMS
@@ -106,10 +107,10 @@ class PreTextConfig:
                 raise ConfigError(f"epsilon_server_lrs={'/'.join(map(str, self.epsilon_server_lrs))} must be one "
                                   f"positive server lr per epsilon of epsilons={'/'.join(map(str, self.epsilons))}")
             object.__setattr__(self, "epsilon_server_lrs", lrs)
-            if lrs[0] != self.lm.server_lr:
+            if self.lm.server_lr not in lrs:  # a server_lr the arms would silently not use
                 raise ConfigError(f"server_lr={self.lm.server_lr:g} and epsilon_server_lrs="
-                                  f"{'/'.join(f'{x:g}' for x in lrs)} disagree: the first epsilon's server lr "
-                                  f"is {lrs[0]:g} (set server_lr={lrs[0]:g})")
+                                  f"{'/'.join(f'{x:g}' for x in lrs)} disagree: the DP-FTRL arms run "
+                                  f"epsilon_server_lrs (set server_lr to one of them, e.g. {lrs[0]:g})")
         from fedpriv.recipes.pretext import settings
         try:  # the loop's own settings check (keep_fraction, prefix range, sizes)
             settings(self)

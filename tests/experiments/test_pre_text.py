@@ -213,6 +213,10 @@ def test_dp_ftrl_arms_take_the_server_lr_of_their_epsilon(monkeypatch, tmp_path)
                                str(tmp_path / f"e{eps}"), False, lambda *_: None, None)
         assert out["server_lr"] == seen[-1]
     assert seen == [0.1, 0.4]
+    one = common.load_config("configs/pre_text.py:small,epsilons=7.58,epsilon_server_lrs=0.2,server_lr=0.2")
+    assert pretext.server_lr_at(one, 7.58) == 0.2  # one epsilon per process, at the small scale's lr
+    with pytest.raises(ConfigError, match="one positive server lr per epsilon"):  # the scale's 2 lrs, 1 epsilon
+        common.load_config("configs/pre_text.py:small,epsilons=7.58")
     for spec, match in (("epsilon_server_lrs=0.1", "one positive server lr per epsilon"),
                         ("epsilon_server_lrs=0.1/-1,server_lr=0.1", "one positive server lr per epsilon"),
                         ("epsilon_server_lrs=0.2/0.4", "disagree")):
