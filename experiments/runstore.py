@@ -16,7 +16,8 @@ the results page still dates every run by the commit it ran at (STALE where the 
         --config "configs/public_training.py:small,...,reuse_workdir=experiments/results/run_store/wang"
 
 Refused (one line, exit 2; nothing in the store is changed by a refused call): a run from a
-work tree with uncommitted changes (its code has no commit to date it by), a run without a
+work tree with uncommitted changes to anything but published outputs (``experiments/results/``,
+which a ``small`` run writes into its own checkout: the code is still the commit's), a run without a
 commit or a key, and a run whose key is stored already with other numbers (the same computation
 giving two results: find out why before keeping either). Read-backs (``reused_from``) are copies
 of stored or other runs and are not stored again.
@@ -34,6 +35,17 @@ from fedpriv.data.errors import ConfigError
 STORE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "run_store")
 #: fields a stored run needs: the key that identifies the computation and the commit it ran at
 REQUIRED = ("run_key", "git_commit_full")
+
+
+#: uncommitted changes that are not code: what a ``small`` run publishes into its checkout
+OUTPUT_PREFIX = "experiments/results/"
+
+
+def _outputs_only(paths) -> bool:
+    """Whether a dirty tree's changed files (``git_state``'s list, at most 50 kept: a full list
+    may be truncated, so it is not trusted) are all published outputs, not code: the run then
+    ran its commit's code."""
+    return bool(paths) and len(paths) < 50 and all(str(p).startswith(OUTPUT_PREFIX) for p in paths)
 
 
 def _entry_name(s: dict) -> str:
@@ -78,7 +90,7 @@ def add(workdir: str, store: str) -> dict:
         missing = [k for k in REQUIRED if not s.get(k)]
         if missing:
             raise ConfigError(f"{path}: no {'/'.join(missing)}: a stored run must name the commit it ran at")
-        if s.get("git_dirty") is not False:
+        if s.get("git_dirty") is not False and not _outputs_only(s.get("git_dirty_paths")):
             raise ConfigError(f"{path}: ran in a work tree with uncommitted changes "
                               f"({', '.join(s.get('git_dirty_paths') or ['unknown'])}): its code has no commit")
         key = s["run_key"]

@@ -56,6 +56,10 @@ def test_added_runs_are_read_back_by_key_and_adding_twice_changes_nothing(tmp_pa
     (_run("d" * 16, git_dirty=True, git_dirty_paths=["fedpriv/fl/loop.py"]), "uncommitted changes"),
     (_run("d" * 16, git_dirty=None), "uncommitted changes"),  # unknown: refused too (fail closed)
     (_run("d" * 16, git_commit_full=""), "commit"),
+    (_run("d" * 16, git_dirty=True, git_dirty_paths=["experiments/results/x.json", "fedpriv/fl/loop.py"]),
+     "uncommitted changes"),  # outputs and code: refused
+    (_run("d" * 16, git_dirty=True, git_dirty_paths=[f"experiments/results/{i}.json" for i in range(50)]),
+     "uncommitted changes"),  # a list of 50 may be truncated: not trusted
 ])
 def test_a_run_without_a_clean_commit_is_refused_and_nothing_is_written(tmp_path, bad, message):
     store = str(tmp_path / "store")
@@ -89,3 +93,12 @@ def test_cli_refuses_a_missing_workdir_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a directory" in err[0]
     assert not os.path.exists(tmp_path / "s")
+
+
+def test_a_run_whose_tree_changed_only_published_outputs_is_stored(tmp_path):
+    """A small run publishes into its checkout (experiments/results/): a later run there records
+    a dirty tree, but its code is the commit's."""
+    store = str(tmp_path / "store")
+    run = _run("f" * 16, git_dirty=True, git_dirty_paths=["experiments/results/summaries/public_training.json",
+                                                          "experiments/results/wang-table2-public_training.png"])
+    assert runstore.add(_workdir(tmp_path, [run]), store)["added"] == 1
