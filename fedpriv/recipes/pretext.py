@@ -45,7 +45,7 @@ def server_lr_at(cfg, epsilon: float) -> float:
     return cfg.lm.server_lr if lrs is None else lrs[list(cfg.epsilons).index(epsilon)]
 
 __all__ = ["fred_rows", "public_init", "truncated_teacher", "vote_sampler", "vote_noise", "ft_vote_epsilon", "settings",
-           "client_costs", "run_arms", "ARM_LABELS"]
+           "client_costs", "run_arms", "server_lr_at", "ARM_LABELS"]
 
 ARM_LABELS = {"ondevice": "(a) on-device DP-FTRL", "synthetic": "(b) PrE-Text synthetic only",
               "synthetic_ft": "(c) PrE-Text pre-training + DP-FTRL",
