@@ -239,3 +239,17 @@ def test_an_arm_of_a_one_epsilon_invocation_is_the_same_computation(tmp_path):
         pretext._read(str(tmp_path / "other"), both, 7.58)
     with pytest.raises(ConfigError, match="other settings"):  # at 1.29 the lr would be 0.1, not 0.4
         pretext._read(str(tmp_path / "one"), both, 1.29)
+
+
+def test_samples_table_keeps_one_row_per_sample(smoke):
+    """The LLM's samples hold line breaks and pipes; raw, they split the Markdown table's rows
+    (the small run's samples.md did). Every row has the header's cells, and md_cell keeps the
+    text readable."""
+    assert pre_text.md_cell("Chat:\n\nHey | you?\r\nok") == "Chat: ⏎  ⏎ Hey \\| you? ⏎ ok"
+    assert pre_text.md_cell("") == "" and pre_text.md_cell("plain") == "plain"
+    lines = open(os.path.join(smoke, "samples.md")).read().split("\n\n")[1].strip().splitlines()
+    assert lines[1] == "|---|---|---|"
+    lines = lines[:1] + lines[2:]
+    cells = [len(line.replace("\\|", "").split("|")) for line in lines]
+    assert all(line.startswith("| ") and line.endswith(" |") for line in lines), lines
+    assert len(lines) > 2 and len(set(cells)) == 1, cells
