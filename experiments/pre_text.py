@@ -164,7 +164,10 @@ def rounds_verdicts(cfg, rows: list[dict]) -> list:
         v = V.compare(claim, need, {s: float(cfg.pe_rounds) for s in seeds}, higher_is_better=True, trivial=None,
                       names=("(a) rounds to match (b)", "PrE-Text vote rounds"), digits=3)
         levels = ", ".join(f"{100 * b[s]['val_accuracy']:.2f}" for s in seeds)
+        lrs = sorted({a[s].get("server_lr") for s in seeds} - {None})
         extra = (f"; (b) val accuracy (%) {levels}"
+                 + (f"; (a) at server lr {'/'.join(f'{x:g}' for x in lrs)}, chosen for its validation accuracy "
+                    f"after {cfg.lm.rounds} rounds, not for speed: a larger lr may match sooner" if lrs else "")
                  + (f"; (a) never reached it within {cfg.lm.rounds} rounds for seed(s) "
                     f"{'/'.join(map(str, censored))} (counted as {cfg.lm.rounds})" if censored else ""))
         below = [s for s in seeds if b[s]["val_accuracy"] <= b[s].get("trivial_val_accuracy", -1)]

@@ -184,6 +184,10 @@ def test_rounds_verdict_at_matched_validation_accuracy():
         return out
     (v,) = pre_text.rounds_verdicts(cfg, rows(0.07, {0: 20, 1: 25, 2: 30}))
     assert v.status == V.REPRODUCED and v.gap == pytest.approx(22.0)
+    assert "not for speed" not in v.measured  # the rows name no lr: nothing to qualify
+    lr = [dict(r, server_lr=0.003125) if r["arm_key"] == "ondevice" else r for r in rows(0.07, {0: 20, 1: 25, 2: 30})]
+    (v,) = pre_text.rounds_verdicts(cfg, lr)  # the lr was chosen for the end point: the page says so
+    assert "(a) at server lr 0.003125, chosen for its validation accuracy after 50 rounds, not for speed" in v.measured
     (v,) = pre_text.rounds_verdicts(cfg, rows(0.07, {0: 20, 1: 1000, 2: 30}))  # seed 1 never: 50
     assert v.status == V.REPRODUCED and "never reached it" in v.measured and v.gap == pytest.approx(91 / 3)
     (v,) = pre_text.rounds_verdicts(cfg, rows(0.05, {0: 20, 1: 25, 2: 30}))  # the start matches (b)
