@@ -213,7 +213,7 @@ def test_dp_ftrl_arms_take_the_server_lr_of_their_epsilon(monkeypatch, tmp_path)
         "val_accuracy": 0.1, "val_accuracy_round0": 0.0})
     base = dataclasses.replace(cfg.lm, seed=0)
     for eps in cfg.epsilons:
-        out = pretext._run_arm(cfg, "ondevice", base, None, None, None, None, None, None, 10, 0, eps,
+        out = pretext._run_arm(cfg, "ondevice", base, None, None, None, None, None, None, None, 10, 0, eps,
                                str(tmp_path / f"e{eps}"), False, lambda *_: None, None)
         assert out["server_lr"] == seen[-1]
     assert seen == [0.1, 0.4]
