@@ -79,7 +79,7 @@ ARTEFACTS = (
              "ddg_comparison", "ddg_comparison", outputs=("ddg_comparison.md",)),
     Artefact("pre-text", "beyond the papers", "PrE-Text (Hou et al. 2024): private synthetic text from "
              "the public LLM guided by DP votes vs on-device DP-FTRL at equal epsilon; synthetic "
-             "pre-training + DP-FTRL", "pre_text", "pre_text", ("smoke", "small"),
+             "pre-training + DP-FTRL", "pre_text", "pre_text",
              outputs=("pre_text.md", "rounds_to_match.png", "fred.md", "phases.md", "samples.md")),
     Artefact("koga-iw-regime", "Koga et al. 2023", "IW/IWPT given a fair test: TV of the private target "
              "unigrams vs N_T, eps0, vocabulary, per-user bound; IW/IWPT vs baselines on a large target "

@@ -164,7 +164,10 @@ def rounds_verdicts(cfg, rows: list[dict]) -> list:
         v = V.compare(claim, need, {s: float(cfg.pe_rounds) for s in seeds}, higher_is_better=True, trivial=None,
                       names=("(a) rounds to match (b)", "PrE-Text vote rounds"), digits=3)
         levels = ", ".join(f"{100 * b[s]['val_accuracy']:.2f}" for s in seeds)
+        lrs = sorted({a[s].get("server_lr") for s in seeds} - {None})
         extra = (f"; (b) val accuracy (%) {levels}"
+                 + (f"; (a) at server lr {'/'.join(f'{x:g}' for x in lrs)}, chosen for its validation accuracy "
+                    f"after {cfg.lm.rounds} rounds, not for speed: a larger lr may match sooner" if lrs else "")
                  + (f"; (a) never reached it within {cfg.lm.rounds} rounds for seed(s) "
                     f"{'/'.join(map(str, censored))} (counted as {cfg.lm.rounds})" if censored else ""))
         below = [s for s in seeds if b[s]["val_accuracy"] <= b[s].get("trivial_val_accuracy", -1)]
@@ -226,6 +229,12 @@ def fred_verdicts(freds: list[dict]) -> list:
                                                                  "training users' messages")]
 
 
+def md_cell(text: str) -> str:
+    """``text`` as one Markdown table cell: a line break shown as ``⏎`` and ``|`` escaped (the
+    LLM's samples hold both; raw, they split the table's rows)."""
+    return " ⏎ ".join(line.strip() for line in text.replace("|", "\\|").splitlines()) if text else ""
+
+
 def sample_table(cfg, rows, workdir) -> list[dict]:
     """Synthetic messages of the first (seed, strongest-epsilon) synthetic run beside real
     training messages of the same split (chitchat is a public corpus standing in for private
@@ -240,10 +249,10 @@ def sample_table(cfg, rows, workdir) -> list[dict]:
     real = [m for cid in prepared.train.client_ids[:200] for m in prepared.train_text[cid]]
     random.Random(0).shuffle(real)
     n = min(10, len(s.get("examples", [])))
-    return [{"initial (LLM, before votes)": (s.get("initial_examples") or [""] * n)[i] if i < len(
-                s.get("initial_examples") or []) else "",
-             f"synthetic (released, eps {first['epsilon']:g}, seed {first['seed']})": s["examples"][i],
-             "real (training user)": real[i]} for i in range(n)]
+    initial = s.get("initial_examples") or []
+    return [{"initial (LLM, before votes)": md_cell(initial[i] if i < len(initial) else ""),
+             f"synthetic (released, eps {first['epsilon']:g}, seed {first['seed']})": md_cell(s["examples"][i]),
+             "real (training user)": md_cell(real[i])} for i in range(n)]
 
 
 def main(argv=None):

@@ -37,13 +37,6 @@ from fedpriv.models.metrics import evaluate, most_frequent_token_accuracy
 from fedpriv.recipes import lm
 from fedpriv.synth import evolve as E, release as R
 
-
-def server_lr_at(cfg, epsilon: float) -> float:
-    """The DP-FTRL server lr of the arms at ``epsilon``: ``cfg.epsilon_server_lrs`` (one per
-    epsilon, chosen on validation per budget) or, without it, ``cfg.lm.server_lr``."""
-    lrs = getattr(cfg, "epsilon_server_lrs", None)
-    return cfg.lm.server_lr if lrs is None else lrs[list(cfg.epsilons).index(epsilon)]
-
 __all__ = ["fred_rows", "public_init", "truncated_teacher", "vote_sampler", "vote_noise", "ft_vote_epsilon", "settings",
            "client_costs", "run_arms", "server_lr_at", "ARM_LABELS"]
 
@@ -51,6 +44,13 @@ ARM_LABELS = {"ondevice": "(a) on-device DP-FTRL", "synthetic": "(b) PrE-Text sy
               "synthetic_ft": "(c) PrE-Text pre-training + DP-FTRL",
               "public": "(0) public pre-training only (no private data)"}
 EMBED_DIM = 384  # all-MiniLM-L6-v2
+
+
+def server_lr_at(cfg, epsilon: float) -> float:
+    """The DP-FTRL server lr of the arms at ``epsilon``: ``cfg.epsilon_server_lrs`` (one per
+    epsilon, chosen on validation per budget) or, without it, ``cfg.lm.server_lr``."""
+    lrs = getattr(cfg, "epsilon_server_lrs", None)
+    return cfg.lm.server_lr if lrs is None else lrs[list(cfg.epsilons).index(epsilon)]
 
 
 def truncated_teacher(teacher, layers: int | None):
@@ -277,8 +277,8 @@ def run_arms(cfg, workdir: str, *, teacher=None, embedder=None, progress: bool =
         test = prepared.test.concat_examples()["tokens"][: base.max_eval_examples]
         train_tokens = prepared.train.concat_examples()["tokens"]
         trivial = most_frequent_token_accuracy(train_tokens, test)
-        trivial_val = most_frequent_token_accuracy(
-            train_tokens, prepared.val.concat_examples()["tokens"][: base.max_eval_examples])
+        val = prepared.val.concat_examples()["tokens"][: base.max_eval_examples]
+        trivial_val = most_frequent_token_accuracy(train_tokens, val)
         msgs = _client_messages(prepared, cfg)
         lengths = (train_tokens[:, 1:] > 0).sum(axis=1)
         mean_tokens, mean_msgs = float(lengths.mean()), float(np.mean([len(m) for m in msgs]))
@@ -304,7 +304,7 @@ def run_arms(cfg, workdir: str, *, teacher=None, embedder=None, progress: bool =
                         clients_emb = [np.stack([table[m] for m in ms]) if ms else
                                        np.zeros((0, EMBED_DIM), np.float32) for ms in msgs]
                     log(f"[seed {seed}, eps {eps:g}] {ARM_LABELS[arm]}")
-                    s = _run_arm(cfg, arm, base, prepared, task, test, teacher, embedder,
+                    s = _run_arm(cfg, arm, base, prepared, task, test, val, teacher, embedder,
                                  clients_emb, n, seed, eps, sub, progress, log, start)
                 costs = client_costs(cfg, arm, s["num_params"], mean_tokens, mean_msgs,
                                      cfg.lm.rounds, n)
@@ -321,7 +321,7 @@ def run_arms(cfg, workdir: str, *, teacher=None, embedder=None, progress: bool =
     return rows
 
 
-def _run_arm(cfg, arm, base, prepared, task, test, teacher, embedder, clients_emb, n, seed, eps,
+def _run_arm(cfg, arm, base, prepared, task, test, val, teacher, embedder, clients_emb, n, seed, eps,
              sub, progress, log, start) -> dict:
     """One arm from the params ``start`` (``public_init``), in its own ledger of budget ``eps``."""
     os.makedirs(sub, exist_ok=True)
@@ -341,7 +341,6 @@ def _run_arm(cfg, arm, base, prepared, task, test, teacher, embedder, clients_em
         out["seconds"]["synthetic training"] = time.time() - t1
     if arm == "synthetic":
         m = evaluate(task, init, test, cfg.lm.eval_batch_size)
-        val = prepared.val.concat_examples()["tokens"][: cfg.lm.max_eval_examples]
         out.update(test_accuracy=m["accuracy"], test_loss=m["loss"], num_params=lm.count_params(init),
                    val_accuracy=evaluate(task, init, val, cfg.lm.eval_batch_size)["accuracy"])
     else:

@@ -17,7 +17,8 @@ PAPER = [n for n in config_names() if "paper" in scales_of(n)]
 # refused on the packaged data, with the reason in the message (the papers' populations/pools
 # are not packaged); a change that makes one of these plan must update this list knowingly
 REFUSED = {"fred_mixtures": "pool has 19,782", "fred_pipeline": "pool has 19,782",
-           "fred_table": "pool has 19,782", "population_expansion": "exceeds the 76 training users"}
+           "fred_table": "pool has 19,782", "population_expansion": "exceeds the 76 training users",
+            "pre_text": "generates with LLaMA-2-7B"}
 # these run Wang et al.'s DP-FTRL at the paper's noise on chitchat: simulated StackOverflow
 SIMULATED = ("lm_fl", "lm_sweep", "privacy_utility", "public_training", "wang_ablations")
 

@@ -184,6 +184,10 @@ def test_rounds_verdict_at_matched_validation_accuracy():
         return out
     (v,) = pre_text.rounds_verdicts(cfg, rows(0.07, {0: 20, 1: 25, 2: 30}))
     assert v.status == V.REPRODUCED and v.gap == pytest.approx(22.0)
+    assert "not for speed" not in v.measured  # the rows name no lr: nothing to qualify
+    lr = [dict(r, server_lr=0.003125) if r["arm_key"] == "ondevice" else r for r in rows(0.07, {0: 20, 1: 25, 2: 30})]
+    (v,) = pre_text.rounds_verdicts(cfg, lr)  # the lr was chosen for the end point: the page says so
+    assert "(a) at server lr 0.003125, chosen for its validation accuracy after 50 rounds, not for speed" in v.measured
     (v,) = pre_text.rounds_verdicts(cfg, rows(0.07, {0: 20, 1: 1000, 2: 30}))  # seed 1 never: 50
     assert v.status == V.REPRODUCED and "never reached it" in v.measured and v.gap == pytest.approx(91 / 3)
     (v,) = pre_text.rounds_verdicts(cfg, rows(0.05, {0: 20, 1: 25, 2: 30}))  # the start matches (b)
@@ -209,7 +213,7 @@ def test_dp_ftrl_arms_take_the_server_lr_of_their_epsilon(monkeypatch, tmp_path)
         "val_accuracy": 0.1, "val_accuracy_round0": 0.0})
     base = dataclasses.replace(cfg.lm, seed=0)
     for eps in cfg.epsilons:
-        out = pretext._run_arm(cfg, "ondevice", base, None, None, None, None, None, None, 10, 0, eps,
+        out = pretext._run_arm(cfg, "ondevice", base, None, None, None, None, None, None, None, 10, 0, eps,
                                str(tmp_path / f"e{eps}"), False, lambda *_: None, None)
         assert out["server_lr"] == seen[-1]
     assert seen == [0.1, 0.4]
@@ -239,3 +243,17 @@ def test_an_arm_of_a_one_epsilon_invocation_is_the_same_computation(tmp_path):
         pretext._read(str(tmp_path / "other"), both, 7.58)
     with pytest.raises(ConfigError, match="other settings"):  # at 1.29 the lr would be 0.1, not 0.4
         pretext._read(str(tmp_path / "one"), both, 1.29)
+
+
+def test_samples_table_keeps_one_row_per_sample(smoke):
+    """The LLM's samples hold line breaks and pipes; raw, they split the Markdown table's rows
+    (the small run's samples.md did). Every row has the header's cells, and md_cell keeps the
+    text readable."""
+    assert pre_text.md_cell("Chat:\n\nHey | you?\r\nok") == "Chat: ⏎  ⏎ Hey \\| you? ⏎ ok"
+    assert pre_text.md_cell("") == "" and pre_text.md_cell("plain") == "plain"
+    lines = open(os.path.join(smoke, "samples.md")).read().split("\n\n")[1].strip().splitlines()
+    assert lines[1] == "|---|---|---|"
+    lines = lines[:1] + lines[2:]
+    cells = [len(line.replace("\\|", "").split("|")) for line in lines]
+    assert all(line.startswith("| ") and line.endswith(" |") for line in lines), lines
+    assert len(lines) > 2 and len(set(cells)) == 1, cells
