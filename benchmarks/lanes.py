@@ -26,10 +26,10 @@ import time
 def _run(module: str, config: str, seed: int, workdir: str, core: int | None) -> subprocess.Popen:
     """Start ``python -m module --config config,seed=S --workdir W``, pinned to ``core`` if given."""
     pin = (lambda: os.sched_setaffinity(0, {core})) if core is not None else None
-    log = open(workdir + ".log", "w")
-    return subprocess.Popen([sys.executable, "-m", module, "--config", f"{config},seed={seed}",
-                             "--workdir", workdir], stdout=log, stderr=subprocess.STDOUT,
-                            preexec_fn=pin, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    with open(workdir + ".log", "w") as log:  # the child keeps its own descriptor
+        return subprocess.Popen([sys.executable, "-m", module, "--config", f"{config},seed={seed}",
+                                 "--workdir", workdir], stdout=log, stderr=subprocess.STDOUT,
+                                preexec_fn=pin, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
 def _wait(procs: list[subprocess.Popen], what: str) -> None:
