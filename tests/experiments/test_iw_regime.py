@@ -160,3 +160,13 @@ def test_smoke_run_measures_the_regime(tmp_path):
         assert os.path.exists(tmp_path / f), f
     with open(tmp_path / "summary.json") as f:
         assert json.load(f)["config"]["n_targets"] == [25, 400]
+
+
+def test_each_arm_tests_the_claims_of_the_schemes_it_trains():
+    """The table arm (the study's schemes) tests every claim; the control arm (control_schemes)
+    only those whose two schemes it trains: the others are not part of it, so they are not
+    reported there as "not run yet"."""
+    cfg = iw_config.get_config("small")
+    assert iw_regime.claims_of(cfg.schemes) == list(iw_regime.CLAIMS)
+    assert iw_regime.claims_of(cfg.control_schemes) == [("IW", "S u T")]
+    assert iw_regime.claims_of(("IW",)) == []
