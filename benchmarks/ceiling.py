@@ -9,7 +9,10 @@ ONE model taking steps on 256 rows of packed sentences (~410 sentences a step). 
 the two things that ratio mixes, on the same cohorts of the ``so`` workload (same model, data and
 packing as ``benchmarks.round``):
 
-* **the engine** (``CohortExecutor``, packed, one sequential lane; clip, weight, sum, noise);
+* **the engine** (``CohortExecutor``, packed, one sequential lane; clip, weight, sum, noise),
+  and the same engine with the loss's metric sums (``aux``: loss sum, token and example counts,
+  argmax accuracy over the vocabulary) zeroed, so XLA drops them: what the per-step training
+  metrics cost (same loss, gradients and update);
 * **one model, the engine's own steps**: the same cohorts' packed steps of 16 sentences (same
   row buckets), taken one after the other by one model (grad + SGD, nothing else): what a step of
   the client's batch costs without any federated work around it;
@@ -95,10 +98,19 @@ def measure(args) -> dict:
     local = make_local_step(task.loss_fn, opt)
     step = jax.jit(lambda p, b: local(p, opt.init(p), b, jax.random.key(0))[0])
     vstep = jax.jit(jax.vmap(lambda p, b: local(p, opt.init(p), b, jax.random.key(0))[0]))
-    alg = dp_ftrl(task.loss_fn, opt, server_optimizer("sgd", 1.0), clip_norm=0.5, noise_multiplier=1.0,
-                  expected_cohort_size=args.clients, rounds_per_epoch=1 << 20)
-    ex = CohortExecutor(alg, data, batch_size=B, capacity=args.clients, lanes=1, batching="packed")
-    ex.set_params_size(params)
+    def executor(loss_fn):
+        alg = dp_ftrl(loss_fn, opt, server_optimizer("sgd", 1.0), clip_norm=0.5, noise_multiplier=1.0,
+                      expected_cohort_size=args.clients, rounds_per_epoch=1 << 20)
+        ex = CohortExecutor(alg, data, batch_size=B, capacity=args.clients, lanes=1, batching="packed")
+        ex.set_params_size(params)
+        return alg, ex
+
+    def loss_without_metrics(p, batch, rng):  # the same loss and gradient; metric sums zeroed
+        loss, aux = task.loss_fn(p, batch, rng)
+        return loss, jax.tree_util.tree_map(jax.numpy.zeros_like, aux)
+
+    alg, ex = executor(task.loss_fn)
+    executors = {"engine": ex, "engine, training metrics zeroed": executor(loss_without_metrics)[1]}
     state = alg.init(params, jax.random.key(1))
 
     def models_batches(steps, m):
@@ -112,7 +124,8 @@ def measure(args) -> dict:
         return groups
 
     dense = "one model, 256 dense rows (benchmarks.round's packed ceiling)"
-    paths = {"engine": None, dense: 0, **{f"one model, steps of {e}": e for e in args.examples},
+    paths = {"engine": None, "engine, training metrics zeroed": None, dense: 0,
+             **{f"one model, steps of {e}": e for e in args.examples},
              **{f"{m} models at once (vmap), steps of {B}": -m for m in args.models if m > 1}}
     work = {}  # path -> per round: (callable, real tokens)
     for r, ids in enumerate(cohorts):
@@ -120,7 +133,7 @@ def measure(args) -> dict:
         own = client_steps(data, ids, np.random.default_rng([args.seed, r]))
         for name, e in paths.items():
             if e is None:
-                def run(ids=ids, r=r):
+                def run(ids=ids, r=r, ex=executors[name]):
                     s, _ = ex.run(state, ex.pack(ids, rng=np.random.default_rng([args.seed, r])), jax.random.key(r))
                     block(s.params)
                 work.setdefault(name, []).append((run, real_tokens(data, ids)))
@@ -175,12 +188,16 @@ def markdown(out: dict) -> str:
              f"cohort {out['clients']}, {out['device']})", "",
              f"{out['rounds']} cohorts x {out['repeats']} passes, interleaved; jax {out['jax']}", "",
              "| path | tokens/s | share of the best one-model rate |", "|---|---|---|"]
-    for k in ["engine"] + ([own] if own else []) + [k for k in r if k not in ("engine", own)]:
+    first = [k for k in r if k.startswith("engine")] + ([own] if own else [])
+    for k in first + [k for k in r if k not in first]:
         lines.append(f"| {k} | {r[k]:,.0f} | {100 * out['share_of_best_one_model'][k]:.0f}% |")
     lines.append("")
     if own:
         lines.append(f"- engine / one model on the engine's own steps: **{100 * r['engine'] / r[own]:.0f}%** "
                      "(what the federated loop around the steps costs)")
+    if own and "engine, training metrics zeroed" in r:
+        lines.append(f"- engine with its training metrics zeroed / one model on the engine's own steps: "
+                     f"**{100 * r['engine, training metrics zeroed'] / r[own]:.0f}%**")
     if dense:
         lines.append(f"- engine / 256 dense rows (`benchmarks.round`'s packed ceiling): "
                      f"**{100 * r['engine'] / r[dense]:.0f}%**")
