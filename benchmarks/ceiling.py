@@ -17,14 +17,14 @@ packing as ``benchmarks.round``):
   row buckets), taken one after the other by one model (grad + SGD, nothing else): what a step of
   the client's batch costs without any federated work around it;
 * **one model, steps of E sentences** for E in ``--examples`` (packed the same way, rows
-  bucketed to ``count_buckets(E)``): how tokens/s grows with the examples per step
-  (E = 256 is close to ``benchmarks.round``'s packed ceiling);
+  bucketed to ``count_buckets(E)``): how tokens/s grows with the examples per step;
 * **one model, 256 dense rows**: ``benchmarks.round``'s packed ceiling (sentences packed 256 at
   a time, then steps of 256 full rows, ~400 sentences a step), the reference of its "% of
   ceiling";
-* **M models at once** (``--models``): M independent models (distinct parameters, as M clients
-  after their first step), ``vmap``-ped, each taking the engine's 16-sentence steps: whether
-  running several clients' steps as one program buys CPU throughput.
+* **M models at once** (``--models``): M models, each with its own copy of the parameters
+  (stacked, as M clients hold them; they start equal and diverge after the first step),
+  ``vmap``-ped, each taking the engine's 16-sentence steps: whether running several clients'
+  steps as one program buys CPU throughput.
 
 All are timed interleaved, round after round (``--rounds``), after compiling every shape. Tokens
 are real (non-PAD) target tokens. Reports figures; asserts nothing.
