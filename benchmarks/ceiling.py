@@ -6,8 +6,8 @@
 ``benchmarks.round`` compares the engine (cohort 16, ``batching="packed"``: each local step is a
 client's 16 sentences packed into at most 16 rows, bucketed to ``count_buckets(16)`` rows) with
 ONE model taking steps on 256 rows of packed sentences (~410 sentences a step). This separates
-the two things that ratio mixes, on the same cohorts of the ``so`` workload (same model, data and
-packing as ``benchmarks.round``):
+the two things that ratio mixes, on the same cohorts of the ``so`` workload (same model, client
+sizes, population and packing as ``benchmarks.round``):
 
 * **the engine** (``CohortExecutor``, packed, one sequential lane; clip, weight, sum, noise),
   and the same engine with the loss's metric sums (``aux``: loss sum, token and example counts,
@@ -90,7 +90,7 @@ def measure(args) -> dict:
     cfg = LMConfig(**WORKLOADS["so"])
     task = make_lm_task(make_lm(cfg))
     params = task.init(jax.random.key(0))
-    data = make_population(args.clients, cfg.vocab_size, seed=args.seed)
+    data = make_population(max(args.population, args.clients), cfg.vocab_size, seed=args.seed)
     ids_all = list(data)
     sampler = UniformSampler(len(ids_all), args.clients, seed=args.seed)
     cohorts = [[ids_all[i] for i in sampler.sample(r)] for r in range(args.rounds)]
@@ -98,6 +98,7 @@ def measure(args) -> dict:
     local = make_local_step(task.loss_fn, opt)
     step = jax.jit(lambda p, b: local(p, opt.init(p), b, jax.random.key(0))[0])
     vstep = jax.jit(jax.vmap(lambda p, b: local(p, opt.init(p), b, jax.random.key(0))[0]))
+
     def executor(loss_fn):
         alg = dp_ftrl(loss_fn, opt, server_optimizer("sgd", 1.0), clip_norm=0.5, noise_multiplier=1.0,
                       expected_cohort_size=args.clients, rounds_per_epoch=1 << 20)
@@ -175,6 +176,7 @@ def measure(args) -> dict:
     rates = {k: toks[k] / secs[k] for k in work}
     top = max(v for k, v in rates.items() if k.startswith("one model"))
     return {"workload": "so", "params": count_params(params), "clients": args.clients,
+            "population": max(args.population, args.clients),
             "rounds": args.rounds, "repeats": args.repeats, "device": str(jax.devices()[0]),
             "jax": jax.__version__, "cpu_count": os.cpu_count(), "compile_and_first_run_s": compile_s,
             "tokens_per_s": rates, "share_of_best_one_model": {k: v / top for k, v in rates.items()}}
@@ -211,6 +213,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
     ap.add_argument("--clients", type=int, default=16)
+    ap.add_argument("--population", type=int, default=2000, help="clients to sample cohorts from "
+                    "(benchmarks.round's default)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--examples", type=ints, default=[16, 32, 64, 128, 256])
