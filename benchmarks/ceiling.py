@@ -40,7 +40,8 @@ import jax
 import numpy as np
 import optax
 
-from benchmarks.round import WORKLOADS, B, block, make_population, real_tokens
+from benchmarks import write_results
+from benchmarks.round import WORKLOADS, B, block, dense_rows, make_population, real_tokens
 from fedpriv.fl.algorithms import dp_ftrl, server_optimizer
 from fedpriv.fl.client import make_local_step
 from fedpriv.fl.execution import CohortExecutor
@@ -64,16 +65,6 @@ def packed_steps(tokens: np.ndarray, per_step: int) -> list[dict]:
         r = counts[bucketing.bucket_index(rows, counts)]
         out.append({f: v[:r] for f, v in p.items()})
     return out
-
-
-def dense_rows(tokens: np.ndarray, rows: int) -> list[dict]:
-    """``benchmarks.round.ceiling(pack=True)``'s steps: sentences packed ``rows`` at a time, the
-    rows concatenated and cut into steps of ``rows`` full rows (a partial last step dropped)."""
-    parts = [bucketing.pack_sentences(tokens[i:i + rows], np.ones(len(tokens[i:i + rows]), np.float32))
-             for i in range(0, len(tokens), rows)]
-    flat = {k: np.concatenate([p[k][:r] for p, r in parts]) for k in parts[0][0]}
-    m = len(flat["mask"]) // rows * rows
-    return [{k: v[i:i + rows] for k, v in flat.items()} for i in range(0, m, rows)]
 
 
 def client_steps(data, ids, rng) -> list[dict]:
@@ -231,11 +222,7 @@ def main(argv=None):
     md = markdown(out)
     print(md)
     if args.workdir:
-        os.makedirs(args.workdir, exist_ok=True)
-        with open(os.path.join(args.workdir, "ceiling.json"), "w") as f:
-            json.dump(out, f, indent=1)
-        with open(os.path.join(args.workdir, "ceiling.md"), "w") as f:
-            f.write(md)
+        write_results(out, md, os.path.join(args.workdir, "ceiling"))
 
 
 if __name__ == "__main__":

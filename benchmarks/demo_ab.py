@@ -26,6 +26,8 @@ import sys
 import tempfile
 import time
 
+from benchmarks import write_results
+
 VARIANTS = {
     "before (padded, no XLA cache)": (",batching=padded", {"FEDPRIV_XLA_CACHE": "off"}),
     "after (auto = packed, warm XLA cache)": ("", {}),
@@ -100,11 +102,7 @@ def main(argv=None):
     md = markdown(out)
     print(md)
     if args.out:
-        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-        with open(args.out + ".json", "w") as f:
-            json.dump(out, f, indent=1)
-        with open(args.out + ".md", "w") as f:
-            f.write(md)
+        write_results(out, md, args.out)
 
 
 if __name__ == "__main__":

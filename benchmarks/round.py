@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from benchmarks import write_results
 from configs.lm_fl import CLIENT_COMPUTE
 from fedpriv.dp.clipping import clip_update
 from fedpriv.fl.algorithms import dp_ftrl, server_optimizer
@@ -161,6 +162,18 @@ def peak_memory_bytes() -> int | None:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # CPU: process max RSS
 
 
+def dense_rows(tokens: np.ndarray, rows: int) -> list[dict]:
+    """Sentences packed ``rows`` at a time (``bucketing.pack_sentences``), the rows concatenated
+    and cut into steps of ``rows`` full rows (a partial last step dropped, unless it is the only
+    one): the packed ceiling's steps."""
+    from fedpriv.models import bucketing
+    parts = [bucketing.pack_sentences(tokens[i:i + rows], np.ones(len(tokens[i:i + rows]), np.float32))
+             for i in range(0, len(tokens), rows)]
+    flat = {k: np.concatenate([p[k][:r] for p, r in parts]) for k in parts[0][0]}
+    m = len(flat["mask"]) // rows * rows or len(flat["mask"])
+    return [{k: v[i:i + rows] for k, v in flat.items()} for i in range(0, m, min(rows, m))]
+
+
 def ceiling(task, params, data, ids, batch=256, repeats=2, trim=False, compute_dtype=None,
             pack=False) -> float:
     """Tokens/s of ONE model taking grad+SGD steps on large batches of the same examples.
@@ -176,12 +189,7 @@ def ceiling(task, params, data, ids, batch=256, repeats=2, trim=False, compute_d
     local = make_local_step(task.loss_fn, opt, compute_dtype)
     step = jax.jit(lambda p, b: local(p, opt.init(p), b, jax.random.key(0))[0])
     if pack:
-        from fedpriv.models import bucketing
-        parts = [bucketing.pack_sentences(tok[i:i + batch], np.ones(len(tok[i:i + batch]), np.float32))
-                 for i in range(0, len(tok), batch)]
-        rows = {k: np.concatenate([p[k][:r] for p, r in parts]) for k in parts[0][0]}
-        m = len(rows["mask"]) // batch * batch or len(rows["mask"])
-        batches = [{k: v[i:i + batch] for k, v in rows.items()} for i in range(0, m, min(batch, m))]
+        batches = dense_rows(tok, batch)
         real = sum(int((b["targets"] != 0).sum()) for b in batches)
     elif trim:
         from fedpriv.models import bucketing
@@ -475,11 +483,7 @@ def main(argv=None):
     out = measure(args)
     md = markdown(out)
     if args.workdir:
-        os.makedirs(args.workdir, exist_ok=True)
-        with open(os.path.join(args.workdir, "round.json"), "w") as f:
-            json.dump(out, f, indent=1)
-        with open(os.path.join(args.workdir, "round.md"), "w") as f:
-            f.write(md)
+        write_results(out, md, os.path.join(args.workdir, "round"))
     print(json.dumps(out) if args.json else md)
     return 0
 
