@@ -1,0 +1,71 @@
+"""benchmarks.ceiling's "top-1 without the argmax" engine path computes what the engine computes:
+``top1_correct`` is the argmax test (ties and -inf included), and ``top1_loss`` gives the loss,
+gradient and metric sums of ``task.loss_fn`` on padded and packed batches."""
+import jax
+import numpy as np
+
+from benchmarks.ceiling import top1_correct, top1_loss
+from fedpriv.models import bucketing
+from fedpriv.models.lm import LMConfig, make_lm, make_lm_task
+
+
+def _tied_logits(seed, shape=(64, 7, 12)):
+    """Integer-valued logits from {-inf, -2, ..., 2}: most rows hold several equal maxima."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-3, 3, size=shape).astype(np.float32)
+    x[x == -3] = -np.inf
+    return x, rng.integers(0, shape[-1], size=shape[:-1])
+
+
+def test_top1_correct_is_the_argmax_test_with_ties():
+    for seed in range(5):
+        logits, targets = _tied_logits(seed)
+        want = np.argmax(logits, axis=-1) == targets  # numpy: the first maximum
+        got = np.asarray(jax.jit(top1_correct)(logits, targets))
+        np.testing.assert_array_equal(got, want)
+        assert want.any() and (~want).any()
+    # the data catches the naive form (target logit == row max), which counts every tie as right
+    logits, targets = _tied_logits(0)
+    naive = np.take_along_axis(logits, targets[..., None], -1)[..., 0] == logits.max(-1)
+    assert (naive != (np.argmax(logits, -1) == targets)).sum() > 10
+
+
+def test_top1_correct_on_float_logits_and_all_minus_inf_rows():
+    x = np.array(jax.random.normal(jax.random.key(0), (4, 5, 300)))
+    t = np.array(jax.random.randint(jax.random.key(1), (4, 5), 0, 300))
+    t[0, :] = np.argmax(x[0], -1)  # some hits
+    np.testing.assert_array_equal(np.asarray(top1_correct(x, t)), np.argmax(x, -1) == t)
+    x[1, 2, :] = -np.inf  # argmax is 0: only a target 0 would be right
+    t[1, 2] = 5
+    assert not bool(top1_correct(x, t)[1, 2])
+
+
+def test_top1_loss_equals_the_task_loss_padded_and_packed():
+    cfg = LMConfig(vocab_size=50, embed_dim=8, hidden_dim=16, max_len=10)
+    task = make_lm_task(make_lm(cfg))
+    params = task.init(jax.random.key(0))
+    rng = np.random.default_rng(0)
+    tokens = np.zeros((6, cfg.max_len + 1), np.int32)
+    for i, n in enumerate([3, 9, 1, 5, 10, 7]):
+        tokens[i, 0], tokens[i, 1:n + 1] = 2, rng.integers(1, cfg.vocab_size, n)
+        if n < cfg.max_len:
+            tokens[i, n + 1] = 3
+    mask = np.array([1, 1, 1, 1, 1, 0], np.float32)
+    packed, _ = bucketing.pack_sentences(tokens, mask)
+    ours = jax.jit(jax.value_and_grad(top1_loss(task), has_aux=True))
+    theirs = jax.jit(jax.value_and_grad(task.loss_fn, has_aux=True))
+    for batch in ({"tokens": tokens, "mask": mask}, packed):
+        (l1, a1), g1 = ours(params, batch, None)
+        (l2, a2), g2 = theirs(params, batch, None)
+        assert float(l1) == float(l2) and set(a1) == set(a2)
+        for k in a1:
+            assert float(a1[k]) == float(a2[k]), k
+        jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), g1, g2)
+    # num_correct must be non-zero for its equality to mean something: a head biased towards
+    # token 7, and sentences of 7s with ties against token 9 (equal bias: the first maximum wins)
+    bias = params["head"]["logits"]["bias"].at[7].set(50.0).at[9].set(50.0)
+    hit = {**params, "head": {**params["head"], "logits": {**params["head"]["logits"], "bias": bias}}}
+    sevens = np.where(tokens > 3, np.where(np.arange(tokens.shape[1]) % 2, 7, 9), tokens).astype(np.int32)
+    (_, a1), _ = ours(hit, {"tokens": sevens, "mask": mask}, None)
+    (_, a2), _ = theirs(hit, {"tokens": sevens, "mask": mask}, None)
+    assert float(a1["num_correct"]) == float(a2["num_correct"]) > 0
