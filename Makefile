@@ -21,7 +21,7 @@ $(STAMP): requirements.lock requirements-nodeps.txt Makefile
 	touch $(STAMP)
 
 demo: setup
-	$(PY) -m experiments.demo --config configs/demo.py:small --workdir runs/demo
+	$(PY) -m experiments.demo --config configs/demo.py:small --workdir runs/demo --no-publish
 
 test: setup
 	$(PY) -m pytest -q -n 2 --dist loadfile --durations=25 tests

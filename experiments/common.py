@@ -95,15 +95,22 @@ class ArgumentParser(argparse.ArgumentParser):
 def config_and_workdir(argv, doc: str, name: str, workdir: str | None = None):
     """Every experiment's command line: ``--config configs/<name>.py:<scale>[,field=value...]``
     (default scale ``small``) and ``--workdir`` (default ``runs/<name>``). Returns
-    ``(config, workdir, config spec)``; usage errors are one line (exit 2)."""
+    ``(config, workdir, config spec)``; usage errors are one line (exit 2). ``--no-publish``: a
+    ``small`` / ``paper`` run does not publish its compact summary into the repository
+    (:func:`record_invocation`)."""
     ap = ArgumentParser(description=doc.strip().splitlines()[0])
     ap.add_argument("--config", default=f"configs/{name}.py:small",
                     help="path.py:scale[,field=value,...] (scales: smoke, small, paper)")
     ap.add_argument("--workdir", default=workdir or f"runs/{name}")
+    ap.add_argument("--no-publish", action="store_true",
+                    help="keep the run's compact summary in the work directory: do not publish it "
+                         "(or its figures) under experiments/results/ (make demo: the main job leaves "
+                         "the checkout as it was)")
     args = ap.parse_args(argv)
     cfg = load_config(args.config)
     hold_workdir(args.workdir)
-    _LAST_RUN.update(workdir=args.workdir, config=args.config, module=f"experiments.{name}")
+    _LAST_RUN.update(workdir=args.workdir, config=args.config, module=f"experiments.{name}",
+                     publish=not args.no_publish)
     return cfg, args.workdir, args.config
 
 
@@ -156,8 +163,8 @@ def record_invocation(wall_s: float | None = None, cpu_s: float | None = None) -
     which the results page (``python -m experiments.results``)
     shows next to the artefact, and the run's compact summary (``experiments.results.
     record_compact``: ``<workdir>/compact.json``, published under ``experiments/results/summaries/``
-    for a ``small`` / ``paper`` run). A run that failed writes nothing, so the files always
-    describe the outputs beside them."""
+    for a ``small`` / ``paper`` run unless it was started with ``--no-publish``). A run that
+    failed writes nothing, so the files always describe the outputs beside them."""
     if not _LAST_RUN or not os.path.isdir(_LAST_RUN["workdir"]):
         return
 
@@ -170,7 +177,7 @@ def record_invocation(wall_s: float | None = None, cpu_s: float | None = None) -
            "cpu_s": None if cpu_s is None else round(cpu_s, 1)}
     save_json(inv, os.path.join(_LAST_RUN["workdir"], INVOCATION_FILE))
     from experiments import results  # here: results imports this module
-    results.record_compact(inv, _LAST_RUN["workdir"])
+    results.record_compact(inv, _LAST_RUN["workdir"], publish=_LAST_RUN.get("publish", True))
 
 
 def printing_main(run, doc: str, name: str, *shown: str):

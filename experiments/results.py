@@ -308,13 +308,14 @@ def compact_summary(invocation: dict, workdir: str) -> dict:
 
 
 def record_compact(invocation: dict, workdir: str, summary_dir: str | None = None,
-                   results_dir: str | None = None) -> dict:
+                   results_dir: str | None = None, publish: bool = True) -> dict:
     """Write ``<workdir>/compact.json``; for a ``small`` / ``paper`` run also publish it as
     ``<summary_dir>/<module>.json`` and its figures as ``<results_dir>/<artefact>-<name>``
-    (defaults: the repository's ``experiments/results/``). Returns the summary."""
+    (defaults: the repository's ``experiments/results/``), unless ``publish`` is False (the
+    CLI's ``--no-publish``). Returns the summary."""
     summary = compact_summary(invocation, workdir)
     save_json(summary, os.path.join(workdir, COMPACT_FILE))
-    if _scale(invocation.get("config", "")) in PUBLISH_SCALES and summary["artefacts"]:
+    if publish and _scale(invocation.get("config", "")) in PUBLISH_SCALES and summary["artefacts"]:
         summary_dir = summary_dir or SUMMARY_DIR
         results_dir = results_dir or RESULTS_DIR
         os.makedirs(summary_dir, exist_ok=True)

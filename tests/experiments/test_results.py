@@ -278,3 +278,25 @@ def test_dirty_tree_note_says_whether_code_was_uncommitted():
     assert "no code" in _dirty_note(True, ["experiments/results/summaries/demo.json"])
     for paths in (["fedpriv/dp/noise.py"], ["experiments/results/summaries/demo.json", "configs/lm_fl.py"], [], None):
         assert _dirty_note(True, paths) == "; the tree had uncommitted changes"
+
+
+def test_no_publish_keeps_a_small_run_out_of_the_repository(tmp_path, monkeypatch):
+    """``--no-publish`` (make demo): a small run's compact summary stays in its workdir; without
+    it the same run publishes (into a stand-in for experiments/results/)."""
+    summaries, figs = tmp_path / "summaries", tmp_path / "figs"
+    figs.mkdir()
+    monkeypatch.setattr(results, "SUMMARY_DIR", str(summaries))
+    monkeypatch.setattr(results, "RESULTS_DIR", str(figs))
+
+    def main(argv):  # an experiment that writes nothing: what the CLI records is under test
+        common.config_and_workdir(argv, "stand-in", "latency_figure")
+
+    for flag, published in ((["--no-publish"], False), ([], True)):
+        wd = tmp_path / f"run{len(flag)}"
+        common.cli(main, ["--config", "configs/latency_figure.py:small", "--workdir", str(wd), *flag])
+        assert (wd / results.COMPACT_FILE).exists()
+        assert (summaries / "latency_figure.json").exists() == published, flag
+    # the README's main job is that run with --no-publish: make demo leaves the checkout as it was
+    with open(os.path.join(results.ROOT, "Makefile")) as f:
+        demo = [line for line in f if "-m experiments.demo " in line]
+    assert demo and all("--no-publish" in line for line in demo), demo
