@@ -1,7 +1,11 @@
 """benchmarks.ceiling's "top-1 without the argmax" engine path computes what the engine computes:
 ``top1_correct`` is the argmax test (ties and -inf included), and ``top1_loss`` gives the loss,
-gradient and metric sums of ``task.loss_fn`` on padded and packed batches."""
+gradient and metric sums of ``task.loss_fn`` on padded and packed batches; benchmarks.profile_phases'
+buckets partition a profile."""
+import time
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.ceiling import top1_correct, top1_loss
@@ -69,3 +73,25 @@ def test_top1_loss_equals_the_task_loss_padded_and_packed():
     (_, a1), _ = ours(hit, {"tokens": sevens, "mask": mask}, None)
     (_, a2), _ = theirs(hit, {"tokens": sevens, "mask": mask}, None)
     assert float(a1["num_correct"]) == float(a2["num_correct"]) > 0
+
+
+def test_profile_buckets_cover_the_whole_profile_and_find_the_compile(tmp_path):
+    """benchmarks.profile_phases: the buckets partition the profile's self time, and a fresh jit
+    compile and a blocking read of its result land in their own buckets."""
+    import cProfile
+    import pstats
+
+    from benchmarks.profile_phases import BUCKETS, WAIT, buckets_of
+
+    salt = float(time.time_ns() % 1_000_003)  # a program no cache holds (the suite keeps a persistent one)
+
+    def work():
+        f = jax.jit(lambda x: jnp.tanh(x @ x.T).sum() + salt)
+        np.asarray(f(jnp.ones((300, 300))))
+
+    prof = str(tmp_path / "p.prof")
+    cProfile.runctx("work()", globals(), {"work": work}, prof)
+    got = buckets_of(prof)
+    total = sum(v[2] for v in pstats.Stats(prof).stats.values())
+    assert set(got) == set(BUCKETS) and abs(sum(got.values()) - total) < 1e-9
+    assert got["XLA compile"] > 0 and got[WAIT] >= 0
