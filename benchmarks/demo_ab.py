@@ -24,6 +24,7 @@ every change made since (not only the two defaults above). Its runs may predate
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import os
@@ -32,7 +33,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks import write_results
+from benchmarks import ROOT, short_commit, worktree, write_results
 
 VARIANTS = {
     "before (padded, no XLA cache)": (",batching=padded", {"FEDPRIV_XLA_CACHE": "off"}),
@@ -56,7 +57,8 @@ def run_once(config_suffix: str, env: dict, workdir: str, cwd: str | None = None
 
 def markdown(out: dict) -> str:
     lines = ["# `make demo` before / after (issue 27)", "",
-             f"{out['pairs']} alternating pairs after one untimed warm-up run; fresh process and workdir "
+             f"{out['pairs']} alternating pairs after one untimed warm-up run"
+             f"{' per side' if out.get('before_commit') else ''}; fresh process and workdir "
              "each; process wall seconds", "",
              "| variant | run | wall s | data s | training s | evaluation s | val accuracy | val loss |",
              "|---|---|---|---|---|---|---|---|"]
@@ -85,38 +87,29 @@ def _pairs(pairs: int, variants: dict) -> dict:
     return runs
 
 
-def _git(root: str, *args: str) -> str:
-    return subprocess.run(["git", "-C", root, *args], check=True, capture_output=True, text=True).stdout.strip()
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pairs", type=int, default=2)
     ap.add_argument("--before-commit", help="'before' = this commit's code (a temporary worktree)")
     ap.add_argument("--out", help="write OUT.json and OUT.md")
     args = ap.parse_args(argv)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    variants = {name: (suffix, env, None) for name, (suffix, env) in VARIANTS.items()}
-    old_tree = None
-    if args.before_commit:
-        sha = _git(root, "rev-parse", "--short", f"{args.before_commit}^{{commit}}")
-        old_tree = tempfile.mkdtemp(prefix=f"demo_ab-{sha}-")
-        _git(root, "worktree", "add", "--detach", old_tree, sha)
-        after = list(VARIANTS)[1]
-        variants = {f"before ({sha}, its own defaults)": ("", {}, old_tree),
-                    after: variants[after]}
-    pattern = os.path.join(root, "experiments", "results", "demo-*")
-    published = [os.path.join(root, "experiments", "results", "summaries", "demo.json"), *glob.glob(pattern)]
+    pattern = os.path.join(ROOT, "experiments", "results", "demo-*")
+    published = [os.path.join(ROOT, "experiments", "results", "summaries", "demo.json"), *glob.glob(pattern)]
     kept = {}
     for p in published:
         if os.path.exists(p):
             with open(p, "rb") as f:
                 kept[p] = f.read()
+    variants = {name: (suffix, env, None) for name, (suffix, env) in VARIANTS.items()}
     try:
-        runs = _pairs(args.pairs, variants)
+        with contextlib.ExitStack() as stack:  # the before-commit's worktree, removed on the way out
+            if args.before_commit:
+                sha = short_commit(args.before_commit)
+                after = list(VARIANTS)[1]
+                variants = {f"before ({sha}, its own defaults)": ("", {}, stack.enter_context(worktree(sha))),
+                            after: variants[after]}
+            runs = _pairs(args.pairs, variants)
     finally:  # the runs re-published the demo's summary and figures: put them back
-        if old_tree:
-            _git(root, "worktree", "remove", "--force", old_tree)
         for p in set(published) | set(glob.glob(pattern)):
             if p in kept:
                 with open(p, "wb") as f:
@@ -125,7 +118,7 @@ def main(argv=None):
                 os.remove(p)
     means = [sum(r["wall_s"] for r in v) / len(v) for v in runs.values()]
     out = {"pairs": args.pairs, "before_commit": args.before_commit,
-           "after_commit": _git(root, "rev-parse", "--short", "HEAD"),
+           "after_commit": short_commit("HEAD"),
            "runs": runs, "mean_wall_s": means, "speedup": means[0] / means[1],
            "python": sys.version.split()[0], "cpu_count": os.cpu_count()}
     md = markdown(out)

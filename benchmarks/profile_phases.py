@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks import write_results
+from benchmarks import short_commit, worktree, write_results
 
 WAIT, DATA = "waiting for XLA results", "data, tokenization, model files"
 BUCKETS = ("XLA compile", WAIT, "JAX / Flax / optax / orbax Python", "privacy accounting", DATA,
@@ -78,16 +78,10 @@ def buckets_of(profile: str) -> dict:
     return out
 
 
-def _git(root: str, *args: str) -> str:
-    return subprocess.run(["git", "-C", root, *args], check=True, capture_output=True, text=True).stdout.strip()
-
-
-def run_side(root: str, commit: str, module: str, spec: str, tmp: str) -> dict:
+def run_side(commit: str, module: str, spec: str, tmp: str) -> dict:
     """One profiled run of ``module`` at ``commit`` (a temporary worktree): wall and buckets, or
     the run's last line of stderr as ``error`` when it failed."""
-    tree = tempfile.mkdtemp(prefix=f"profile-{commit}-", dir=tmp)
-    _git(root, "worktree", "add", "--detach", tree, commit)
-    try:
+    with worktree(commit, tmp) as tree:
         prof, workdir = os.path.join(tmp, f"{commit}-{module}.prof"), os.path.join(tmp, f"{commit}-{module}")
         cmd = [sys.executable, "-m", "cProfile", "-o", prof, "-m", f"experiments.{module}", "--config", spec,
                "--workdir", workdir]
@@ -98,8 +92,6 @@ def run_side(root: str, commit: str, module: str, spec: str, tmp: str) -> dict:
             last = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
             return {"commit": commit, "wall_s": wall, "error": last}
         return {"commit": commit, "wall_s": wall, "self_s": buckets_of(prof)}
-    finally:
-        _git(root, "worktree", "remove", "--force", tree)
 
 
 def markdown(out: dict) -> str:
@@ -116,7 +108,8 @@ def markdown(out: dict) -> str:
         lines.append("| **total (profile)** | " + " | ".join(
             cell(s, lambda s: f"{sum(s['self_s'].values()):.1f}") for s in sides) + " |")
         lines.append("| process wall | " + " | ".join(f"{s['wall_s']:.1f}" for s in sides) + " |")
-        lines += [f"- {s['commit']} failed: {s['error']}" for s in sides if "error" in s] + [""]
+        fails = [f"- {s['commit']} failed: {s['error']}" for s in sides if "error" in s]
+        lines += [""] + fails + ([""] if fails else [])
     return "\n".join(lines)
 
 
@@ -128,13 +121,11 @@ def main(argv=None):
     ap.add_argument("--out", help="write OUT.json and OUT.md")
     args = ap.parse_args(argv)
     from experiments.__main__ import ARTEFACTS
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     by_name = {a.name: a for a in ARTEFACTS}
     todo = [(n.partition("@")[0], n.partition("@")[2] or args.before_commit) for n in args.artefacts]
     unknown = [n for n, _ in todo if n not in by_name or by_name[n].module is None]
     if unknown:
         ap.error(f"unknown artefact(s) or no module: {', '.join(unknown)}")
-    short = lambda c: _git(root, "rev-parse", "--short", f"{c}^{{commit}}")  # noqa: E731
     out = {"scale": args.scale, "artefacts": {}, "commands": {}, "python": sys.version.split()[0],
            "cpu_count": os.cpu_count()}
     with tempfile.TemporaryDirectory() as tmp:
@@ -142,7 +133,7 @@ def main(argv=None):
             a = by_name[name]
             spec = f"configs/{a.config}.py:{args.scale}"
             out["commands"][name] = f"python -m experiments.{a.module} --config {spec}"
-            out["artefacts"][name] = [run_side(root, short(c), a.module, spec, tmp) for c in (before, "HEAD")]
+            out["artefacts"][name] = [run_side(short_commit(c), a.module, spec, tmp) for c in (before, "HEAD")]
             md = markdown(out)
             print(md, flush=True)
             if args.out:  # after every artefact: a later failure keeps what was measured
