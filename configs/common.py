@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 
@@ -91,15 +92,24 @@ LIMITS = {
 # a budget anyone can be charged; an infinite learning rate or target is a typo).
 FINITE = ("noise_multiplier", "target_epsilon", "total_epsilon", "fred_epsilon", "epsilon",
           "epsilons", "epsilons0", "base_epsilon0", "delta", "client_lr", "server_lr",
-          "central_lr", "prefinetune_lr")
+          "central_lr", "prefinetune_lr", "server_lrs", "student_server_lrs", "epsilon_server_lrs")
 
 
 def _kinds(annotation) -> set[str]:
     """``"int | None"`` -> ``{"int", "None"}`` (also ``Optional[...]`` and real types)."""
     text = annotation if isinstance(annotation, str) else getattr(annotation, "__name__",
                                                                   str(annotation))
-    text = text.replace("typing.", "").replace("Optional[", "None | ").replace("]", "")
+    text = re.sub(r"(?i)tuple\[[^\]]*\]", "tuple", text.replace("typing.", ""))  # tuple[float, ...]
+    text = text.replace("Optional[", "None | ").replace("]", "")
     return {k.strip() for k in text.split("|") if k.strip()}
+
+
+def _tuple_element(annotation) -> str | None:
+    """``"tuple[float, ...] | None"`` -> ``"float"``: a tuple field's element kind where the
+    annotation names one (a field that defaults to None has no element to read it from)."""
+    text = annotation if isinstance(annotation, str) else str(annotation)
+    m = re.search(r"tuple\[\s*(\w+)", text.replace("typing.", "").replace("Tuple[", "tuple["))
+    return m.group(1) if m and m.group(1) in _SCALARS else None
 
 
 def _kind_of(kinds: set[str], current) -> str | None:
@@ -149,7 +159,7 @@ def parse_value(current, annotation, text: str, name: str = "value"):
             raise ConfigError(f"override {name!r}: None is not allowed (type {shown})")
         return text
     if is_tuple:  # "none" here is an element (public_training's rows=none: the no-public-data row)
-        elem = type(current[0]).__name__ if current else "str"
+        elem = _tuple_element(annotation) or (type(current[0]).__name__ if current else "str")
         if not text.strip():
             return ()
         parts = text.split("/")

@@ -35,7 +35,7 @@ class PrivacyUtilityConfig:
     tokenizers: tuple = ("sentencepiece",)      # name[:vocab size], one table block each (Figure 1)
     seeds: tuple = (0,)
     epsilons: tuple = (18.71, 1.77)             # the DP-FTRL rows (delta = lm.delta)
-    server_lrs: tuple | None = None             # grid for the DP rows (App. C); None = lm.server_lr
+    server_lrs: tuple[float, ...] | None = None  # grid for the DP rows (App. C); None = lm.server_lr
     tuned: bool = False                         # DP rows use configs.lm_fl.TUNED[epsilon]
 
     def __post_init__(self):

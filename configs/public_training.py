@@ -49,15 +49,15 @@ class PublicTrainingConfig(LMFLFields):
     pool_seed: int = 0
     # the students of Table 2/3's columns, each trained on every row (None: just `arch`); the
     # first must be `arch`. LSTM runs stay at the workdir's top level, others in <workdir>/<arch>/
-    archs: tuple | None = None
+    archs: tuple[str, ...] | None = None
     # the server lr of each student of archs, in order (chosen per student on validation; None:
     # server_lr for every student); or one per (student, epsilon), student-major, as App. C tunes
     # it per epsilon: archs=lstm/transformer, epsilons=1.77/18.71 -> lstm at 1.77 / lstm at 18.71 /
     # transformer at 1.77 / transformer at 18.71. server_lr must be the first of them
-    student_server_lrs: tuple | None = None
+    student_server_lrs: tuple[float, ...] | None = None
     # the one student's server lr at each of epsilons, in order (None: server_lr at every epsilon;
     # several students: student_server_lrs' per-epsilon form). server_lr must be the first
-    epsilon_server_lrs: tuple | None = None
+    epsilon_server_lrs: tuple[float, ...] | None = None
     t_prime: int | None = None            # None: T/2 (§5.3)
     epsilons: tuple = (1.77, 18.71)       # z calibrated to each for this run's schedule
     # public training (§3.2, §4, §5; App. B.2–B.3)
@@ -115,7 +115,7 @@ class PublicTrainingConfig(LMFLFields):
             given = getattr(self, name)
             if given is None:
                 continue
-            lrs = _positive_floats(given)  # an override arrives as strings ("0.05/0.02")
+            lrs = _positive_floats(given)
             if lrs is None or len(lrs) not in sizes:
                 raise ConfigError(f"{name}={'/'.join(map(str, given))} must be {what}")
             object.__setattr__(self, name, lrs)
@@ -157,7 +157,7 @@ class PublicTrainingConfig(LMFLFields):
 
 
 def _positive_floats(values) -> tuple | None:
-    """``values`` as positive finite floats (an override gives strings), or None if one is not."""
+    """``values`` as positive finite floats, or None if one is not (a bool, or a value float() refuses)."""
     try:
         out = tuple(float(x) for x in values if not isinstance(x, bool))
     except (TypeError, ValueError):

@@ -229,12 +229,6 @@ def fred_verdicts(freds: list[dict]) -> list:
                                                                  "training users' messages")]
 
 
-def md_cell(text: str) -> str:
-    """``text`` as one Markdown table cell: a line break shown as ``⏎`` and ``|`` escaped (the
-    LLM's samples hold both; raw, they split the table's rows)."""
-    return " ⏎ ".join(line.strip() for line in text.replace("|", "\\|").splitlines()) if text else ""
-
-
 def sample_table(cfg, rows, workdir) -> list[dict]:
     """Synthetic messages of the first (seed, strongest-epsilon) synthetic run beside real
     training messages of the same split (chitchat is a public corpus standing in for private
@@ -250,9 +244,9 @@ def sample_table(cfg, rows, workdir) -> list[dict]:
     random.Random(0).shuffle(real)
     n = min(10, len(s.get("examples", [])))
     initial = s.get("initial_examples") or []
-    return [{"initial (LLM, before votes)": md_cell(initial[i] if i < len(initial) else ""),
-             f"synthetic (released, eps {first['epsilon']:g}, seed {first['seed']})": md_cell(s["examples"][i]),
-             "real (training user)": md_cell(real[i])} for i in range(n)]
+    return [{"initial (LLM, before votes)": initial[i] if i < len(initial) else "",
+             f"synthetic (released, eps {first['epsilon']:g}, seed {first['seed']})": s["examples"][i],
+             "real (training user)": real[i]} for i in range(n)]
 
 
 def main(argv=None):

@@ -67,9 +67,23 @@ def run_record(config, seed: int) -> dict:
             "time": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
+def md_cell(value) -> str:
+    """``value`` as one Markdown table cell: a float to 4 significant digits, None empty, and
+    text with ``|`` escaped and its line breaks shown as ``⏎`` (raw, either splits the table's
+    row: an LLM's samples hold both)."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if value is None:
+        return ""
+    text = str(value).replace("|", "\\|")
+    lines = text.splitlines()
+    return text if lines == [text] else " ⏎ ".join(line.strip() for line in lines)
+
+
 def write_table(rows: list[dict], workdir: str, name: str, columns: list[str] | None = None,
                 title: str | None = None, notes: list[str] | None = None) -> tuple[str, str]:
-    """Write ``rows`` as ``<name>.csv`` and ``<name>.md`` in ``workdir``; returns the paths."""
+    """Write ``rows`` as ``<name>.csv`` (values as they are) and ``<name>.md`` (each value and
+    column name a :func:`md_cell`) in ``workdir``; returns the paths."""
     os.makedirs(workdir, exist_ok=True)
     columns = columns or list(dict.fromkeys(k for r in rows for k in r))
     csv_path = os.path.join(workdir, f"{name}.csv")
@@ -78,13 +92,9 @@ def write_table(rows: list[dict], workdir: str, name: str, columns: list[str] | 
         w.writeheader()
         w.writerows(rows)
 
-    def fmt(v):
-        if isinstance(v, float):
-            return f"{v:.4g}"
-        return "" if v is None else str(v)
     lines = [f"# {title}", ""] if title else []
-    lines += ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(fmt(r.get(c)) for c in columns) + " |" for r in rows]
+    lines += ["| " + " | ".join(map(md_cell, columns)) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(md_cell(r.get(c)) for c in columns) + " |" for r in rows]
     if notes:
         lines += [""] + [f"- {n}" for n in notes]
     md_path = os.path.join(workdir, f"{name}.md")

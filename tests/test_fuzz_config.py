@@ -211,3 +211,28 @@ def test_none_is_an_element_of_a_tuple_that_cannot_be_none():
     from configs import public_training
     cfg = public_training.get_config("smoke,rows=none")
     assert cfg.rows == ("none",)
+
+
+def test_a_tuple_field_that_defaults_to_none_takes_its_element_type_from_the_annotation():
+    """A None default has no element to read the type from: ``tuple[float, ...] | None`` gives
+    floats (privacy_utility's server_lrs=0.05/0.2 had crashed with a TypeError on strings)."""
+    assert common.parse_value(None, "tuple[float, ...] | None", "0.05/0.2", "lrs") == (0.05, 0.2)
+    assert common.parse_value(None, "tuple[int, ...] | None", "1/2", "seeds") == (1, 2)
+    assert common.parse_value(None, "tuple[float, ...] | None", "none", "lrs") is None
+    with pytest.raises(ConfigError, match="expected a number"):
+        common.parse_value(None, "tuple[float, ...] | None", "0.05/fast", "lrs")
+    from experiments.common import load_config
+    assert load_config("configs/privacy_utility.py:small,server_lrs=0.05/0.2").server_lrs == (0.05, 0.2)
+    assert load_config("configs/public_training.py:small,archs=lstm/transformer,server_lr=0.05,"
+                       "student_server_lrs=0.05/0.02").student_server_lrs == (0.05, 0.02)
+    for bad, why in (("configs/privacy_utility.py:small,server_lrs=0.05/inf", "finite"),
+                     ("configs/privacy_utility.py:small,server_lrs=0.05/x", "expected a number"),
+                     ("configs/public_training.py:small,archs=lstm/transformer,server_lr=0.05,student_server_lrs=0.05/x",
+                      "expected a number")):
+        with pytest.raises(ConfigError, match=why):
+            load_config(bad)
+    # the per-epsilon form parses alike (one student; server_lr is its first)
+    cfg = load_config("configs/public_training.py:small,epsilon_server_lrs=0.5/0.2,server_lr=0.5")
+    assert cfg.epsilon_server_lrs == (0.5, 0.2)
+    with pytest.raises(ConfigError, match="finite"):
+        load_config("configs/public_training.py:small,epsilon_server_lrs=0.5/inf,server_lr=0.5")

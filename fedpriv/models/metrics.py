@@ -94,8 +94,7 @@ def lm_sums(logits: jax.Array, targets: jax.Array, example_mask: jax.Array | Non
         w_tok = tok * weight.astype(jnp.float32)[:, None]
     loss_sum = jnp.sum(jnp.where(tok > 0, nll * w_tok, 0.0))
     acc_tok = in_vocab_mask(targets).astype(jnp.float32) * ex[:, None]
-    pred = jnp.argmax(logits, axis=-1)
-    correct = (pred == targets).astype(jnp.float32) * acc_tok
+    correct = top1_correct(logits, targets).astype(jnp.float32) * acc_tok
     return {
         "loss_sum": loss_sum,
         "num_tokens": jnp.sum(tok),
@@ -103,6 +102,29 @@ def lm_sums(logits: jax.Array, targets: jax.Array, example_mask: jax.Array | Non
         "num_acc_tokens": jnp.sum(acc_tok),
         "num_examples": jnp.sum(ex),
     }
+
+
+def top1_correct(logits: jax.Array, targets: jax.Array) -> jax.Array:
+    """``bool[...]``: ``argmax(logits, -1) == targets`` (the first maximum wins ties), without
+    the argmax.
+
+    XLA's CPU backend lowers an argmax to a value-and-index reduction that it does not
+    vectorize: over a 10k vocabulary it cost several times the softmax cross entropy itself
+    (issue 27; ``python -m benchmarks.ceiling``). The target is the argmax exactly when its logit
+    equals the row maximum and every earlier logit is below it, i.e. ``z_y == max_v z_v`` and
+    ``max_{v<y} z_v < z_y``: two plain max-reductions. For finite logits this equals the argmax
+    test bit for bit, ties included; a row holding a NaN counts as wrong (the argmax would point
+    at its first NaN).
+
+    Args:
+      logits: ``float[..., V]``.
+      targets: ``int[...]`` in ``[0, V)``.
+    """
+    targets = targets.astype(jnp.int32)
+    z = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    earlier = jnp.arange(logits.shape[-1], dtype=jnp.int32) < targets[..., None]
+    first = jnp.max(jnp.where(earlier, logits, -jnp.inf), axis=-1)
+    return (z == jnp.max(logits, axis=-1)) & (first < z)
 
 
 def sequence_sums(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -1,6 +1,7 @@
 """The PrE-Text comparison (issue 26): its smoke run end to end -- each arm's ledger holds
 exactly the charges its privacy plan accounts, at the arm's epsilon -- a finished arm is read
 back, not rerun, and the config refuses what would make the comparison unequal."""
+import csv
 import dataclasses
 import json
 import os
@@ -247,13 +248,15 @@ def test_an_arm_of_a_one_epsilon_invocation_is_the_same_computation(tmp_path):
 
 def test_samples_table_keeps_one_row_per_sample(smoke):
     """The LLM's samples hold line breaks and pipes; raw, they split the Markdown table's rows
-    (the small run's samples.md did). Every row has the header's cells, and md_cell keeps the
-    text readable."""
-    assert pre_text.md_cell("Chat:\n\nHey | you?\r\nok") == "Chat: ⏎  ⏎ Hey \\| you? ⏎ ok"
-    assert pre_text.md_cell("") == "" and pre_text.md_cell("plain") == "plain"
+    (the small run's samples.md did). Every row has the header's cells (write_table's md_cell
+    keeps the text readable: tests/test_report.py), and samples.csv holds the raw text."""
     lines = open(os.path.join(smoke, "samples.md")).read().split("\n\n")[1].strip().splitlines()
     assert lines[1] == "|---|---|---|"
     lines = lines[:1] + lines[2:]
     cells = [len(line.replace("\\|", "").split("|")) for line in lines]
     assert all(line.startswith("| ") and line.endswith(" |") for line in lines), lines
     assert len(lines) > 2 and len(set(cells)) == 1, cells
+    with open(os.path.join(smoke, "samples.csv"), newline="") as f:
+        raw = list(csv.DictReader(f))
+    assert len(raw) == len(lines) - 1
+    assert not any("⏎" in v or "\\|" in v for r in raw for v in r.values())

@@ -168,7 +168,7 @@ def test_server_lrs_per_student_and_epsilon():
                              "epsilon_server_lrs=0.05/0.2")
     assert [public.at_epsilon(one, e).server_lr for e in one.epsilons] == [0.05, 0.2]
     for bad, why in ((spec + "student_server_lrs=0.05/0.2/0.02", "one per \\(student, epsilon\\)"),
-                     (spec + "student_server_lrs=0.05/0.2/0.02/inf", "one per"),
+                     (spec + "student_server_lrs=0.05/0.2/0.02/inf", "student_server_lrs must be finite"),
                      (spec + "epsilon_server_lrs=0.05/0.2", "give student_server_lrs one per"),
                      ("configs/public_training.py:smoke,epsilons=1.77/18.71,epsilon_server_lrs=0.05/0.2",
                       "disagree"),

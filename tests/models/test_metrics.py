@@ -184,3 +184,50 @@ def test_predictions_oov_accuracy_and_word_to_token_conversion():
     assert acc["token_accuracy"] == pytest.approx(4 / 5) and acc["word_accuracy"] == pytest.approx(2 / 3)
     assert acc["token_accuracy_with_oov"] == pytest.approx((4 + 1) / (5 + 1))
     assert acc["accuracy_with_oov"] == pytest.approx(3 / 4)
+
+
+# ------------------------------------------------ top-1 accuracy without the argmax (issue 27)
+def _tied_logits(seed, shape=(64, 7, 12)):
+    """Integer-valued logits from {-inf, -2, ..., 2}: most rows hold several equal maxima."""
+    rng = np.random.default_rng(seed)
+    x = rng.integers(-3, 3, size=shape).astype(np.float32)
+    x[x == -3] = -np.inf
+    return x, rng.integers(0, shape[-1], size=shape[:-1])
+
+
+def test_top1_correct_is_the_argmax_test_with_ties():
+    for seed in range(5):
+        logits, targets = _tied_logits(seed)
+        want = np.argmax(logits, axis=-1) == targets  # numpy: the first maximum
+        got = np.asarray(jax.jit(metrics.top1_correct)(logits, targets))
+        np.testing.assert_array_equal(got, want)
+        assert want.any() and (~want).any()
+    # the data catches the naive form (target logit == row max), which counts every tie as right
+    logits, targets = _tied_logits(0)
+    naive = np.take_along_axis(logits, targets[..., None], -1)[..., 0] == logits.max(-1)
+    assert (naive != (np.argmax(logits, -1) == targets)).sum() > 10
+
+
+def test_top1_correct_on_float_logits_and_all_minus_inf_rows():
+    x = np.array(jax.random.normal(jax.random.key(0), (4, 5, 300)))
+    t = np.array(jax.random.randint(jax.random.key(1), (4, 5), 0, 300))
+    t[0, :] = np.argmax(x[0], -1)  # some hits
+    np.testing.assert_array_equal(np.asarray(metrics.top1_correct(x, t)), np.argmax(x, -1) == t)
+    x[1, 2, :] = -np.inf  # argmax is 0: only a target 0 would be right
+    t[1, 2] = 5
+    assert not bool(metrics.top1_correct(x, t)[1, 2])
+
+
+def test_lm_sums_counts_the_argmax_accuracy_on_tied_logits():
+    """lm_sums' num_correct = #(argmax == target) over in-vocabulary targets of real examples, on
+    logits full of ties (f32 and bf16: the first maximum wins, as numpy's argmax)."""
+    logits, targets = _tied_logits(7, shape=(16, 9, 12))
+    targets = targets.astype(np.int32)
+    mask = (np.arange(16) % 5 != 0).astype(np.float32)
+    counted = np.asarray(metrics.in_vocab_mask(targets)) & (mask[:, None] > 0)
+    for dtype in (jnp.float32, jnp.bfloat16):
+        z = jnp.asarray(logits, dtype)
+        want = ((np.argmax(np.asarray(z, np.float32), -1) == targets) & counted).sum()
+        sums = jax.jit(metrics.lm_sums)(z, targets, mask)
+        assert float(sums["num_correct"]) == want > 0
+        assert float(sums["num_acc_tokens"]) == counted.sum()
