@@ -1,7 +1,8 @@
 """benchmarks.ceiling's "accuracy by argmax" engine path computes what the engine computes
 (``argmax_loss`` gives the loss, gradient and metric sums of ``task.loss_fn``, whose accuracy is
 ``fedpriv.models.metrics.top1_correct``, on padded and packed batches); benchmarks.profile_phases'
-buckets partition a profile."""
+buckets partition a profile; benchmarks.regeneration counts a run store's runs once."""
+import os
 import time
 
 import jax
@@ -64,3 +65,33 @@ def test_profile_buckets_cover_the_whole_profile_and_find_the_compile(tmp_path):
     total = sum(v[2] for v in pstats.Stats(prof).stats.values())
     assert set(got) == set(BUCKETS) and abs(sum(got.values()) - total) < 1e-9
     assert got["XLA compile"] > 0 and got[WAIT] >= 0
+
+
+def test_regeneration_counts_the_runs_a_store_published_module_read(tmp_path):
+    import json
+
+    from benchmarks import regeneration
+
+    def run(d, **s):
+        os.makedirs(tmp_path / d, exist_ok=True)
+        with open(tmp_path / d / "summary.json", "w") as f:
+            json.dump(s, f)
+
+    run("store/a", run_key="k1", git_commit="abcdef0123", wall_clock_s=100.0)
+    run("store/b/nested", run_key="k2", git_commit="1234567890", wall_clock_s=50.5)
+    run("store/c", run_key="k3", git_commit="abcdef0123", wall_clock_s=7.0, reused_from="elsewhere")  # a copy
+    run("store/d", wall_clock_s=9.0)  # an experiment's own summary, not a run
+    got = regeneration.stored_runs("store", root=str(tmp_path))
+    assert got == {"n": 2, "wall_s": 150.5, "commits": ["1234567", "abcdef0"]}
+    run("store/e", run_key="k4", git_commit="abcdef0123")  # a run without its wall clock: the sum is unknown
+    assert regeneration.stored_runs("store", root=str(tmp_path))["wall_s"] is None
+    assert regeneration.stored_runs("missing", root=str(tmp_path)) == {"n": 0, "wall_s": None, "commits": []}
+    assert regeneration._store("configs/x.py:small,seeds=0/1,reuse_workdir=store,train_missing=False") == "store"
+    assert regeneration._store("configs/x.py:small,seeds=0/1") is None
+    table = [{"module": "m", "config": "c", "commit": "abc", "wall_s": 10.0, "cpu_s": 9.0, "source": "summary",
+              "store": "store", "stored": {"n": 2, "wall_s": 150.5, "commits": ["abcdef0"]}},
+             {"module": "n", "config": "c,reuse_workdir=store", "commit": "abc", "wall_s": 5.0, "cpu_s": 4.0,
+              "source": "summary", "store": "store", "stored": {"n": 2, "wall_s": 150.5, "commits": ["abcdef0"]}}]
+    md = regeneration.markdown(table)
+    assert "2 (abcdef0): 150" in md and "total wall 15 s, CPU 13 s" in md
+    assert "1 store(s), each counted once): 2 runs, 150 s" in md  # two modules, one store: not doubled
