@@ -17,34 +17,32 @@ finished runs counts only what it ran (not detected here: regenerate from empty 
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 
-from experiments import results
+from configs.common import split_spec
+from experiments import results, runstore
 from experiments.__main__ import ARTEFACTS, available
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _store(config: str | None) -> str | None:
-    """The ``reuse_workdir`` of a config string (``file.py:preset,k=v,...``), or None."""
-    for part in (config or "").split(","):
-        key, _, value = part.partition("=")
-        if key.strip() == "reuse_workdir" and value.strip():
-            return value.strip()
-    return None
+    """The ``reuse_workdir`` override of a config spec (``file.py:scale,k=v,...``), or None."""
+    _, overrides = split_spec((config or "").partition(":")[2], "small")
+    return next((v.strip() for k, _, v in (o.partition("=") for o in overrides)
+                 if k.strip() == "reuse_workdir" and v.strip()), None)
 
 
 def stored_runs(store: str, root: str = ROOT) -> dict:
-    """``{"n", "wall_s", "commits"}`` of the finished runs under ``store`` (relative to ``root``):
-    every ``summary.json`` with a ``run_key`` and no ``reused_from``; ``wall_s`` sums their
-    ``wall_clock_s`` (None if a run has none)."""
+    """``{"n", "wall_s", "commits"}`` of the finished runs under ``store`` (relative to ``root``),
+    one per run key (`experiments.runstore.stored`), read-backs (``reused_from``) left out;
+    ``wall_s`` sums their ``wall_clock_s`` (None if a run has none)."""
     n, wall, commits = 0, 0.0, set()
-    for path in glob.glob(os.path.join(root, store, "**", "summary.json"), recursive=True):
+    for path in runstore.stored(os.path.join(root, store)).values():
         with open(path) as f:
             s = json.load(f)
-        if not s.get("run_key") or s.get("reused_from"):
+        if s.get("reused_from"):
             continue
         n += 1
         commits.add((s.get("git_commit") or "?")[:7])
