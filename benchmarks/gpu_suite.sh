@@ -18,9 +18,13 @@ declare -A CASES=(
   [tf_c100_f32]="--arch transformer --clients 100 --rounds 3 --no-ceiling"
   [tf_c100_bf16]="--arch transformer --clients 100 --rounds 3 --no-ceiling --compute-dtype bfloat16"
   [lstm_c1000_f32]="--clients 1000 --population 5000 --rounds 2 --no-ceiling --batching padded"
+  [tf_c16_f32]="--arch transformer --clients 16 --rounds 3"
+  [tf_c100x256_f32]="--arch transformer --clients 100 --client-size 256 --rounds 2 --batching padded"
+  [tf_c100x256_bf16]="--arch transformer --clients 100 --client-size 256 --rounds 2 --batching padded --compute-dtype bfloat16"
+  [tf_c1000_f32]="--arch transformer --clients 1000 --population 5000 --rounds 2 --no-ceiling --batching padded"
 )
 ORDER=(lstm_c16_f32 lstm_c100_f32 lstm_c100x256_f32 lstm_c100_bf16 lstm_c100x256_bf16 tf_c100_f32
-       tf_c100_bf16 lstm_c1000_f32)
+       tf_c100_bf16 lstm_c1000_f32 tf_c16_f32 tf_c100x256_f32 tf_c100x256_bf16 tf_c1000_f32)
 [ $# -gt 0 ] && ORDER=("$@")
 for name in "${ORDER[@]}"; do
   echo "=== $name: ${CASES[$name]} ${EXTRA:-} XLA_FLAGS=${XLA_FLAGS:-}" | tee -a "$OUT/log.txt"
