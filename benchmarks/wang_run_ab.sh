@@ -15,11 +15,13 @@
 # CPU seconds. A figure, not a test; results: benchmarks/results/cpu_2core/wang_run_ab_*.md.
 set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-BEFORE=$(git -C "$ROOT" rev-parse --short "${1:-025f75c}")
-AFTER=$(git -C "$ROOT" rev-parse --short "${2:-HEAD}")
+BEFORE=$(git -C "$ROOT" rev-parse --short "${1:-025f75c}^{commit}") || { echo "no commit ${1:-025f75c}"; exit 2; }
+AFTER=$(git -C "$ROOT" rev-parse --short "${2:-HEAD}^{commit}") || { echo "no commit ${2:-HEAD}"; exit 2; }
 W=$(mktemp -d /tmp/wang_run_ab.XXXX)
+# the worktrees go on any exit (a failed warm-up too); logs and workdirs stay in $W
+trap 'for c in "$BEFORE" "$AFTER"; do git -C "$ROOT" worktree remove --force "$W/wt_$c" 2> /dev/null; done' EXIT
 for c in "$BEFORE" "$AFTER"; do
-  git -C "$ROOT" worktree add --detach "$W/wt_$c" "$c" > /dev/null && ln -s "$ROOT/.venv" "$W/wt_$c/.venv"
+  git -C "$ROOT" worktree add --detach "$W/wt_$c" "$c" > /dev/null && ln -s "$ROOT/.venv" "$W/wt_$c/.venv" || exit 1
 done
 CFG="configs/public_training.py:small,clip_norm=1.0,seeds=0,epsilons=1.77,server_lr=0.05,arch=lstm,rows=none/pretrain_distill"
 for c in "$BEFORE" "$AFTER"; do
@@ -37,5 +39,4 @@ run() {  # commit core pair
 }
 run "$BEFORE" 0 1 & run "$AFTER" 1 1 & wait
 run "$BEFORE" 1 2 & run "$AFTER" 0 2 & wait
-for c in "$BEFORE" "$AFTER"; do git -C "$ROOT" worktree remove --force "$W/wt_$c"; done
 echo "logs and workdirs: $W"
