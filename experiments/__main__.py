@@ -108,6 +108,7 @@ def main(argv=None):
     ap.add_argument("--scale", default="small")
     ap.add_argument("--workdir", default=None,
                     help="default runs/<module>, the module's own default (artefacts of one module share it)")
+    common.add_executor_arguments(ap)
     args = ap.parse_args(argv)
     if args.list or args.artefact is None:
         rows = listing()
@@ -123,7 +124,9 @@ def main(argv=None):
         raise common.ConfigError(f"{a.name} has scales {list(a.scales)}, not {args.scale!r}")
     module = importlib.import_module(f"experiments.{a.module}")
     module.main(["--config", f"configs/{a.config}.py:{args.scale}",
-                 "--workdir", args.workdir or os.path.join("runs", a.module)])
+                 "--workdir", args.workdir or os.path.join("runs", a.module), "--workers", str(args.workers),
+                 "--cores-per-worker", str(args.cores_per_worker)]
+                + (["--cluster", args.cluster] if args.cluster else []))
 
 
 if __name__ == "__main__":

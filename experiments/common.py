@@ -2,15 +2,19 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import importlib.util
+import itertools
 import os
 import resource
 import sys
 import time
 
+from fedpriv import executor
 from fedpriv.data.errors import ConfigError, FedprivError, MissingResourceError
 from fedpriv.dp.ledger import PrivacyBudgetExceeded
+from fedpriv.executor.worker import resolve
 from fedpriv.fl import workdir as workdir_lock
 
 
@@ -106,12 +110,113 @@ def config_and_workdir(argv, doc: str, name: str, workdir: str | None = None):
                     help="keep the run's compact summary in the work directory: do not publish it "
                          "(or its figures) under experiments/results/ (make demo: the main job leaves "
                          "the checkout as it was)")
+    add_executor_arguments(ap)
     args = ap.parse_args(argv)
     cfg = load_config(args.config)
+    execution = executor_options(args)
     hold_workdir(args.workdir)
     _LAST_RUN.update(workdir=args.workdir, config=args.config, module=f"experiments.{name}",
-                     publish=not args.no_publish)
+                     publish=not args.no_publish, **execution)
     return cfg, args.workdir, args.config
+
+
+def add_executor_arguments(ap: argparse.ArgumentParser) -> None:
+    """``--workers``, ``--cores-per-worker``, ``--cluster``: how an experiment's independent runs
+    are executed (:func:`run_slices`; never part of a run's configuration or key)."""
+    ap.add_argument("--workers", default=os.environ.get("FEDPRIV_WORKERS", "auto"),
+                    help="worker processes for the independent runs: 'auto' (one per core, or per GPU), "
+                         "a number, or 0 (every run in this process, one after the other); default "
+                         "$FEDPRIV_WORKERS, else auto")
+    ap.add_argument("--cores-per-worker", type=int, default=1,
+                    help="CPU cores each worker is pinned to (default 1; the same for any --workers, so "
+                         "the numbers do not depend on the worker count)")
+    ap.add_argument("--cluster", default=None, metavar="ADDRESS",
+                    help="run on a Ray cluster: 'local' (a local Ray instance), 'auto' (the cluster this "
+                         "machine belongs to) or ray://HOST:PORT; one run per GPU (or --cores-per-worker CPUs)")
+
+
+def executor_options(args) -> dict:
+    """The parsed executor arguments, checked (one-line errors)."""
+    workers = str(args.workers).strip()
+    if workers != "0":
+        executor.resolve_workers(workers, args.cores_per_worker)  # refuses a bad value now, before any work
+    if args.cluster is not None and workers == "0":
+        raise ConfigError("--cluster with --workers 0: a cluster runs the runs in its workers; drop one of them")
+    return {"workers": workers, "cores_per_worker": args.cores_per_worker, "cluster": args.cluster}
+
+
+def _part_key(part: dict) -> str:
+    """A task key for a slice: ``seeds=0,epsilons=1.77`` (characters a key refuses become ``-``)."""
+    text = ",".join(f"{k}={'-'.join(map(str, v)) if isinstance(v, (list, tuple)) else v}" for k, v in part.items())
+    return "".join(c if c.isalnum() or c in "._=+,@-" else "-" for c in text)
+
+
+def _field(cfg, path: str):
+    for part in path.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def product(cfg, *fields: str) -> list[dict]:
+    """The slices of ``cfg`` along its tuple fields ``fields`` (dotted paths into nested configs
+    allowed): one ``{field: value}`` per combination, in the config's order."""
+    return [dict(zip(fields, combo)) for combo in itertools.product(*(tuple(_field(cfg, f)) for f in fields))]
+
+
+def narrowed(cfg, part: dict):
+    """``cfg`` with each (dotted) field of ``part`` set to the one-element tuple of its value (the
+    config re-validates itself): the default ``narrow`` of :func:`run_slices`."""
+    for path, value in part.items():
+        head, _, rest = path.partition(".")
+        sub = narrowed(getattr(cfg, head), {rest: value}) if rest else (value,)
+        cfg = dataclasses.replace(cfg, **{head: sub})
+    return cfg
+
+
+def _qualname(fn) -> str:
+    module = sys.modules.get(fn.__module__)
+    spec = getattr(module, "__spec__", None)  # under ``python -m``, __module__ is "__main__"
+    return f"{spec.name if spec is not None and spec.name else fn.__module__}:{fn.__qualname__}"
+
+
+def run_slice(train: str, narrow: str, config: str, part: dict, workdir: str) -> None:
+    """In a worker of :func:`run_slices`: ``train(narrow(load_config(config), part), workdir)``
+    (functions named ``"module:function"``). The invocation that dispatched it holds
+    ``workdir``'s lock; each run inside takes its own run directory's lock."""
+    cfg = resolve(narrow)(load_config(config), part)
+    if isinstance(cfg, tuple):  # (config, subfolder of workdir)
+        cfg, sub = cfg
+        workdir = os.path.join(workdir, sub)
+    resolve(train)(cfg, workdir)
+
+
+def run_slices(train, cfg, workdir: str, parts: list[dict], *, narrow=narrowed, prepare=None) -> None:
+    """Train an experiment's independent runs in parallel before its usual pass reads them back.
+
+    ``train(cfg, workdir)`` (a module-level function) trains every run of ``cfg`` into its own
+    subfolder of ``workdir`` and reads a finished one back instead of training it again;
+    ``parts`` are JSON dicts naming independent slices of ``cfg`` (e.g. ``product(cfg, "seeds",
+    "epsilons")``) and ``narrow(cfg, part)`` (module-level; default :func:`narrowed`) is the
+    config of one slice, whose runs must be exactly the runs ``cfg`` has in that slice (same
+    run keys, same subfolders), or ``(config, subfolder)`` when the slice trains into a
+    subfolder of ``workdir``. ``prepare(cfg, workdir)``, if given, runs first, in this
+    process (what every slice shares and would otherwise race to compute: a teacher's passes,
+    a tokenizer). With more than one slice and ``--workers`` other than 0, each slice is a task
+    of :mod:`fedpriv.executor` (local workers, or ``--cluster``); the caller's following pass
+    finds every run finished. Outside an entry point (tests, notebooks) or with ``--workers 0``
+    it does nothing: the caller's pass trains every run in this process."""
+    opts = _LAST_RUN
+    if len(parts) < 2 or opts.get("workers", "0") == "0" or "config" not in opts:
+        return
+    if prepare is not None:
+        prepare(cfg, workdir)
+    tasks = [executor.Task(_part_key(p), "experiments.common:run_slice",
+                           {"train": _qualname(train), "narrow": _qualname(narrow), "config": opts["config"],
+                            "part": p, "workdir": workdir}, outputs=workdir) for p in parts]
+    backend = "ray" if opts.get("cluster") else "local"
+    address = None if opts.get("cluster") in (None, "local") else opts["cluster"]
+    executor.run_tasks(tasks, workers=opts["workers"], cores_per_worker=opts["cores_per_worker"],
+                       log_dir=os.path.join(workdir, "_executor"), backend=backend, address=address)
 
 
 _WORKDIR_LOCKS: list = []
@@ -180,11 +285,15 @@ def record_invocation(wall_s: float | None = None, cpu_s: float | None = None) -
     results.record_compact(inv, _LAST_RUN["workdir"], publish=_LAST_RUN.get("publish", True))
 
 
-def printing_main(run, doc: str, name: str, *shown: str):
+def printing_main(run, doc: str, name: str, *shown: str, slices=None):
     """The ``main(argv)`` of an experiment that is ``run(cfg, workdir)`` then printing the
-    Markdown files ``shown`` (names in the workdir) that exist."""
+    Markdown files ``shown`` (names in the workdir) that exist. ``slices(cfg)`` -> ``(train,
+    parts)``: its independent runs, trained first by :func:`run_slices`."""
     def main(argv=None):
         cfg, workdir, _ = config_and_workdir(argv, doc, name)
+        if slices is not None:
+            train, parts = slices(cfg)
+            run_slices(train, cfg, workdir, parts)
         run(cfg, workdir)
         for f in shown:
             if os.path.exists(path := os.path.join(workdir, f)):

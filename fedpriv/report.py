@@ -47,6 +47,9 @@ def git_state(cwd: str | None = None, max_paths: int = 50) -> dict:
     the first call (``experiments`` makes it at start-up), so a commit made or checked out while
     a run trains does not relabel it. Empty strings / None outside a git checkout."""
     if cwd is None:
+        if max_paths not in _STATE_AT_START and os.environ.get("FEDPRIV_GIT_STATE"):
+            # a worker of fedpriv.executor: the state its invocation started at
+            _STATE_AT_START[max_paths] = json.loads(os.environ["FEDPRIV_GIT_STATE"])
         if max_paths not in _STATE_AT_START:
             _STATE_AT_START[max_paths] = git_state(os.path.dirname(os.path.abspath(__file__)), max_paths)
         return dict(_STATE_AT_START[max_paths], git_dirty_paths=list(_STATE_AT_START[max_paths]["git_dirty_paths"]))

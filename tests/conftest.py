@@ -3,6 +3,10 @@ import os
 # Tests run on the CPU; keep XLA from grabbing every core's threads twice over.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+# Experiments called through their main() run every run in the test process (--workers 0)
+# unless a test asks for workers: the executor's own tests (tests/executor) do.
+os.environ.setdefault("FEDPRIV_WORKERS", "0")
+
 # One persistent XLA compilation cache for the whole run, shared by the xdist workers and the
 # subprocesses tests start (env vars, read when jax is imported): many tests compile the same
 # small models (smoke configs) in separate closures, which jit's in-memory cache cannot share.
