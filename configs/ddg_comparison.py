@@ -20,10 +20,11 @@ class DDGComparisonConfig:
     lm: object                       # configs.lm_fl.LMFLConfig shared by every row (z fixed)
     bits: tuple = (8, 12, 16, 20)    # secure aggregation's modulus 2^bits, one DDG row each
     seeds: tuple = (0,)
+    central_row: bool = True         # the central Gaussian row (False: the DDG rows only; an executor slice)
 
     def __post_init__(self):
         check(self)
-        if not self.bits or any(not isinstance(b, int) or not 2 <= b <= 31 for b in self.bits):
+        if any(not isinstance(b, int) or not 2 <= b <= 31 for b in self.bits) or not (self.bits or self.central_row):
             raise ConfigError(f"bits = {self.bits!r}: integers in [2, 31]")
         if not self.seeds or not all(isinstance(s, int) and s >= 0 for s in self.seeds):
             raise ConfigError(f"seeds = {self.seeds!r}: non-negative integers")

@@ -14,6 +14,8 @@ amplify), so they differ by far at equal z.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from experiments import common
 from fedpriv import verdicts as V
 from fedpriv.fl.loop import read_metrics
@@ -22,8 +24,19 @@ from fedpriv.recipes import lm
 
 def rows_of(cfg) -> list[tuple[str, str, int]]:
     """(label, algorithm, bits) of every row."""
-    return ([("central Gaussian", "dp_fedavg_fixed", cfg.lm.ddg_bits)]
-            + [(f"DDG {b} bits", "dp_ddg", b) for b in cfg.bits])
+    return ([("central Gaussian", "dp_fedavg_fixed", cfg.lm.ddg_bits)] if cfg.central_row else []) + [
+        (f"DDG {b} bits", "dp_ddg", b) for b in cfg.bits]
+
+
+def slices(cfg) -> list[dict]:
+    """The independent runs for the executor: (seed, row), the central row as ``bits=None``."""
+    return [{"seed": s, "bits": b} for s in cfg.seeds for b in (None, *cfg.bits)]
+
+
+def narrow(cfg, part: dict):
+    """One run's config: its seed, and its DDG width or the central row alone."""
+    b = part["bits"]
+    return dataclasses.replace(cfg, seeds=(part["seed"],), central_row=b is None, bits=(b,) if b else ())
 
 
 def run(cfg, workdir: str, progress: bool = True) -> list[dict]:
@@ -78,6 +91,7 @@ def verdicts(rows: list[dict], bits) -> list:
 
 def main(argv=None):
     cfg, workdir, spec = common.config_and_workdir(argv, __doc__, "ddg_comparison")
+    common.run_slices(run, cfg, workdir, slices(cfg), narrow=narrow)
     rows = run(cfg, workdir)
     c = cfg.lm
     notes = [common.lm_setting_note(c, "fixed-size cohorts of", "simulated: the central row's population and "

@@ -125,16 +125,26 @@ def _paper_table_md() -> list[str]:
                "on-device LM, DP-FTRL FL-finetuning, one ledger for FreD + FL (notes above)."])
 
 
-def run(cfg, workdir: str, progress: bool = True) -> dict:
+def replicates(cfg, workdir: str, progress: bool = True) -> list[dict]:
     """The pipeline once per seed (``<workdir>/seed<s>``: its own split, FreD release, init and
-    FL noise; resumable per stage), then the tables, plot and verdicts over the seeds."""
-    lm = cfg.lm
+    FL noise; resumable per stage); also an executor slice (one seed)."""
     results = []
     for seed in cfg.seeds:
-        scfg = dataclasses.replace(cfg, seed=seed, lm=dataclasses.replace(lm, seed=seed))
+        scfg = dataclasses.replace(cfg, seed=seed, lm=dataclasses.replace(cfg.lm, seed=seed))
         res = run_pipeline(scfg, os.path.join(workdir, f"seed{seed}"), progress)
         res["rows"] = [{"seed": seed, **r, "unigram_test_ppl": res["unigram_test_ppl"]} for r in res["rows"]]
         results.append({**res, "seed": seed})
+    return results
+
+
+def train(cfg, workdir: str) -> None:
+    replicates(cfg, workdir)
+
+
+def run(cfg, workdir: str, progress: bool = True) -> dict:
+    """:func:`replicates`, then the tables, plot and verdicts over the seeds."""
+    lm = cfg.lm
+    results = replicates(cfg, workdir, progress)
     vs = verdicts(results)
     rows = [r for res in results for r in res["rows"]]
     ledger = results[0]["ledger"]
@@ -182,7 +192,8 @@ def run(cfg, workdir: str, progress: bool = True) -> dict:
     return summary
 
 
-main = common.printing_main(run, __doc__, "fred_pipeline", "fred_pipeline.md")
+main = common.printing_main(run, __doc__, "fred_pipeline", "fred_pipeline.md",
+                            slices=lambda cfg: (train, common.product(cfg, "seeds")))
 
 
 if __name__ == "__main__":

@@ -63,6 +63,33 @@ def release_rows(prep, seeds, log) -> list[dict]:
     return out
 
 
+ARM_DIRS = {"table": "train", "control": "control"}  # arm -> its population_expansion workdir
+
+
+def arms(cfg) -> list[tuple]:
+    """``(name, population_expansion config, label)`` of the training arms: the table on
+    chat_target, and the same schemes where the release carries no signal (``control_vocab``)."""
+    tcfg = cfg.training_config()
+    out = [("table", tcfg, "")]
+    if cfg.control_vocab:
+        out.append(("control", dataclasses.replace(tcfg, vocab_words=cfg.control_vocab,
+                                                   schemes=tuple(cfg.control_schemes)),
+                    f", control V = {cfg.control_vocab}"))
+    return out
+
+
+def slices(cfg) -> list[dict]:
+    """The independent training runs for the executor: (arm, dataset, seed, scheme)."""
+    return [{"arm": name, **p} for name, acfg, _ in (arms(cfg) if cfg.train else [])
+            for p in common.product(acfg, "datasets", "seeds", "schemes")]
+
+
+def narrow(cfg, part: dict):
+    """One run's population_expansion config and its arm's subfolder."""
+    acfg = next(a for name, a, _ in arms(cfg) if name == part["arm"])
+    return common.narrowed(acfg, {k: v for k, v in part.items() if k != "arm"}), ARM_DIRS[part["arm"]]
+
+
 def run(cfg, workdir: str, log=print) -> dict:
     from absl import logging as absl_logging
     absl_logging.set_verbosity(absl_logging.ERROR)
@@ -90,15 +117,9 @@ def run(cfg, workdir: str, log=print) -> dict:
                            "release on Table 1's small target populations (small scale)")
     out = {"regime": summary, "regime_runs": rows, "negative": negative, "notes": notes}
     if cfg.train:
-        arms = [("table", tcfg, "")]
-        if cfg.control_vocab:  # the same schemes where the release carries no signal
-            arms.append(("control", dataclasses.replace(
-                tcfg, vocab_words=cfg.control_vocab, schemes=tuple(cfg.control_schemes)),
-                f", control V = {cfg.control_vocab}"))
         verdicts = []
-        for name, acfg, tag in arms:
-            trained = pe_exp.run(acfg, os.path.join(workdir, "train" if name == "table"
-                                                    else name), log)
+        for name, acfg, tag in arms(cfg):
+            trained = pe_exp.run(acfg, os.path.join(workdir, ARM_DIRS[name]), log)
             rel = release_rows(expansion.prepare_dataset("chat_target", acfg), acfg.seeds, log)
             table, ppl = regime.scheme_table(trained["runs"], acfg.schemes, rel)
             common.write_table(table, workdir, name, title=f"IW / IWPT vs baselines on "
@@ -132,6 +153,7 @@ def run(cfg, workdir: str, log=print) -> dict:
 
 def main(argv=None):
     cfg, workdir, _ = common.config_and_workdir(argv, __doc__, "iw_regime")
+    common.run_slices(pe_exp.train, cfg, workdir, slices(cfg), narrow=narrow)
     out = run(cfg, workdir)
     for name in ("regime", "table", "control"):
         if os.path.exists(p := os.path.join(workdir, f"{name}.md")):

@@ -38,8 +38,12 @@ def lm_fl_command(lm_cfg, scale: str) -> str:
     return f"python -m experiments.lm_fl --config 'configs/lm_fl.py:{','.join([scale, *over])}'"
 
 
-def run(cfg, workdir: str, *, scale: str = "small", progress: bool = True, log=print) -> dict:
-    t0, prepared = time.time(), {}
+GRID = {"server_lr": "server_lrs", "client_lr": "client_lrs", "clip_norm": "clip_norms"}  # LM field -> grid
+
+
+def sweep_rows(cfg, workdir: str, *, progress: bool = True, log=print) -> list[dict]:
+    """Every (grid point, seed) run of ``cfg`` (finished ones read back); also a worker's slice."""
+    prepared = {}
 
     def point(pcfg, pdir):  # every seed of one grid point
         out = []
@@ -52,10 +56,18 @@ def run(cfg, workdir: str, *, scale: str = "small", progress: bool = True, log=p
             out.append({"seed": seed, **{k: s[k] for k in SUMMARY}})
         return out
 
-    grid = {"server_lr": cfg.server_lrs, "client_lr": cfg.client_lrs,
-            "clip_norm": cfg.clip_norms}
-    rows = sweep.run_sweep(point, cfg.lm, grid, workdir, log=log,
+    return sweep.run_sweep(point, cfg.lm, {k: getattr(cfg, f) for k, f in GRID.items()}, workdir, log=log,
                            fingerprint={"seeds": list(cfg.seeds)}, extendable=("seeds",))
+
+
+def train(cfg, workdir: str) -> None:
+    sweep_rows(cfg, workdir)
+
+
+def run(cfg, workdir: str, *, scale: str = "small", progress: bool = True, log=print) -> dict:
+    t0 = time.time()
+    rows = sweep_rows(cfg, workdir, progress=progress, log=log)
+    grid = {k: getattr(cfg, f) for k, f in GRID.items()}
     best = sweep.pick_best(rows, "val_accuracy", higher_is_better=True, keys=KEYS)
     table = []
     for p in sweep.grid_points(cfg.lm, grid):
@@ -93,6 +105,7 @@ def run(cfg, workdir: str, *, scale: str = "small", progress: bool = True, log=p
 def main(argv=None):
     cfg, workdir, spec = common.config_and_workdir(argv, __doc__, "lm_sweep")
     scale = split_spec(spec.partition(":")[2], "small")[0]
+    common.run_slices(train, cfg, workdir, common.product(cfg, "seeds", *GRID.values()))
     best = run(cfg, workdir, scale=scale)
     print(open(os.path.join(workdir, "lm_sweep.md")).read())
     print(f"chosen on validation: {best['chosen']}; train with: {best['command']}")

@@ -49,6 +49,7 @@ def verdicts(rows: list[dict]) -> list:
 
 def main(argv=None):
     cfg, workdir, spec = common.config_and_workdir(argv, __doc__, "mf_comparison")
+    common.run_slices(run, cfg, workdir, common.product(cfg, "seeds", "algorithms"))
     rows = run(cfg, workdir)
     c = cfg.lm
     notes = [common.lm_setting_note(c, "cohort", "simulated population; epsilon_executed_run in runs.csv")

@@ -51,11 +51,12 @@ def trivial_perplexity(prep) -> float:
     return unigram_perplexity(train, prep.test_tokens, prep.vocab_size)
 
 
-def run(cfg, workdir: str, log: Callable[[str], None] = print) -> dict:
-    """All datasets x seeds x schemes of ``cfg``; writes the tables, charts and summary."""
+def train(cfg, workdir: str, log: Callable[[str], None] = print) -> tuple[dict, list[dict]]:
+    """Every (dataset, seed, scheme) run of ``cfg`` (a finished one read back): ``(preps,
+    summaries)``. Also an executor slice (``common.product(cfg, "datasets", "seeds", "schemes")``:
+    a scheme's run fingerprint leaves those lists out)."""
     from absl import logging as absl_logging
     absl_logging.set_verbosity(absl_logging.ERROR)  # dp_accounting's RDP order warnings
-    t0 = time.time()
     os.makedirs(workdir, exist_ok=True)
     preps, summaries = {}, []
     for name in cfg.datasets:
@@ -65,6 +66,13 @@ def run(cfg, workdir: str, log: Callable[[str], None] = print) -> dict:
             for scheme in cfg.training_schemes:
                 d = os.path.join(workdir, name, f"seed{seed}", slug(scheme.name))
                 summaries.append(expansion.run_scheme(scheme, prep, cfg, seed, d, log))
+    return preps, summaries
+
+
+def run(cfg, workdir: str, log: Callable[[str], None] = print) -> dict:
+    """All datasets x seeds x schemes of ``cfg``; writes the tables, charts and summary."""
+    t0 = time.time()
+    preps, summaries = train(cfg, workdir, log)
     rows = tables.aggregate(summaries, cfg)
     notes = tables.table_notes(cfg, preps) + [
         "Regenerate: .venv/bin/python -m experiments.population_expansion --config "
@@ -93,6 +101,7 @@ def run(cfg, workdir: str, log: Callable[[str], None] = print) -> dict:
 
 def main(argv=None):
     cfg, workdir, _ = common.config_and_workdir(argv, __doc__, "population_expansion")
+    common.run_slices(train, cfg, workdir, common.product(cfg, "datasets", "seeds", "schemes"))
     out = run(cfg, workdir)
     with open(os.path.join(workdir, "table.md")) as f:
         print(f.read())

@@ -249,8 +249,23 @@ def sample_table(cfg, rows, workdir) -> list[dict]:
              "real (training user)": real[i]} for i in range(n)]
 
 
+def narrow(cfg, part: dict):
+    """One (seed, epsilon, arm) run for the executor (`fedpriv.recipes.pretext.narrow`)."""
+    return pretext.narrow(cfg, part["seed"], part["epsilon"], part["arm"])
+
+
+def prepare(cfg, workdir: str) -> None:
+    pretext.prepare_shared(cfg, workdir)
+
+
+def train(cfg, workdir: str) -> None:
+    pretext.run_arms(cfg, workdir)
+
+
 def main(argv=None):
     cfg, workdir, spec = common.config_and_workdir(argv, __doc__, "pre_text")
+    common.run_slices(train, cfg, workdir, [{"seed": s, "epsilon": e, "arm": a} for s in cfg.seeds
+                                            for e in cfg.epsilons for a in cfg.arms], narrow=narrow, prepare=prepare)
     rows = pretext.run_arms(cfg, workdir)
     c = cfg.lm
     secs = {}

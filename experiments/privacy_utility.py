@@ -42,6 +42,13 @@ def variants(cfg):
                                                 **tuned(e))) for e in cfg.epsilons]
 
 
+def prepare(cfg, workdir: str) -> None:
+    """The public SentencePiece model (cached), before the executor's slices start."""
+    sp_size = next((v or cfg.lm.vocab_size for n, v in map(lm.parse_tokenizer, cfg.tokenizers)
+                    if n == "sentencepiece"), cfg.lm.vocab_size)
+    train_sentencepiece(load_public_pool().texts, vocab_size=sp_size)
+
+
 def run(cfg, workdir: str, progress: bool = True) -> list[dict]:
     """One row per (tokenizer, seed, method[, server lr]); a finished run is read back, not rerun.
     ``cfg.server_lrs`` is a grid for the DP rows (App. C tunes the server lr per noise level)."""
@@ -135,6 +142,7 @@ def notes(cfg) -> list[str]:
 
 def main(argv=None):
     cfg, workdir, _ = common.config_and_workdir(argv, __doc__, "privacy_utility")
+    common.run_slices(run, cfg, workdir, common.product(cfg, "tokenizers", "seeds"), prepare=prepare)
     rows = run(cfg, workdir)
     common.write_table(rows, workdir, "privacy_utility_runs")
     _, md = common.write_table(aggregate(rows), workdir, "privacy_utility",

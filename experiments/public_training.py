@@ -29,6 +29,7 @@ import os
 import time
 
 from experiments import common
+from fedpriv.models import gguf
 from fedpriv.recipes import ablations, public
 
 
@@ -44,6 +45,33 @@ def run_students(cfg, workdir: str, *, teacher=None, progress: bool = True, log=
         runs += [{**r, "arch": r.get("arch") or arch} for r in rr.runs]
         shares += rr.shares if arch == cfg.students[0] else []  # the source shares: first student's
     return dataclasses.replace(rr, runs=runs, shares=shares)
+
+
+def slices(cfg) -> list[dict]:
+    """The independent runs of ``cfg`` for the executor: one slice per (student, seed, epsilon),
+    each all of Table 2's rows (they share the first T' rounds, `_stage1`)."""
+    return [{"arch": a, "seed": s, "epsilon": e} for a in cfg.students for s in cfg.seeds for e in cfg.epsilons]
+
+
+def narrow(cfg, part: dict):
+    """The config of one slice: the student's config at that epsilon (its server lr there:
+    `public.at_epsilon`), with that seed -- the same run keys as in the whole table."""
+    acfg = public.at_epsilon(cfg.student(part["arch"]), part["epsilon"])
+    return dataclasses.replace(acfg, seeds=(part["seed"],), epsilons=(part["epsilon"],))
+
+
+def prepare(cfg, workdir: str) -> None:
+    """The teacher's passes over the public pool, once per student's cache, before the slices
+    start (they would each compute them)."""
+    teacher = gguf.cached_teacher(cfg.teacher_path)
+    for arch in cfg.students:
+        d = workdir if arch == "lstm" else os.path.join(workdir, arch)
+        public.prepare(cfg.student(arch), teacher, os.path.join(d, "teacher_cache"))
+
+
+def train(cfg, workdir: str) -> None:
+    """Every run of ``cfg`` (a worker's slice): `run_students`, no tables."""
+    run_students(cfg, workdir)
 
 
 def _label(cfg, r) -> str:
@@ -169,6 +197,7 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
 
 def main(argv=None):
     cfg, workdir, _ = common.config_and_workdir(argv, __doc__, "public_training")
+    common.run_slices(train, cfg, workdir, slices(cfg), narrow=narrow, prepare=prepare)
     run(cfg, workdir)
     for name in ("public_training", "source_shares", "teacher_and_corpus"):
         print(open(os.path.join(workdir, f"{name}.md")).read())

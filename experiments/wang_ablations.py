@@ -34,8 +34,10 @@ from fedpriv.recipes import ablations, public, sweep
 
 METRIC = "val_accuracy"
 # more seeds / epsilons: a finished point resumes its rows; reuse_workdir only says where
-# identical runs may be read from (not part of any run: `fedpriv.recipes.public.run_key`)
-EXTENDABLE = ("seeds", "epsilons", "reuse_workdir")
+# identical runs may be read from (not part of any run: `fedpriv.recipes.public.run_key`); the
+# per-epsilon server lrs differ between a whole point and an executor slice of it (`narrow`),
+# and each run's key holds the server lr it used (a finished run of another lr is refused)
+EXTENDABLE = ("seeds", "epsilons", "reuse_workdir", "server_lr", "epsilon_server_lrs")
 
 
 def _points(cfg, teacher, workdir, log, progress):
@@ -60,10 +62,54 @@ def _mft_val(rr, pcfg) -> float | None:
     return most_frequent_token_accuracy(prepared.train.concat_examples()["tokens"], val)
 
 
+SWEPT = {"distill_steps": "distill_steps_grid", "topk": "topk_grid"}  # ablation -> its grid field
+
+
+def sweeps(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) -> dict:
+    """Every run of ``cfg``'s ablations: ``{ablation: its sweep's rows}`` (``fedpriv.recipes.sweep``
+    points under ``<workdir>/<ablation>``; finished ones read back). Also a worker's slice."""
+    lm = cfg.lm
+    teacher = teacher or gguf.cached_teacher(lm.teacher_path)
+    fn, out = _points(cfg, teacher, workdir, log, progress), {}
+    if "t_prime" in cfg.ablations:
+        tps = cfg.t_primes()
+        rows = tuple(("pretrain_distill",) if tp == 0 else ("mid_dm", "mid_random") for tp in tps)
+        out["t_prime"] = sweep.run_sweep(fn, lm, {"t_prime": tps, "rows": rows}, os.path.join(workdir, "t_prime"),
+                                         mode="zip", log=log, extendable=EXTENDABLE)
+    for ab, field in SWEPT.items():
+        if ab in cfg.ablations:
+            out[ab] = sweep.run_sweep(fn, dataclasses.replace(lm, rows=("pretrain_distill",)),
+                                      {ab: getattr(cfg, field)}, os.path.join(workdir, ab), log=log,
+                                      extendable=EXTENDABLE)
+    return out
+
+
+def slices(cfg) -> list[dict]:
+    """The independent runs for the executor: one slice per (seed, epsilon), every ablation in it
+    (a run shared by two ablations, e.g. the T'=0 point and 150 distillation steps, stays in one
+    slice and is trained once)."""
+    return [{"seed": s, "epsilon": e} for s in cfg.lm.seeds for e in cfg.lm.epsilons]
+
+
+def narrow(cfg, part: dict):
+    """One slice's config: the public-training config at that epsilon (its server lr there) and seed."""
+    lm = public.at_epsilon(cfg.lm, part["epsilon"])
+    return dataclasses.replace(cfg, lm=dataclasses.replace(lm, seeds=(part["seed"],), epsilons=(part["epsilon"],)))
+
+
+def prepare(cfg, workdir: str) -> None:
+    """The teacher's passes over the pool (``<workdir>/teacher_cache``), before the slices start."""
+    public.prepare(cfg.lm, gguf.cached_teacher(cfg.lm.teacher_path), os.path.join(workdir, "teacher_cache"))
+
+
+def train(cfg, workdir: str) -> None:
+    sweeps(cfg, workdir)
+
+
 def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) -> dict:
     t0, lm, eps = time.time(), cfg.lm, cfg.lm.epsilons
-    teacher = teacher or gguf.cached_teacher(lm.teacher_path)
-    fn, out, verdicts = _points(cfg, teacher, workdir, log, progress), {}, []
+    swept = sweeps(cfg, workdir, teacher=teacher, progress=progress, log=log)
+    out, verdicts = {}, []
     notes = [f"{lm.corpus} users, DP-FTRL T={lm.rounds}, cohort {lm.cohort_size}, q={lm.q:g}, "
              f"{lm.distill_steps} distillation steps (batch {lm.central_batch_size}), top-{lm.topk}"
              f" (an ablation's swept field takes its grid values instead), seeds {list(lm.seeds)}; "
@@ -74,11 +120,7 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
              "ledger holds only the T-round DP-FTRL event (epsilon per run in runs.csv)"]
     if "t_prime" in cfg.ablations:
         tps = cfg.t_primes()
-        rows = tuple(("pretrain_distill",) if tp == 0 else ("mid_dm", "mid_random") for tp in tps)
-        runs = sweep.run_sweep(fn, lm, {"t_prime": tps, "rows": rows},
-                               os.path.join(workdir, "t_prime"), mode="zip", log=log,
-                               extendable=EXTENDABLE)
-        out["t_prime_runs"] = runs
+        runs = out["t_prime_runs"] = swept["t_prime"]
         for name, row, paper, title in (
                 ("table4", "mid_dm", ablations.PAPER_TABLE4, "Table 4: timing T' with distribution "
                  "matching (mid_dm; T'=0: random sample)"),
@@ -104,10 +146,7 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
             ("topk", "topk", cfg.topk_grid, "top-k teacher logits", "larger top-k helps")):
         if ab not in cfg.ablations:
             continue
-        runs = sweep.run_sweep(fn, dataclasses.replace(lm, rows=("pretrain_distill",)),
-                               {field: grid}, os.path.join(workdir, ab), log=log,
-                               extendable=EXTENDABLE)
-        out[f"{ab}_runs"] = runs
+        runs = out[f"{ab}_runs"] = swept[ab]
         curves = ablations.ablation_curves(runs, field, eps, metric=METRIC)
         table = [{"epsilon": k[4:], field: x, "val accuracy (%)": f"{m:.2f}",
                   "std": f"{s:.2f}"} for k, (xs, ms, ss) in curves.items()
@@ -136,6 +175,7 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
 
 def main(argv=None):
     cfg, workdir, _ = common.config_and_workdir(argv, __doc__, "wang_ablations")
+    common.run_slices(train, cfg, workdir, slices(cfg), narrow=narrow, prepare=prepare)
     run(cfg, workdir)
     for name in ("table4", "table5", "accuracy_vs_distill_steps", "accuracy_vs_topk"):
         if os.path.exists(os.path.join(workdir, f"{name}.md")):

@@ -26,8 +26,9 @@ from experiments import common
 from fedpriv.recipes import oracle
 
 
-def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) -> dict:
-    t0 = time.time()
+def samples(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) -> tuple[list, list]:
+    """Each seed's oracle (resumed once trained) and scored samples: ``(rows, figures)``; also an
+    executor slice (one seed: ``common.product(cfg, "seeds")``)."""
     os.makedirs(workdir, exist_ok=True)
     rows, figs = [], []
     for seed in cfg.seeds:  # each seed: its own oracle (init, batches) and its own sample draw
@@ -38,6 +39,16 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
                                      cache_dir=os.path.join(workdir, "teacher_cache"))
         rows += [{"seed": seed, **r} for r in fig.rows]
         figs.append(fig)
+    return rows, figs
+
+
+def train(cfg, workdir: str) -> None:
+    samples(cfg, workdir)
+
+
+def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) -> dict:
+    t0 = time.time()
+    rows, figs = samples(cfg, workdir, teacher=teacher, progress=progress, log=log)
     common.write_table(rows, workdir, "figure3_samples")
     summary = oracle.figure3_summary(rows)
     fig, st = figs[0], figs[0].stats
@@ -68,7 +79,8 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
     return result
 
 
-main = common.printing_main(run, __doc__, "wang_figure3", "figure3_summary.md")
+main = common.printing_main(run, __doc__, "wang_figure3", "figure3_summary.md",
+                            slices=lambda cfg: (train, common.product(cfg, "seeds")))
 
 
 if __name__ == "__main__":

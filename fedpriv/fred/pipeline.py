@@ -244,8 +244,9 @@ def run_pipeline(cfg, workdir: str, progress: bool = True) -> dict:
               Stage("no prefinetuning", _finetune_stage(cfg, None, lm_data, candidates, progress))]
     stages += [Stage(f"rank {r}", _finetune_stage(cfg, r, lm_data, candidates, progress)) for r in ranks]
     ledger = PrivacyLedger(cfg.total_epsilon, lm.delta, unit="user")
-    out = run_stages(stages, workdir, ledger, fingerprint=dataclasses.asdict(cfg),
-                     log=print if progress else (lambda _: None))
+    # one seed's pipeline: which other seeds an invocation runs (``seeds``) is not part of it
+    fingerprint = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "seeds"}
+    out = run_stages(stages, workdir, ledger, fingerprint=fingerprint, log=print if progress else (lambda _: None))
     fred = out.results[FRED]
     rows = []
     for i, st in enumerate(stages[1:], start=1):

@@ -263,6 +263,32 @@ def _train_synthetic(cfg, task, texts, tokenizer, seed, sub, progress, params):
     return params
 
 
+def prepare_shared(cfg, workdir: str, progress: bool = True) -> None:
+    """What the (seed, epsilon, arm) runs of ``cfg`` share, computed once: each seed's public
+    start (``public_init``, checkpointed in ``workdir``) and, for the PrE-Text arms, the
+    embeddings of the training users' messages (the on-disk store of ``embed_store``). The
+    run executor calls it before dispatching the arms to workers, which would race to compute
+    them."""
+    from fedpriv.models.bert import load_embedder
+    embedder = None
+    for seed in cfg.seeds:
+        base = dataclasses.replace(cfg.lm, seed=seed)
+        prepared = prepared_data(base)
+        public_init(cfg, lm.build_task(base, prepared.tokenizer.vocab_size), prepared.tokenizer, seed, workdir,
+                    progress)
+        if any(arm != "ondevice" for arm in cfg.arms):
+            embedder = embedder or load_embedder()
+            embed_store(embedder, [m for ms in _client_messages(prepared, cfg) for m in ms], progress)
+
+
+def narrow(cfg, seed: int, epsilon: float, arm: str):
+    """The config of one (seed, epsilon, arm) run: the arm's server lr at ``epsilon``
+    (``server_lr_at``) in ``lm`` in place of ``epsilon_server_lrs`` -- the same computation
+    (``_identity`` at that epsilon) as in the whole table."""
+    return dataclasses.replace(cfg, seeds=(seed,), epsilons=(epsilon,), arms=(arm,), epsilon_server_lrs=None,
+                               lm=dataclasses.replace(cfg.lm, server_lr=server_lr_at(cfg, epsilon)))
+
+
 def run_arms(cfg, workdir: str, *, teacher=None, embedder=None, progress: bool = True,
              log=print) -> list[dict]:
     """Every (seed, epsilon, arm) of ``cfg``: one row each (module docstring)."""
