@@ -19,7 +19,17 @@ library function). Each names the library code it checks:
 * ``student_batches``: shuffled, padded distillation batches (``fedpriv.public.distill``);
 * ``format_source_report``: ``fedpriv.public.select.source_shares`` as a Markdown table;
 * ``pipeline_events``: the FreD pipeline ledger's events without running it
-  (``fedpriv.fred.pipeline``).
+  (``fedpriv.fred.pipeline``);
+* ``rdp_epsilon`` / ``pld_epsilon``: raw ``dp_accounting`` accountants on a list of events (the
+  ledger's and the plans' accountant choice, ``fedpriv.dp.accounting.compute_epsilon``);
+* ``gaussian_epsilon``: the exact epsilon of one Gaussian mechanism (Balle & Wang 2018, Thm. 8),
+  by bisection on its closed-form delta;
+* ``per_pass_event``: a shuffled-pass run written out one pass at a time (the declared
+  population's event, ``fedpriv.dp.population``; the shuffled samplers' ``periodic_event``);
+* ``executed_noise_cohort_event``: the event of a run that trains ``m`` clients per round at
+  the noise of ``M`` (``noise_cohort_size``, ``fedpriv.dp.mechanisms``);
+* ``observed_min_separation``: the smallest gap between two rounds of one client, read off a
+  sampler's cohorts (``fedpriv.fl.samplers``' declared ``min_separation``).
 """
 from __future__ import annotations
 
@@ -31,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from scipy import optimize, special
 
 from fedpriv.dp.clipping import clip_update
 from fedpriv.dp.ddg import DDGConfig, DDGRound
@@ -247,3 +258,80 @@ def pipeline_events(cfg, num_clients: int) -> tuple[list[dpa.DpEvent], float]:
     task = lm_recipe.build_task(cfg.lm, cfg.lm.vocab_size)
     _, _, fl_event, z = lm_recipe.build_algorithm(cfg.lm, num_clients, task.loss_fn, [fred_event])
     return [fred_event, fl_event], z
+
+
+# ----------------------------------------------------------------------------- accounting
+def rdp_epsilon(events: Iterable[dpa.DpEvent], delta: float, neighboring: str = "add_remove") -> float:
+    """Epsilon at ``delta`` of the composition of ``events`` by ``dp_accounting``'s own
+    ``RdpAccountant`` (REPLACE_SPECIAL for add/remove, as the trees need; REPLACE_ONE else)."""
+    rel = (dpa.NeighboringRelation.REPLACE_SPECIAL if neighboring == "add_remove"
+           else dpa.NeighboringRelation.REPLACE_ONE)
+    acc = dpa.rdp.RdpAccountant(neighboring_relation=rel)
+    for ev in events:
+        acc.compose(ev)
+    return float(acc.get_epsilon(delta))
+
+
+def pld_epsilon(events: Iterable[dpa.DpEvent], delta: float) -> float:
+    """Epsilon at ``delta`` of the composition of ``events`` by ``dp_accounting``'s own
+    ``PLDAccountant`` (add/remove one)."""
+    acc = dpa.pld.PLDAccountant(dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    for ev in events:
+        acc.compose(ev)
+    return float(acc.get_epsilon(delta))
+
+
+def gaussian_epsilon(sigma: float, delta: float) -> float:
+    """The exact epsilon of the Gaussian mechanism of multiplier ``sigma`` (noise std over L2
+    sensitivity) at ``delta``: the root of Balle & Wang 2018 (Thm. 8)
+    ``delta(eps) = Phi(1/(2 sigma) - eps sigma) - e^eps Phi(-1/(2 sigma) - eps sigma)``
+    (decreasing in eps), found by bisection; 0 if ``delta(0) <= delta``."""
+    def excess(eps):
+        a = special.ndtr(0.5 / sigma - eps * sigma)
+        b = np.exp(eps + special.log_ndtr(-0.5 / sigma - eps * sigma))
+        return a - b - delta
+    if excess(0.0) <= 0:
+        return 0.0
+    hi = 1.0
+    while excess(hi) > 0:
+        hi *= 2
+    return float(optimize.brentq(excess, 0.0, hi, xtol=1e-14, rtol=1e-13))
+
+
+def per_pass_event(noise_multiplier: float, rounds: int, rounds_per_epoch: int,
+                   mechanism: str) -> dpa.DpEvent:
+    """``rounds`` rounds in which every user is in at most one round of each pass of
+    ``rounds_per_epoch`` rounds, written out pass by pass: ``"tree"``: one
+    ``SingleEpochTreeAggregationDpEvent`` per pass (its leaves: the pass's rounds, the last
+    pass the remainder); ``"gaussian"``: one ``GaussianDpEvent`` per pass."""
+    z, left, passes = float(noise_multiplier), int(rounds), []
+    while left > 0:
+        leaves = min(left, int(rounds_per_epoch))
+        passes.append(dpa.SingleEpochTreeAggregationDpEvent(z, leaves) if mechanism == "tree"
+                      else dpa.GaussianDpEvent(z))
+        left -= leaves
+    return dpa.ComposedDpEvent(passes)
+
+
+def executed_noise_cohort_event(noise_multiplier: float, sampling_rate: float, cohort: float,
+                                noise_cohort: int, rounds: int) -> dpa.DpEvent:
+    """A Poisson run that trains ``cohort`` clients per round (expected) but adds the noise of
+    ``noise_cohort``: the noise std on the cohort's sum is ``z C cohort / noise_cohort`` at
+    sensitivity ``C``, so each round is a Poisson-sampled Gaussian of multiplier
+    ``z cohort / noise_cohort``, ``rounds`` times."""
+    z = float(noise_multiplier) * float(cohort) / float(noise_cohort)
+    return dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(float(sampling_rate), dpa.GaussianDpEvent(z)),
+                                   int(rounds))
+
+
+def observed_min_separation(sampler, rounds: int) -> float:
+    """The smallest number of rounds between two participations of one client in the cohorts
+    ``sampler.sample(0..rounds-1)`` (``inf`` if no client is sampled twice)."""
+    last: dict[int, int] = {}
+    gap = float("inf")
+    for t in range(int(rounds)):
+        for c in np.asarray(sampler.sample(t)).tolist():
+            if c in last:
+                gap = min(gap, t - last[c])
+            last[c] = t
+    return gap
