@@ -6,7 +6,8 @@ into a temporary workdir while every :class:`~fedpriv.dp.ledger.PrivacyLedger` i
 recorded; at the end the ledgers' entries are compared with ``privacy_plan(cfg)``:
 
 * every planned run's charges (entry names and ``dp_accounting`` events, exactly, as JSON) are
-  the complete entries of some ledger the run made, with the plan's delta and relation and a
+  the complete entries of some ledger the run made, with the plan's delta, relation and
+  accountant (a plan accounted otherwise than its run would report another epsilon) and a
   budget no larger than the plan's;
 * every ledger the run made holds a prefix of some planned run's charges (nothing unplanned: a
   pipeline's ledger is also seen after its first stages);
@@ -149,11 +150,13 @@ def test_plan_charges_equal_the_runs_ledger_entries(name, tmp_path, monkeypatch)
         assert match, (f"{name}: planned run {run.name!r} charges {[c.name for c in run.charges]} "
                        f"but no ledger of the run holds exactly those events; the run's ledgers: "
                        f"{[[e.name for e in led.entries] for _, led in seen]}")
+        # the plan is accounted as the run's ledger accounts (issue 54: same accountant)
         assert any(led.delta == run.delta and led.neighboring == run.neighboring
+                   and led.accountant == run.accountant
                    and led.epsilon <= run.epsilon * (1 + 1e-9) for led in match), (
-            f"{name}: {run.name!r}: budget/delta/relation differ: plan "
-            f"{(run.epsilon, run.delta, run.neighboring)}, run "
-            f"{[(led.epsilon, led.delta, led.neighboring) for led in match]}")
+            f"{name}: {run.name!r}: budget/delta/relation/accountant differ: plan "
+            f"{(run.epsilon, run.delta, run.neighboring, run.accountant)}, run "
+            f"{[(led.epsilon, led.delta, led.neighboring, led.accountant) for led in match]}")
         want_np = {n for n, _ in run.nonprivate}
         assert any({e.name for e in led.entries if e.nonprivate} == want_np for led in match), (
             f"{name}: {run.name!r}: non-private records differ from the plan's {want_np}")
