@@ -1,5 +1,9 @@
 """The paper-noise protocol (fedpriv.dp.population): a declared population's epsilon beside the
-epsilon spent on our users; with the paper's own population the two coincide."""
+epsilon spent on our users; with the paper's own population the two coincide. A declared
+population of several passes, and a noise-cohort simulation over several passes, are charged
+per pass (issue 54)."""
+import math
+
 import pytest
 
 from fedpriv.data.errors import ConfigError
@@ -7,6 +11,7 @@ from fedpriv.dp import accounting
 from fedpriv.dp.population import PAPER_POPULATIONS, SimulatedPopulation, paper_noise
 from fedpriv.fl import algorithms as algs
 from fedpriv.fl.samplers import ShuffledPassSampler
+from tests.oracles import gaussian_epsilon, per_pass_event, rdp_epsilon
 
 WANG = PAPER_POPULATIONS["wang_stackoverflow"]
 
@@ -79,3 +84,40 @@ def test_protocol_accepts_the_populations_noise_cohort_only():
             check_protocol(WANG, cohort_size=cohort, noise_cohort_size=noise, **ok)
     with pytest.raises(ConfigError, match="not dp_fedavg"):
         check_protocol(WANG, cohort_size=16, noise_cohort_size=100, algorithm="dp_fedavg")
+
+
+# ------------------------------------------------------------------ issue 54: charged per pass
+@pytest.mark.parametrize("rounds", [10, 11, 25, 30])  # 10 rounds a pass: 1, 2, 3, 3 passes
+def test_a_multi_pass_declared_population_is_charged_per_pass(rounds):
+    """Each user of a declared single-participation population is in one round of every pass:
+    a run of several passes releases one tree (DP-FTRL) or one Gaussian (fresh noise) per pass
+    about them, never one release for the whole run. Trees: ``dp_accounting``'s RDP of the
+    passes written out one by one; Gaussians: the exact epsilon of ``k`` composed Gaussians,
+    one Gaussian of multiplier ``z / sqrt(k)`` (Balle & Wang 2018), which PLD ("best") meets
+    from above within its discretisation."""
+    z, delta = 2.0, 1e-6
+    tree = SimulatedPopulation("x", 1000, 100, "once", 30, "tree", "dp_ftrl", "test")
+    want = rdp_epsilon([per_pass_event(z, rounds, 10, "tree")], delta)
+    assert tree.epsilon(z, delta, rounds) == pytest.approx(want, rel=1e-9)
+    gauss = SimulatedPopulation("y", 1000, 100, "once", 30, "gaussian", "dp_fedavg", "test")
+    passes = -(-rounds // 10)
+    exact = gaussian_epsilon(z / math.sqrt(passes), delta)
+    got = gauss.epsilon(z, delta, rounds)
+    assert exact * (1 - 1e-6) <= got <= exact * (1 + 1e-3), (passes, got, exact)
+    if passes > 1:  # a second pass costs: more than one pass's epsilon
+        assert got > 1.2 * gaussian_epsilon(z, delta)
+
+
+@pytest.mark.parametrize("mechanism", ["tree", "gaussian"])
+def test_a_noise_cohort_simulation_over_several_passes_is_charged_per_pass(mechanism):
+    """A shuffled-pass run that trains ``m`` clients per round at the noise of ``M``
+    (``noise_cohort_size``): the simulated event (multiplier z) and the executed one (z m / M)
+    both release once per pass, for every pass of the run (here 2 passes of 6 rounds + 3)."""
+    z, delta, rounds = 3.0, 1e-6, 15
+    s = ShuffledPassSampler(30, 5, seed=0)  # 6 rounds a pass
+    dp = algs.DPConfig(0.5, z, mechanism, s.rounds_per_epoch if mechanism == "tree" else 1,
+                       noise_cohort_size=20)
+    for simulated, mult in ((True, z), (False, z * 5 / 20)):
+        ev = algs.privacy_event(dp, s, rounds, simulated=simulated)
+        want = rdp_epsilon([per_pass_event(mult, rounds, s.rounds_per_epoch, mechanism)], delta)
+        assert accounting.compute_epsilon(ev, delta, accountant="rdp")[0] == pytest.approx(want, rel=1e-9)
