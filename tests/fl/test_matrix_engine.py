@@ -1,6 +1,7 @@
 """Matrix-factorization DP-FTRL in the engine: CyclicSampler, fail-closed accounting, the
 ledger-charged train loop and its bit-identical resume; AmplifiedCyclicSampler (cyclic Poisson,
-Choquette-Choo et al. 2023) and its amplified banded event."""
+Choquette-Choo et al. 2023) and its amplified banded event; a sampler guaranteeing less
+separation than its strategy assumes is refused (issue 54)."""
 import dataclasses
 
 import dp_accounting as dpa
@@ -24,6 +25,7 @@ from fedpriv.fl.samplers import (
     amplified_banded_event,
 )
 from tests.fl.helpers import init_params, loss_fn, make_dataset
+from tests.oracles import observed_min_separation
 
 N, COHORT = 24, 4  # CyclicSampler: 6 groups -> min-separation 6
 
@@ -223,3 +225,48 @@ def test_train_with_the_amplified_sampler_charges_the_amplified_event(tmp_path):
     assert event_to_json(charged) == event_to_json(privacy_event(alg.dp, s, 7))
     assert isinstance(charged, dpa.SelfComposedDpEvent) and charged.count == 2
     assert isinstance(charged.event, dpa.PoissonSampledDpEvent)
+
+
+# ----------------------------------------------------------------------------- issue 54: separation
+@pytest.mark.parametrize("sampler", [CyclicSampler(24, 4, seed=1), CyclicSampler(25, 5, seed=2),
+                                     CyclicSampler(30, 7, seed=3), AmplifiedCyclicSampler(24, 6, 1.0, seed=1),
+                                     AmplifiedCyclicSampler(27, 4, 1.0, seed=2)],
+                         ids=lambda s: f"{type(s).__name__}-{s.num_clients}-{s.min_separation}")
+def test_a_strategy_is_accepted_iff_the_sampler_guarantees_its_separation(sampler):
+    """The separation a sampler declares is the one its cohorts show (brute force over the rounds,
+    at q = 1 every possible participation happens), and a banded strategy -- built for
+    min-separation ``sep`` with ``bands <= sep`` -- is accounted under it iff ``sep`` is at most
+    that separation: one round less than the strategy assumes is refused, for every
+    (bands, sep) pair. The strategy itself refuses a separation below its bands."""
+    rounds = 3 * sampler.min_separation + 2
+    seen = observed_min_separation(sampler, rounds)
+    assert sampler.min_separation == seen
+    amplified = isinstance(sampler, AmplifiedCyclicSampler)
+    for bands in range(1, seen + 2):
+        for sep in range(bands, seen + 2):
+            dp = MatrixDPConfig(clip_norm=0.5, noise_multiplier=2.0, mechanism="banded", bands=bands,
+                                min_separation=sep)
+            if sep <= seen:
+                ev = privacy_event(dp, sampler, rounds)
+                assert accounting.compute_epsilon(ev, 1e-6, accountant="rdp")[0] > 0
+            else:
+                with pytest.raises(M.MinSeparationError):
+                    privacy_event(dp, sampler, rounds)
+            if not amplified:  # BLT: any bands-free strategy needs the separation it assumes too
+                blt = _dp("blt", mf_rounds=rounds, min_separation=sep)
+                if sep <= seen:
+                    privacy_event(blt, sampler, rounds)
+                else:
+                    with pytest.raises(M.MinSeparationError):
+                        privacy_event(blt, sampler, rounds)
+        if bands > 1:
+            with pytest.raises(ValueError, match=f"min_separation >= {bands}"):
+                MatrixDPConfig(clip_norm=0.5, noise_multiplier=1.0, mechanism="banded", bands=bands,
+                               min_separation=bands - 1)
+            with pytest.raises(M.MinSeparationError):
+                M.banded_strategy(bands).sensitivity(rounds, bands - 1)
+    if amplified:  # Thm. 4 needs bands <= groups: one band more than the groups is refused
+        strategy = M.banded_strategy(seen + 1)
+        with pytest.raises(M.MinSeparationError):
+            amplified_banded_event(strategy, 1.0, rounds, seen, sampler.sampling_rate)
+        amplified_banded_event(M.banded_strategy(seen), 1.0, rounds, seen, sampler.sampling_rate)
