@@ -5,7 +5,10 @@ its recorded cost, is charged for more rounds or refused, matches its config fin
 atomic checkpoint (kill -9 anywhere resumes bit-identically, tampering is refused); a damaged
 latest commit falls back to the newest intact one unless its ledger would under-report the
 spend; exactly one metrics row per round after any crashes, gaps reported; strict-JSON metrics;
-a bug in the loss surfaces before the ledger is charged; stage-tagged keys.
+a bug in the loss surfaces before the ledger is charged; stage-tagged keys. Issue 54: a
+resumed run never runs a round it was not charged for; two runs with one stage name in one
+ledger, and a resume under other ledger populations, are refused; an empty Poisson round still
+releases the accounted noise.
 """
 import json
 import math
@@ -29,6 +32,7 @@ from fedpriv.fl.loop import METRICS, PrivacyAccountingError, dumps_row, fork_run
 from fedpriv.fl.samplers import PoissonSampler, ShuffledPassSampler
 from fedpriv.public.pretrain import train_central
 from tests.fl.helpers import init_params, loss_fn, make_dataset
+from tests.oracles import executed_noise_cohort_event, pld_epsilon, rdp_epsilon
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -113,6 +117,13 @@ def test_simulated_noise_cohort_records_executed_epsilon(data, tmp_path):
     assert row["epsilon_executed_alone"] == pytest.approx(executed, rel=1e-6)
     assert row["epsilon_executed_alone"] > row["epsilon_alone"]
     assert event_to_json(res.executed_event) == event_to_json(privacy_event(alg.dp, p, 4, simulated=False))
+    # the run executed: 5 clients per round under the noise of 50, multiplier 1.0 * 5 / 50 (the
+    # charged simulation: multiplier 1.0), by dp_accounting's RDP (PLD needs z >= 0.3)
+    assert row["epsilon_executed_alone"] == pytest.approx(
+        rdp_epsilon([executed_noise_cohort_event(1.0, 5 / 30, 5, 50, 4)], 1e-6), rel=1e-9)
+    assert row["epsilon_alone"] == pytest.approx(
+        min(rdp_epsilon([executed_noise_cohort_event(1.0, 5 / 30, 50, 50, 4)], 1e-6),
+            pld_epsilon([executed_noise_cohort_event(1.0, 5 / 30, 50, 50, 4)], 1e-6)), rel=1e-9)
 
 
 # ------------------------------------------------------------------ resume carries the cost
@@ -487,6 +498,7 @@ KILL_SCRIPT = textwrap.dedent("""
     from fedpriv.fl.loop import train
     from fedpriv.fl.samplers import ShuffledPassSampler
     from tests.fl.helpers import init_params, loss_fn, make_dataset
+from tests.oracles import executed_noise_cohort_event, pld_epsilon, rdp_epsilon
     wd, out, mode, at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     data = make_dataset(num_clients=30, seed=4); ids = list(data)
     s = ShuffledPassSampler(30, 5, seed=3)
@@ -588,3 +600,107 @@ def test_an_unfinished_commit_is_cleared_before_the_next_one(tmp_path, monkeypat
     monkeypatch.setattr(C.shutil, "rmtree", lambda *a, **k: None)  # a writer that recreates it
     with pytest.raises(C.CheckpointWriteError, match="keep coming back"):
         C._clear_unfinished(d, settle=0.0, tries=3)
+
+
+# ------------------------------------------------------------------ issue 54: resume and stages
+def _covers_every_round_run(wd, ledger, alg, s, stage="fl-training"):
+    """The run in ``wd`` never ran a round it was not charged for: its checkpoint's ledger and
+    the caller's hold the event of ``n`` rounds (``n`` = the entry's recorded rounds = the
+    checkpoint's charged rounds) with ``n`` >= the rounds run (state and metrics rows)."""
+    run = load_run(str(wd))
+    rows = [r["round"] for r in _rows(wd)]
+    assert rows == list(range(1, run.round + 1))
+    for led in (run.ledger, ledger):
+        entry = led.entry(stage)
+        n = entry.details["rounds"]
+        assert run.round <= n == run.charged_rounds, (run.round, n, run.charged_rounds)
+        assert event_to_json(entry.event) == event_to_json(privacy_event(alg.dp, s, n))
+    return run.round, run.charged_rounds
+
+
+@pytest.mark.parametrize("first,then", [(3, 4), (4, 5), (3, 9)])
+def test_a_resumed_run_never_runs_a_round_it_was_not_charged_for(data, tmp_path, first, then):
+    """Interrupted, resumed, then extended (by one round, or more): after every call the rounds
+    run are covered by the ledger's charge, in the checkpoint and in the caller's ledger; the
+    extension is charged before it runs."""
+    d, ids = data
+    s, alg = _ftrl()
+    wd = tmp_path / "run"
+    led = PrivacyLedger(1e6, 1e-6)
+    train(alg, init_params(), d, ids, s, rounds=first, stop_after=2, ledger=led, **_kw(wd))
+    assert _covers_every_round_run(wd, led, alg, s) == (2, first)
+    led = PrivacyLedger(1e6, 1e-6)
+    train(alg, init_params(), d, ids, s, rounds=first, ledger=led, **_kw(wd))
+    assert _covers_every_round_run(wd, led, alg, s) == (first, first)
+    led = PrivacyLedger(1e6, 1e-6)
+    res = train(alg, init_params(), d, ids, s, rounds=then, ledger=led, **_kw(wd))
+    assert _covers_every_round_run(wd, led, alg, s) == (then, then) == (int(res.state.round), res.charged_rounds)
+    assert led.spent() == pytest.approx(compute_epsilon(privacy_event(alg.dp, s, then), 1e-6)[0])
+
+
+def test_two_runs_with_one_stage_name_in_one_ledger_are_refused(data, tmp_path):
+    """The stage name tags the run's noise keys: a second train() call under a stage name the
+    ledger already holds would draw the first run's noise on the same users. Refused before it
+    runs (ledger and workdir untouched), with or without a workdir; another name is accepted."""
+    d, ids = data
+    s, alg = _ftrl()
+    led = PrivacyLedger(1e6, 1e-6)
+    train(alg, init_params(), d, ids, s, rounds=2, ledger=led, **_kw(tmp_path / "a"))
+    before = led.to_dict()
+    for wd in (tmp_path / "b", None):
+        with pytest.raises(PrivacyAccountingError, match="already has an entry 'fl-training'"):
+            train(alg, init_params(), d, ids, s, rounds=2, ledger=led, **_kw(wd))
+        assert led.to_dict() == before
+    assert not os.path.exists(tmp_path / "b" / METRICS) and load_run(str(tmp_path / "b")) is None
+    train(alg, init_params(), d, ids, s, rounds=2, ledger=led, stage="second", **_kw(tmp_path / "c"))
+    assert [e.name for e in led.entries] == ["fl-training", "second"]
+
+
+def test_a_resumed_run_naming_other_populations_is_refused(data, tmp_path):
+    """The checkpoint charged the run's rounds to population S: resuming it under other ledger
+    populations (T, or S and T) would train on users whose charge sits elsewhere. Refused, even
+    when asked to resume anyway; the charge stays on S and the same populations resume."""
+    d, ids = data
+    s, alg = _ftrl()
+    wd = tmp_path / "run"
+    train(alg, init_params(), d, ids, s, rounds=4, stop_after=2, ledger=PrivacyLedger(1e6, 1e-6),
+          populations=("S",), **_kw(wd))
+    for pops in (("T",), ("S", "T")):
+        for anyway in ((), ("populations",)):
+            led = PrivacyLedger(1e6, 1e-6)
+            with pytest.raises(ResumeMismatch, match="populations"):
+                train(alg, init_params(), d, ids, s, rounds=4, ledger=led, populations=pops,
+                      **_kw(wd, resume_anyway=list(anyway)))
+            assert led.entries == []
+    assert load_run(str(wd)).round == 2
+    assert load_run(str(wd)).ledger.entry("fl-training").populations == ("S",)
+    led = PrivacyLedger(1e6, 1e-6)
+    res = train(alg, init_params(), d, ids, s, rounds=4, ledger=led, populations=("S",), **_kw(wd))
+    assert int(res.state.round) == 4 and led.entry("fl-training").populations == ("S",)
+
+
+def test_an_empty_poisson_round_releases_the_accounted_noise(tmp_path):
+    """The Poisson event charges a noisy release every round, also when no client is sampled:
+    the round's update is then exactly the privatizer's noise for that round (its key, at
+    multiplier z, times C / expected cohort) -- and it is noise of that std, not zero."""
+    dim, n, q, z, clip = 200, 30, 0.05, 1.0, 1.0
+    d = make_dataset(num_clients=n, dim=dim, seed=3)
+    ids = list(d)
+    s = PoissonSampler(n, q, seed=0)
+    r = next(t for t in range(1, 40) if s.sample(t).size == 0)  # the first empty round after 0
+    m = s.expected_cohort_size
+    alg = dp_fedavg(loss_fn, optax.sgd(0.05), server_optimizer("sgd", 1.0), clip_norm=clip,
+                    noise_multiplier=z, expected_cohort_size=m)
+    kw = dict(batch_size=4, seed=1, max_steps=1, progress=False, log=None)
+    before = train(alg, init_params(dim), d, ids, s, rounds=r, nonprivate_ok=True, **kw).state
+    led = PrivacyLedger(1e6, 1e-6)
+    after = train(alg, init_params(dim), d, ids, s, rounds=r + 1, ledger=led, **kw)
+    assert after.history[r]["nonprivate/num_clients"] == 0
+    assert event_to_json(led.entry("fl-training").event) == event_to_json(privacy_event(alg.dp, s, r + 1))
+    zero = jax.tree_util.tree_map(np.zeros_like, before.params)
+    noise, _ = alg.dp.privatizer(z).update(zero, before.noise_state)
+    flat = lambda t: np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree_util.tree_leaves(t)])  # noqa: E731
+    step = flat(after.state.params) - flat(before.params)
+    np.testing.assert_allclose(step, flat(noise) * clip / m, rtol=1e-5, atol=1e-7)
+    std = z * clip / m  # the accounted noise on the average (sum std z C over m)
+    assert abs(np.std(step) / std - 1) < 0.2, (np.std(step), std)
