@@ -166,6 +166,31 @@ def test_ledger_is_charged_before_data_is_read():
     assert abs(led.spent() - 0.8) < 1e-3
 
 
+def test_words_nobody_typed_are_noised_like_every_word_of_the_vocabulary():
+    """Issue 54: the release covers the whole public vocabulary, so which words the users typed
+    (the support) is not released: a word nobody typed gets the same two-sided Geometric noise
+    as any other, clipped at 0 -- above the floor with probability P(G >= 1) = a / (1 + a), and
+    mean E[max(G, 0)] = a / ((1 + a)(1 - a)) (a = exp(-eps0 / 50)); only PAD and BOS, zero
+    whatever the data, get the floor. The released clipped counts are read back exactly from
+    u_hat: ``max(c, 0) = u / u[PAD] - 1`` (u[PAD] = floor = 1 / normaliser)."""
+    vocab, eps0 = 400, 0.8
+    rng = np.random.default_rng(5)
+    users = {i: rows(*[[4, 5, 6, EOS]] * 3) for i in range(40)}  # everyone types 4, 5, 6, EOS
+    u = expansion.private_unigram_frequencies(users, vocab, eps0, rng, population="T")
+    released = u / u[PAD] - 1.0
+    assert u[PAD] == u[BOS] and released[PAD] == released[BOS] == 0
+    untyped = np.setdiff1d(np.arange(vocab), [PAD, BOS, EOS, 4, 5, 6])
+    a = geometric.geometric_alpha(eps0, 50)
+    n = len(untyped)
+    p_above = a / (1 + a)
+    frac = float(np.mean(released[untyped] > 0.5))
+    assert abs(frac - p_above) < 4 * math.sqrt(p_above * (1 - p_above) / n), (frac, p_above)
+    mean = a / ((1 + a) * (1 - a))
+    sd = math.sqrt(a / (1 - a) ** 2 - mean ** 2)  # E[max(G, 0)^2] = E[G^2] / 2 = a / (1 - a)^2
+    assert abs(float(np.mean(released[untyped])) - mean) < 5 * sd / math.sqrt(n)
+    np.testing.assert_allclose(released, np.round(released), atol=1e-6)  # integer counts
+
+
 # ------------------------------------------------------------------------------ weights
 
 

@@ -1,15 +1,18 @@
 """The FreD three-stage pipeline: one ledger, FreD then FL-finetuning (smoke run, resumed), and the
-paper config's ledger (no training)."""
+paper config's ledger (no training); FreD's declared user count is never read from the private
+data (issue 54)."""
 import dataclasses
 import json
 import math
 
+import numpy as np
 import pytest
 
 from experiments import common, fred_pipeline
 from fedpriv import report
 from fedpriv.data.errors import ConfigError
 from fedpriv.dp.ledger import PrivacyBudgetExceeded, PrivacyLedger
+from fedpriv.fred.embed import HELD_OUT
 from fedpriv.fred.pipeline import RELEASE, TEST_COLUMNS, run_pipeline
 from fedpriv.recipes import plans
 from tests.oracles import pipeline_events
@@ -159,3 +162,54 @@ def test_paper_config_accounts_within_budget():
     ledger.spend(RELEASE, fred_event)
     with pytest.raises(PrivacyBudgetExceeded):
         ledger.spend("DP-FTRL FL-finetune", fl_event)
+
+
+# ------------------------------------------------------------------ issue 54: the declared count
+def _random_embeddings(embedder, private, candidates, batch_size, cache=None, progress=True):
+    """``embed_all`` without BERT: one random 16-d vector per sentence."""
+    rng = np.random.default_rng(0)
+    emb = lambda texts: rng.normal(size=(len(texts), 16)).astype(np.float32)  # noqa: E731
+    return {u: emb(t) for u, t in private.items()}, {n: emb(t) for n, t in candidates.items()}, 0.0
+
+
+@pytest.mark.parametrize("experiment", ["fred_pipeline", "fred_mixtures"])
+def test_freds_declared_user_count_is_never_read_from_the_private_data(experiment, monkeypatch, tmp_path):
+    """Under the pipelines' add/remove ledger the exact user count is private: FreD divides by a
+    declared count. That count is a function of the config alone -- computed with the data
+    loaders disabled -- and the FreD stage passes the same value whatever the private data
+    holds (fewer or more users than declared), in both experiments that release FreD."""
+    from fedpriv.fl.stages import StageContext
+    from fedpriv.fred import mixtures, pipeline
+    from fedpriv.models import bert
+
+    def no_private_data(*a, **kw):
+        raise AssertionError("the declared count read the private corpus")
+
+    cfg = common.load_config(f"configs/{experiment}.py:smoke")
+    for loader in ("load_chitchat", "load_public_pool"):
+        monkeypatch.setattr(pipeline, loader, no_private_data)
+    declared = pipeline.fred_declared_users(cfg)
+    mod = pipeline if experiment == "fred_pipeline" else mixtures
+    seen, real = [], mod.private_stats
+
+    def recording(*a, **kw):
+        seen.append(kw["n_public"])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(mod, "private_stats", recording)
+    monkeypatch.setattr(mod, "embed_all", _random_embeddings)
+    monkeypatch.setattr(bert, "load_embedder", lambda **_: None)
+    sentences = [f"public sentence {i}" for i in range(cfg.num_sentences)]
+    for users in (declared // 2, declared + 7):
+        private = {f"user{i}": ["a b c", "d e"] for i in range(users)}
+        ledger = PrivacyLedger(cfg.total_epsilon, cfg.lm.delta, unit="user")
+        ctx = StageContext("FreD", str(tmp_path / f"{users}"), ledger, {}, lambda _: None,
+                           str(tmp_path), ["FreD"])
+        if mod is pipeline:
+            stage = pipeline._fred_stage(cfg, private, {n: sentences for n in ("a", "b", "c")}, False)
+        else:
+            stage = mixtures._fred_stage(cfg, {HELD_OUT: sentences, mixtures.PUBLIC: sentences},
+                                         private, False)
+        stage(ctx)
+        assert [e.name for e in ledger.entries] == [RELEASE if mod is pipeline else mixtures.RELEASE]
+    assert seen and set(seen) == {declared}, (declared, seen)
