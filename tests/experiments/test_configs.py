@@ -201,3 +201,69 @@ def test_expansion_stages_are_charged_their_budget_under_the_configs_accountant(
         assert 2.0 * (1 - 5e-3) < eps <= 2.0 * (1 + 1e-9), (accountant, z, eps)
     assert calibrate_stage(100, 0.05, 50, 100, 1.0, 2.0, 1e-5, accountant="best") < \
         calibrate_stage(100, 0.05, 50, 100, 1.0, 2.0, 1e-5, accountant="rdp")
+
+
+# ------------------------------------------------------------------ issue 54: the executed epsilon
+def test_the_expansion_plans_executed_epsilon_is_that_of_the_run_executed():
+    """population_expansion charges each stage the SIMULATED population's event (noise of the
+    noise cohort M, Poisson at q = m / n) and reports beside it the epsilon of the run executed:
+    m clients trained per round under that same noise, i.e. multiplier z m / M at the same q
+    (``tests/oracles.py``, dp_accounting's RDP: the smoke config's accountant). Per stage, and
+    per run (each population: its unigram release, pure eps0 added, and its stages' executed
+    events), never the simulated epsilon in its place."""
+    from fedpriv.expansion.data import SOURCE, TARGET
+    from tests.oracles import executed_noise_cohort_event, rdp_epsilon
+    cfg = common.load_config("configs/population_expansion.py:smoke")
+    assert cfg.accountant == "rdp" and cfg.train_cohort < cfg.noise_cohort
+    plan = plans.population_expansion_plan(cfg)
+    n_s, n_t = plans.expansion_train_clients("topics", cfg)
+    alpha, users = n_t / (n_s + n_t), {SOURCE: n_s, TARGET: n_t}
+    assert len(plan.runs) == len(cfg.training_schemes)
+    for scheme, run, acc in zip(cfg.training_schemes, plan.runs, account(plan, executed=True)):
+        stages = [c for c in run.charges if c.executed_event is not None]
+        assert len(stages) == len(scheme.stages)
+        per_pop: dict = {}
+        for c in run.charges:
+            if c.executed_event is None:  # a unigram release: pure DP, executed as charged
+                for p in c.populations:
+                    per_pop.setdefault(p, [[], 0.0])[1] += scheme.unigram_budget[0]
+        for stage, rounds, c in zip(scheme.stages, scheme.stage_rounds(cfg.rounds), stages):
+            n = sum(users[p] for p in stage.populations)
+            m = stage.cohort_size(cfg.train_cohort, alpha)
+            noise = stage.cohort_size(cfg.noise_cohort, alpha)
+            sim = c.event  # rounds x PoissonSampled(m / n, Gaussian(z)): the charged simulation
+            q, z = sim.event.sampling_probability, sim.event.event.noise_multiplier
+            assert sim.count == rounds and q == pytest.approx(m / n, rel=1e-12) and m < noise
+            want = executed_noise_cohort_event(z, q, m, noise, rounds)
+            got = accounting_epsilon(c.executed_event, run.delta)
+            assert got == pytest.approx(rdp_epsilon([want], run.delta), rel=1e-9)
+            assert got > 2 * accounting_epsilon(sim, run.delta)  # never the simulated one
+            for p in c.populations:
+                per_pop.setdefault(p, [[], 0.0])[0].append(want)
+        oracle = max(rdp_epsilon(evs, run.delta) + pure if evs else pure for evs, pure in per_pop.values())
+        assert acc.epsilon_executed == pytest.approx(oracle, rel=1e-9), (run.name, acc)
+        assert acc.epsilon_executed > acc.epsilon
+
+
+def test_an_lm_plans_executed_epsilon_is_that_of_the_run_executed():
+    """lm_fl with a noise cohort M: the charge is the simulated run's (tree of multiplier z, one
+    per pass), and the plan's executed event is the run that trains m per round under that noise:
+    one tree of multiplier z m / M per pass of the run (three passes here)."""
+    from tests.oracles import per_pass_event, rdp_epsilon
+    cfg = common.load_config("configs/lm_fl.py:smoke,noise_cohort_size=40,rounds=13")
+    (run,) = plans.lm_fl_plan(cfg).runs
+    (c,) = run.charges
+    passes = c.event.events if hasattr(c.event, "events") else [c.event]
+    z = passes[0].noise_multiplier
+    per_epoch = plans.lm_train_clients(cfg) // cfg.cohort_size
+    assert -(-cfg.rounds // per_epoch) == len(passes) == 3
+    want = per_pass_event(z * cfg.cohort_size / cfg.noise_cohort_size, cfg.rounds, per_epoch, "tree")
+    assert accounting_epsilon(c.executed_event, cfg.delta) == pytest.approx(
+        rdp_epsilon([want], cfg.delta), rel=1e-9)
+    (acc,) = account(plans.lm_fl_plan(cfg), executed=True)
+    assert acc.epsilon_executed == pytest.approx(rdp_epsilon([want], cfg.delta), rel=1e-9)
+
+
+def accounting_epsilon(event, delta: float) -> float:
+    from fedpriv.dp import accounting
+    return accounting.compute_epsilon(event, delta, accountant="rdp")[0]
