@@ -498,7 +498,6 @@ KILL_SCRIPT = textwrap.dedent("""
     from fedpriv.fl.loop import train
     from fedpriv.fl.samplers import ShuffledPassSampler
     from tests.fl.helpers import init_params, loss_fn, make_dataset
-from tests.oracles import executed_noise_cohort_event, pld_epsilon, rdp_epsilon
     wd, out, mode, at = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     data = make_dataset(num_clients=30, seed=4); ids = list(data)
     s = ShuffledPassSampler(30, 5, seed=3)
