@@ -74,3 +74,23 @@ def test_refuses_other_config_stages_or_budget(tmp_path):
 def test_names_must_be_unique(tmp_path):
     with pytest.raises(ValueError, match="unique"):
         run_stages(_pipeline([]) * 2, str(tmp_path), PrivacyLedger(10.0, 1e-6))
+
+
+def test_a_resumed_pipeline_continues_only_under_the_recorded_accounting(tmp_path):
+    """Issue 54: the recorded entries were charged under the recorded ledger's budget, delta,
+    relation, unit and accountant; resuming them under a ledger that differs in any one of these
+    would bound (and report) another epsilon for the same releases. Refused before any stage
+    runs, the caller's ledger left empty; the recorded accounting resumes."""
+    recorded = dict(epsilon=10.0, delta=1e-6, neighboring="add_remove", unit="user", accountant="rdp")
+    other = dict(epsilon=20.0, delta=1e-5, neighboring="replace_one", unit="sample", accountant="best")
+    with pytest.raises(Crash):
+        run_stages(_pipeline([], crash_in="train"), str(tmp_path), PrivacyLedger(**recorded),
+                   fingerprint={"seed": 0}, log=lambda _: None)
+    for field, value in other.items():
+        calls, led = [], PrivacyLedger(**{**recorded, field: value})
+        with pytest.raises(ResumeMismatch, match=field):
+            run_stages(_pipeline(calls), str(tmp_path), led, fingerprint={"seed": 0}, log=lambda _: None)
+        assert calls == [] and led.entries == []
+    calls, led = [], PrivacyLedger(**recorded)
+    run_stages(_pipeline(calls), str(tmp_path), led, fingerprint={"seed": 0}, log=lambda _: None)
+    assert calls == ["train"] and [e.name for e in led.entries] == ["release"]
