@@ -19,6 +19,7 @@ import subprocess
 import sys
 import textwrap
 
+import dp_accounting as dpa
 import jax
 import numpy as np
 import optax
@@ -703,3 +704,27 @@ def test_an_empty_poisson_round_releases_the_accounted_noise(tmp_path):
     np.testing.assert_allclose(step, flat(noise) * clip / m, rtol=1e-5, atol=1e-7)
     std = z * clip / m  # the accounted noise on the average (sum std z C over m)
     assert abs(np.std(step) / std - 1) < 0.2, (np.std(step), std)
+
+
+def test_a_checkpoint_ledger_accounted_otherwise_is_never_merged(data, tmp_path):
+    """The checkpoint's ledger was charged at delta 1e-6, add/remove, per user: a caller's
+    ledger at another delta, relation or unit cannot take its entries as its own (their epsilon
+    would be read under the wrong accounting). Refused before anything runs, the caller's
+    ledger untouched; the recorded accounting resumes."""
+    d, ids = data
+    s, alg = _ftrl()
+    wd = tmp_path / "run"
+    train(alg, init_params(), d, ids, s, rounds=4, stop_after=2, ledger=PrivacyLedger(1e6, 1e-6),
+          **_kw(wd))
+    for field, kw in (("delta", dict(delta=1e-5)), ("neighboring", dict(neighboring="replace_one")),
+                      ("unit", dict(unit="sample"))):
+        led = PrivacyLedger(1e6, **{"delta": 1e-6, **kw})
+        led.spend("earlier release", dpa.GaussianDpEvent(5.0))
+        before = led.to_dict()
+        with pytest.raises(PrivacyBudgetExceeded, match=f"{field}=.*cannot be combined"):
+            train(alg, init_params(), d, ids, s, rounds=4, ledger=led, **_kw(wd))
+        assert led.to_dict() == before
+    assert load_run(str(wd)).round == 2
+    led = PrivacyLedger(1e6, 1e-6)
+    train(alg, init_params(), d, ids, s, rounds=4, ledger=led, **_kw(wd))
+    assert [e.name for e in led.entries] == ["fl-training"] and load_run(str(wd)).round == 4
