@@ -213,7 +213,9 @@ def test_the_expansion_plans_executed_epsilon_is_that_of_the_run_executed():
     events), never the simulated epsilon in its place."""
     from fedpriv.expansion.data import SOURCE, TARGET
     from tests.oracles import executed_noise_cohort_event, rdp_epsilon
-    cfg = common.load_config("configs/population_expansion.py:smoke")
+    # three rows cover every stage shape: alpha*C on T, a weighted S u T stage after the unigram
+    # releases, and PT's two stages on disjoint populations
+    cfg = common.load_config("configs/population_expansion.py:smoke,schemes=T w. alpha*C/IW/IWPT")
     assert cfg.accountant == "rdp" and cfg.train_cohort < cfg.noise_cohort
     plan = plans.population_expansion_plan(cfg)
     n_s, n_t = plans.expansion_train_clients("topics", cfg)
