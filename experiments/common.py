@@ -10,6 +10,7 @@ import os
 import resource
 import sys
 import time
+import typing
 
 from fedpriv import executor
 from fedpriv.data.errors import ConfigError, FedprivError, MissingResourceError
@@ -113,6 +114,7 @@ def config_and_workdir(argv, doc: str, name: str, workdir: str | None = None):
     add_executor_arguments(ap)
     args = ap.parse_args(argv)
     cfg = load_config(args.config)
+    check_config_type(cfg, name, args.config)
     execution = executor_options(args)
     hold_workdir(args.workdir)
     _LAST_RUN.update(workdir=args.workdir, config=args.config, module=f"experiments.{name}",
@@ -217,6 +219,33 @@ def run_slices(train, cfg, workdir: str, parts: list[dict], *, narrow=narrowed, 
     address = None if opts.get("cluster") in (None, "local") else opts["cluster"]
     executor.run_tasks(tasks, workers=opts["workers"], cores_per_worker=opts["cores_per_worker"],
                        log_dir=os.path.join(workdir, "_executor"), backend=backend, address=address)
+
+
+def expected_config_type(name: str) -> type | None:
+    """The config class ``experiments.<name>`` runs: the return annotation of
+    ``configs/<name>.py``'s ``get_config`` (None where the module has no such config)."""
+    try:
+        module = importlib.import_module(f"configs.{name}")
+    except ModuleNotFoundError:
+        return None
+    get = getattr(module, "get_config", None)
+    kind = typing.get_type_hints(get).get("return") if callable(get) else None
+    return kind if isinstance(kind, type) else None
+
+
+def check_config_type(cfg, name: str, spec: str) -> None:
+    """Refuse (:class:`ConfigError`, before any work) a config of another experiment given to
+    ``experiments.<name>``, e.g. ``--config configs/fred_pipeline.py:smoke`` to ``lm_fl``: the
+    config must be an instance of :func:`expected_config_type` (a subclass passes)."""
+    expected = expected_config_type(name)
+    if expected is None or isinstance(cfg, expected):
+        return
+    got = type(cfg)
+    origin = getattr(sys.modules.get(got.__module__), "__file__", None)
+    where = f" (configs/{os.path.basename(origin)})" if origin and got.__module__.startswith("configs.") else ""
+    raise ConfigError(f"--config {spec!r} gives a config of type {got.__name__}{where}, but "
+                      f"experiments.{name} takes {expected.__name__}: use --config "
+                      f"configs/{name}.py:<scale>[,field=value,...]")
 
 
 _WORKDIR_LOCKS: list = []
