@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 from configs.common import ConfigError, check, from_scale
+from fedpriv.dp.accounting import PLD_MIN_NOISE_MULTIPLIER
 from fedpriv.expansion import KOGA_MAX_TOKENS_PER_CLIENT, KOGA_SEQ_LEN, SOURCE, TARGET, Stage, TrainingScheme
 
 TOTAL_BUDGET = (2.0, 1e-6)  # (eps, delta) per user for a whole scheme (Sec. 4.2)
@@ -123,6 +124,13 @@ class PopulationExpansionConfig:
                               "larger cohort)")
         if not self.seeds:
             raise ConfigError("need at least one seed")
+        if self.accountant == "pld" and self.train_cohort < self.noise_cohort:
+            raise ConfigError(
+                f"accountant=pld cannot account the runs executed here: they train cohorts of "
+                f"train_cohort={self.train_cohort} with the noise of noise_cohort={self.noise_cohort} "
+                f"(multiplier z * {self.train_cohort}/{self.noise_cohort}) and PLD covers Gaussian "
+                f"multipliers >= {PLD_MIN_NOISE_MULTIPLIER:g} only: use accountant=best (PLD where it "
+                "applies, else RDP) or rdp, or train_cohort=noise_cohort")
         parts = str(self.unigram_bound).lower().split("x")
         if len(parts) != 2 or not all(p.isdigit() and int(p) >= 1 for p in parts):
             raise ConfigError(f"unigram_bound must be <sequences>x<tokens> with both >= 1, e.g. "

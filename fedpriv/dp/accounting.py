@@ -75,6 +75,11 @@ class CalibrationError(FedprivError, ValueError):
     """No noise multiplier can be calibrated for the requested (epsilon, delta)."""
 
 
+class UnsupportedAccountingError(FedprivError, ValueError, dpa.UnsupportedEventError):
+    """No accountant asked for supports these events (a ``dp_accounting.UnsupportedEventError``,
+    and a user error: its message names the accountant, the events and what to use instead)."""
+
+
 def check_rounds(rounds: int) -> int:
     rounds = check_int("rounds", rounds)
     if rounds > MAX_ROUNDS:
@@ -323,7 +328,10 @@ def _rdp_epsilon_impl(events, delta, neighboring):
     return rdp.rdp_privacy_accountant.compute_epsilon(ddg.RDP_ORDERS, curve, delta)[0] + extra
 
 
-_PLD_MIN_Z = 0.3
+# PLD accounts Gaussian releases from this noise multiplier on (below it its discretisation
+# explodes in memory; RDP covers them): "pld" is refused for smaller ones, "best" uses RDP there.
+PLD_MIN_NOISE_MULTIPLIER = 0.3
+_PLD_MIN_Z = PLD_MIN_NOISE_MULTIPLIER
 
 
 def _pld_epsilon(events, delta, neighboring, dry_run: bool = False):
@@ -415,7 +423,7 @@ def compute_epsilon(events: dpa.DpEvent | Iterable[dpa.DpEvent], delta: float,
         kinds = ", ".join(sorted({type(leaf).__name__ for ev in events for leaf, _ in _flatten(ev)}))
         hint = (" (PLD here: add/remove only, Gaussian noise multipliers >= "
                 f"{_PLD_MIN_Z}; try accountant 'rdp' or 'best')" if accountant == "pld" else "")
-        raise dpa.UnsupportedEventError(
+        raise UnsupportedAccountingError(
             f"no {accountant} accountant supports these events under {neighboring} "
             f"neighbouring: {kinds}{hint}")
     if len(_EPSILON_CACHE) >= _EPSILON_CACHE_SIZE:
@@ -453,34 +461,64 @@ def calibrate_noise_multiplier(make_event: Callable[[float], dpa.DpEvent], epsil
         def get_epsilon(self, target_delta):
             return compute_epsilon(self.events, target_delta, neighboring, accountant)[0]
 
+    class _PastMaximum(Exception):
+        pass
+
+    def make(z):  # the user's make_event, checked: a DpEvent, z within the accepted range
+        if z > MAX_NOISE_MULTIPLIER:
+            raise _PastMaximum
+        event = make_event(z)
+        if not isinstance(event, dpa.DpEvent):
+            raise CalibrationError(f"make_event must return a dp_accounting DpEvent; make_event({z:g}) "
+                                   f"returned {event!r}")
+        return event
+
     lowest = 0.1
+    low_accountant = "rdp" if accountant == "best" else accountant
+    if accountant == "pld":
+        # PLD accounts Gaussians only from _PLD_MIN_Z on: start where it applies (else refuse)
+        z = lowest
+        while z <= MAX_NOISE_MULTIPLIER and not _pld_epsilon([make(z)], delta, neighboring, dry_run=True):
+            z = _PLD_MIN_Z if z < _PLD_MIN_Z else 2 * z
+        lowest = z if z <= MAX_NOISE_MULTIPLIER else lowest
     # a target that even the smallest multiplier meets has no answer: say so before the search
     # (which would otherwise walk z past MAX_NOISE_MULTIPLIER looking for a bracket)
-    eps_low = compute_epsilon(make_event(lowest), delta, neighboring,
-                              "rdp" if accountant == "best" else accountant)[0]
+    eps_low = compute_epsilon(make(lowest), delta, neighboring, low_accountant)[0]
     if eps_low <= epsilon:
+        floor = (f" (the pld accountant covers Gaussian noise multipliers >= {_PLD_MIN_Z} only: use "
+                 "accountant 'rdp' or 'best')" if lowest != 0.1 else "")
         raise CalibrationError(
             f"epsilon {epsilon:g} is too large to calibrate: even the smallest noise "
-            f"multiplier tried ({lowest}) gives epsilon {eps_low:.4g}")
-    bracket = dpa.LowerEndpointAndGuess(lowest, 1.0)
+            f"multiplier tried ({lowest:g}) gives epsilon {eps_low:.4g}{floor}")
+    bracket = dpa.LowerEndpointAndGuess(lowest, max(1.0, 2 * lowest))
     if accountant == "best":
         # RDP's z is an upper end (best <= RDP); where PLD does not apply at it, "best" is RDP
         # and the search would be the same. Else bracket [z/2, z] when eps(z/2) > target:
         # PLD at a handful of points instead of the open-ended bracket search (~3x faster).
         z_rdp = calibrate_noise_multiplier(make_event, epsilon, delta, neighboring, "rdp", tol)
-        if _pld_epsilon([make_event(z_rdp)], delta, neighboring, dry_run=True) is None:
+        if _pld_epsilon([make(z_rdp)], delta, neighboring, dry_run=True) is None:
             return z_rdp
         low = z_rdp / 2
-        if low >= lowest and compute_epsilon(make_event(low), delta, neighboring, accountant)[0] > epsilon:
+        if low >= lowest and compute_epsilon(make(low), delta, neighboring, accountant)[0] > epsilon:
             bracket = dpa.ExplicitBracketInterval(low, z_rdp)
     try:
-        z = dpa.calibrate_dp_mechanism(_Acc, make_event, epsilon, delta, bracket, tol=tol)
+        try:
+            z = dpa.calibrate_dp_mechanism(_Acc, make, epsilon, delta, bracket, tol=tol)
+        except _PastMaximum:
+            # the bracket search walked past the largest multiplier accepted
+            eps_max = compute_epsilon(make(MAX_NOISE_MULTIPLIER), delta, neighboring, accountant)[0]
+            if eps_max > epsilon:
+                raise CalibrationError(
+                    f"epsilon {epsilon:g} is too small to calibrate at delta {delta:g}: even the largest "
+                    f"noise multiplier accepted ({MAX_NOISE_MULTIPLIER:g}) gives epsilon {eps_max:.4g}") from None
+            z = dpa.calibrate_dp_mechanism(_Acc, make, epsilon, delta,
+                                           dpa.ExplicitBracketInterval(lowest, MAX_NOISE_MULTIPLIER), tol=tol)
     except NoBracketIntervalFoundError as err:
-        eps_low = compute_epsilon(make_event(lowest), delta, neighboring, accountant)[0]
+        eps_low = compute_epsilon(make(lowest), delta, neighboring, accountant)[0]
         if eps_low <= epsilon:
             raise CalibrationError(
                 f"epsilon {epsilon:g} is too large to calibrate: even the smallest noise "
-                f"multiplier tried ({lowest}) gives epsilon {eps_low:.4g}") from err
+                f"multiplier tried ({lowest:g}) gives epsilon {eps_low:.4g}") from err
         raise CalibrationError(f"no noise multiplier reaches epsilon {epsilon:g} at delta "
                                f"{delta:g}") from err
     # The bisection returns the upper end of its final interval: epsilon(z) <= target.
