@@ -333,6 +333,10 @@ def check_limits(cfg) -> None:
     if "split" in names and isinstance(cfg.split, tuple) and len(cfg.split) != 3:
         raise ConfigError(f"split must have 3 parts, train/validation/test (e.g. 0.8/0.1/0.1), "
                           f"got {len(cfg.split)}: {cfg.split}")
+    if "split" in names and isinstance(cfg.split, tuple) and any(
+            isinstance(x, (int, float, np.integer, np.floating)) and not x > 0 for x in cfg.split):
+        raise ConfigError(f"split: train, validation and test must each be > 0 (each part needs clients), "
+                          f"got {'/'.join(f'{x:g}' for x in cfg.split)}")
 
 
 def check(cfg, *, positive=(), non_negative=(), open_unit=(), choices=None, fractions=()) -> None:
