@@ -354,7 +354,8 @@ def message(cfg: DDGConfig, raw: jax.Array) -> jax.Array:
 def centred(cfg: DDGConfig, modular_sum: jax.Array) -> jax.Array:
     """``[D]`` sum mod ``2^bits`` mapped to ``[-M/2, M/2)`` (int32)."""
     s = message(cfg, modular_sum).astype(jnp.int32)
-    return jnp.where(s >= cfg.modulus // 2, s - cfg.modulus, s)
+    half = cfg.modulus // 2  # s - M as s - M/2 - M/2: M = 2^31 itself does not fit in int32
+    return jnp.where(s >= half, s - half - half, s)
 
 
 def decode(cfg: DDGConfig, modular_sum: jax.Array, signs: jax.Array) -> jax.Array:
