@@ -8,7 +8,8 @@ message naming the field) before any data is loaded:
 - ``bool``: exactly ``true``/``false``, ``1``/``0``, ``yes``/``no`` (any case); ``on``, ``y``,
   ``ture`` ... are refused, never read as False;
 - ``int``: an integer literal (``2.5``, ``1e3`` are refused: ints must be ints);
-- ``float``: a number (``inf`` allowed, ``nan`` refused);
+- ``float``: a number (``nan`` refused; ``inf`` parses, and every config refuses it:
+  :func:`check_limits`);
 - tuples: elements separated by ``/``, each parsed like the tuple's elements;
 - ``none``: only for fields annotated ``... | None`` (a ``str`` field takes it as the text);
 - every override is ``field=value`` (``rounds`` alone: "needs a value"), each field at most once;
@@ -31,6 +32,9 @@ Conflicting settings are refused, never resolved silently:
   stage's ``target_epsilon`` from ``total_epsilon``) refuses a user override of it
   (``derived=`` of :func:`from_scale` / :func:`with_lm_config`), naming the field to use instead.
 
+Numbers (:func:`check_limits`, every config): finite and >= 0, tuple elements too (no field
+means "off" by ``inf`` or takes a negative value; :data:`SIGNED` lists exceptions, none today).
+
 Resource limits (:data:`LIMITS`): fields that set memory or time (``seq_len``, ``vocab_size``,
 ``rounds``, model widths, seeds, ...) are checked by :func:`check` against a stated maximum, so a
 typo such as ``seq_len=1000000`` is refused in one line before any data is loaded.
@@ -49,7 +53,8 @@ import numpy as np
 from fedpriv.data.errors import ConfigError
 
 __all__ = ["ConfigError", "DP_FIELDS", "EXCLUSIVE", "LIMITS", "NONPRIVATE_ALGORITHMS",
-           "apply_overrides", "check", "check_conflicts", "check_limits", "check_types", "from_scale",
+           "SIGNED", "apply_overrides", "check", "check_conflicts", "check_limits", "check_signs", "check_types",
+           "from_scale",
            "parse_value", "refuse_derived", "refuse_nonprivate", "split_spec"]
 _TRUE = ("true", "1", "yes")
 _FALSE = ("false", "0", "no")
@@ -88,11 +93,12 @@ LIMITS = {
     "pool_seed": (MAX_SEED, "PRNG seeds"),
     "regime_seeds": (MAX_SEED, "PRNG seeds"),
 }
-# Fields that must be finite where a config has them (inf noise is no release: epsilon 0 is not
-# a budget anyone can be charged; an infinite learning rate or target is a typo).
-FINITE = ("noise_multiplier", "target_epsilon", "total_epsilon", "fred_epsilon", "epsilon",
-          "epsilons", "epsilons0", "base_epsilon0", "delta", "client_lr", "server_lr",
-          "central_lr", "prefinetune_lr", "server_lrs", "student_server_lrs", "epsilon_server_lrs")
+# Numbers in every config (scalars and tuple elements, checked by `check_limits`): finite (inf
+# noise is no release, epsilon 0 no budget anyone can be charged; an infinite learning rate,
+# clip norm, temperature or oversampling factor is a typo: no config field means "off" by inf,
+# None does) and >= 0 (no field of any config takes a negative number: seeds, sizes, steps,
+# rates, budgets, weights). Fields named in SIGNED may be negative (none today).
+SIGNED: tuple[str, ...] = ()
 
 
 def _kinds(annotation) -> set[str]:
@@ -325,10 +331,12 @@ def check_limits(cfg) -> None:
             if "seed" in name and isinstance(x, (int, np.integer)) and not isinstance(x, bool) \
                     and x < 0:
                 raise ConfigError(f"{name} must be in [0, {limit:,}], got {x}")
-    for name in FINITE:
-        v = getattr(cfg, name, None) if name in names else None
+    for name in names:
+        v = getattr(cfg, name)
         for x in (v if isinstance(v, tuple) else (v,)):
-            if isinstance(x, (float, np.floating)) and math.isinf(x):
+            if not isinstance(x, (int, float, np.integer, np.floating)) or isinstance(x, (bool, np.bool_)):
+                continue
+            if math.isinf(x):
                 raise ConfigError(f"{name} must be finite, got {x}")
     if "split" in names and isinstance(cfg.split, tuple) and len(cfg.split) != 3:
         raise ConfigError(f"split must have 3 parts, train/validation/test (e.g. 0.8/0.1/0.1), "
@@ -373,6 +381,18 @@ def check(cfg, *, positive=(), non_negative=(), open_unit=(), choices=None, frac
                               "they are not renormalised")
         if not fr[0] > 0:
             raise ConfigError(f"{name}: the first (training) fraction must be > 0, got {fr}")
+    check_signs(cfg)
+
+
+def check_signs(cfg) -> None:
+    """Refuse a negative number in any field (scalars and tuple elements) not in :data:`SIGNED`
+    (run last by :func:`check`, after the fields' own, more specific range checks)."""
+    for f in dataclasses.fields(cfg):
+        v = getattr(cfg, f.name)
+        for x in (v if isinstance(v, tuple) else (v,)):
+            if isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_)) \
+                    and x < 0 and f.name not in SIGNED:
+                raise ConfigError(f"{f.name} must be >= 0, got {x}")
 
 
 def with_lm_config(cls, scales: dict, lm_scales: dict, arg: str | None, lm_config,

@@ -39,7 +39,10 @@ class LMModelFields:
     num_heads: int = 10                   # transformer heads (670 / 10 = 67, App. B.2)
 
     def check_heads(self, archs: tuple | None = None) -> None:
-        """Refuse a transformer (``arch``, or any of ``archs``) whose heads do not divide its width."""
+        """Refuse a transformer (``arch``, or any of ``archs``) whose heads do not divide its width,
+        and fewer than one head (any arch: a field that can never be used so is a typo)."""
+        if not self.num_heads >= 1:
+            raise ConfigError(f"num_heads must be >= 1, got {self.num_heads}")
         if "transformer" in (archs or (self.arch,)) and self.hidden_dim % self.num_heads:
             raise ConfigError(f"num_heads={self.num_heads} must divide hidden_dim={self.hidden_dim} "
                               "(transformer)")
