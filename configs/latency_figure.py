@@ -45,6 +45,10 @@ class LatencyFigureConfig:
             raise ConfigError(f"figure_p must be in [0, 1], got {self.figure_p}")
         if self.oversample < 1:
             raise ConfigError(f"oversample must be >= 1 (q >= C/N), got {self.oversample}")
+        if self.oversample * self.figure_p >= 1:  # k = C - Npq <= 0 for every N: E[U_k] = 0
+            raise ConfigError(f"oversample * figure_p must be < 1, got {self.oversample:g} * "
+                              f"{self.figure_p:g}: the server would find a full cohort at once for every N "
+                              "(every latency of the figure 0)")
         if not self.figure_cohorts or any(c < 1 for c in self.figure_cohorts):
             raise ConfigError(f"figure_cohorts must be integers >= 1, got {self.figure_cohorts}")
         if any(not isinstance(c, tuple) or len(c) != 6 for c in self.table_cases):

@@ -105,7 +105,8 @@ def _plot(cfg, path: str, curves: list[dict], mc: list[dict]) -> None:
         ms = [r for r in mc if r["C"] == C]
         ax1.errorbar([r["N"] for r in ms], [r["mean"] for r in ms],
                      yerr=[2 * r["stderr"] for r in ms], fmt="o", ms=4, color=col)
-        ax2.plot(N, [r["exact"] / r["exact_expanded"] for r in rs], color=col, label=f"C = {C:,}")
+        ax2.plot(N, [r["exact"] / r["exact_expanded"] if r["exact_expanded"] else math.nan for r in rs],
+                 color=col, label=f"C = {C:,}")
     ax1.plot([], [], color="gray", ls="--", label="upper C/(λ(N−C))")
     ax1.plot([], [], color="gray", ls=":", label="lower k/(λ(m+1))")
     ax1.plot([], [], "o", color="gray", label="Monte Carlo (±2 s.e.)")
