@@ -7,6 +7,12 @@ loader name, its format version and its options. A changed file or option gives 
 a cache entry is never stale.
 
 Cache directory: the ``cache_dir`` argument, else ``$FEDPRIV_CACHE``, else ``~/.cache/fedpriv``.
+
+The cache is an optimisation: a cache directory that cannot be created or written (read-only,
+a regular file, a full disk) is bypassed -- one warning on ``logging.getLogger("fedpriv.data")``
+per directory, naming it and the reason -- and the data is parsed / trained again
+(:func:`try_write`, :func:`try_write_json`). What cannot be bypassed (a decompressed copy that
+must exist to be read) is refused in one line (:class:`~fedpriv.data.errors.CacheError`).
 """
 
 from __future__ import annotations
@@ -17,11 +23,16 @@ import json
 import os
 import pathlib
 import secrets
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, BinaryIO
+
+from fedpriv.data.errors import logger
 
 __all__ = [
     "resolve_cache_dir",
+    "try_write",
+    "try_write_json",
+    "warn_unwritable",
     "file_digest",
     "texts_digest",
     "cache_key",
@@ -39,8 +50,29 @@ def resolve_cache_dir(cache_dir: str | os.PathLike | None = None) -> pathlib.Pat
     if cache_dir is None:
         cache_dir = os.environ.get(ENV_VAR) or os.path.join("~", ".cache", "fedpriv")
     path = pathlib.Path(cache_dir).expanduser()
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:  # a regular file, read-only, full: reads miss, writes are bypassed
+        warn_unwritable(path, err, directory=True)
     return path
+
+
+_WARNED: set = set()
+
+
+def warn_unwritable(path: str | os.PathLike, err: OSError, *, directory: bool = False) -> None:
+    """Warn that the cache at ``path`` (an entry, or a ``directory``) cannot be written: once per
+    directory (not again for the entries under a directory already reported)."""
+    path = pathlib.Path(path)
+    where = path if directory else path.parent
+    if any(w == where or w in where.parents for w in _WARNED):
+        return
+    _WARNED.add(where)
+    reason = getattr(err, "strerror", None) or str(err)
+    if directory and path.exists() and not path.is_dir():
+        reason = "it is a file, not a directory"
+    logger.warning("the fedpriv cache cannot be written at %s (%s): bypassed, nothing is cached; "
+                   "set %s to a writable directory", path, reason, ENV_VAR)
 
 
 FULL_HASH_LIMIT = 256 << 20  # bytes
@@ -135,3 +167,26 @@ def write_json_atomic(path: pathlib.Path, obj: Any) -> None:
         data = json.dumps(obj, ensure_ascii=True, separators=(",", ":")).encode("ascii")
     with atomic_file(path) as f:
         f.write(data)
+
+
+def try_write(path: pathlib.Path, write: Callable[[BinaryIO], Any]) -> bool:
+    """Best effort cache write: ``write(f)`` into :func:`atomic_file` ``path``; an ``OSError``
+    (read-only, not a directory, disk full) leaves no entry and is reported by
+    :func:`warn_unwritable`. Returns whether the entry was written."""
+    try:
+        with atomic_file(path) as f:
+            write(f)
+        return True
+    except OSError as err:
+        warn_unwritable(path, err)
+        return False
+
+
+def try_write_json(path: pathlib.Path, obj: Any) -> bool:
+    """:func:`write_json_atomic`, best effort (:func:`try_write`)."""
+    try:
+        write_json_atomic(path, obj)
+        return True
+    except OSError as err:
+        warn_unwritable(path, err)
+        return False

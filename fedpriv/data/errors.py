@@ -23,6 +23,7 @@ __all__ = [
     "MalformedDataError",
     "VocabularyMismatchError",
     "TokenizerError",
+    "CacheError",
 ]
 
 from fedpriv.errors import FedprivError  # noqa: E402  (re-exported)
@@ -87,3 +88,8 @@ class VocabularyMismatchError(DataError, ValueError):
 class TokenizerError(DataError, ValueError):
     """A tokenizer cannot be trained or loaded: ``vocab_size`` too small for the corpus, a corrupt
     or foreign vocabulary / model file (the message names the file)."""
+
+
+class CacheError(DataError):
+    """The cache directory cannot hold a file that must be written there to be read (e.g. the
+    decompressed copy of a ``.lzma`` corpus); the message names the directory and the reason."""

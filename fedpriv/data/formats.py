@@ -18,7 +18,13 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from fedpriv.data import cache as cache_lib, parsing
-from fedpriv.data.errors import ConfigError, EmptyCorpusError, MalformedDataError, MissingResourceError
+from fedpriv.data.errors import (
+    CacheError,
+    ConfigError,
+    EmptyCorpusError,
+    MalformedDataError,
+    MissingResourceError,
+)
 from fedpriv.data.parsing import (
     Parsed,
     duplicate_keys,
@@ -42,6 +48,12 @@ def _decompress_lzma(path: pathlib.Path, cache_dir) -> pathlib.Path:
                 shutil.copyfileobj(fin, fout, 1 << 20)
         except (lzma.LZMAError, EOFError) as e:  # EOFError: a truncated stream
             raise MalformedDataError(f"{path} is not a valid .lzma file: {e}") from e
+        except OSError as e:  # the copy must exist to be read: no bypass
+            if e.filename is not None and os.fspath(e.filename) == os.fspath(path):
+                raise  # the source itself (not the cache)
+            raise CacheError(f"cannot write the decompressed copy of {path} to the cache {out.parent} "
+                             f"({e.strerror or e}); set {cache_lib.ENV_VAR} to a writable directory "
+                             "with room for it") from e
     return out
 
 

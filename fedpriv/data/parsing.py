@@ -112,8 +112,8 @@ def read_cached(path: pathlib.Path, t0: float,
 def store(path: pathlib.Path | None, entry: Mapping[str, Any], stats_d: Mapping[str, Any],
           t0: float) -> LoadStats:
     """Write ``entry`` + ``stats_d`` to the cache (unless ``path`` is None); the fresh stats."""
-    if path is not None:
-        cache_lib.write_json_atomic(path, dict(entry, stats=stats_d))
+    if path is not None and not cache_lib.try_write_json(path, dict(entry, stats=stats_d)):
+        path = None  # an unwritable cache is bypassed (one warning)
     return LoadStats(**stats_d, cache_hit=False, cache_path=None if path is None else str(path),
                      seconds=time.perf_counter() - t0)
 

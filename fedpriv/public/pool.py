@@ -13,12 +13,13 @@ import dataclasses
 import hashlib
 import json
 import os
+import pathlib
 import time
 from typing import Any, Sequence
 
 import numpy as np
 
-from fedpriv.data.cache import atomic_file
+from fedpriv.data.cache import try_write
 from fedpriv.models import llama, metrics
 from fedpriv.public import distill
 from fedpriv.public.vocab import encode_teacher
@@ -113,11 +114,10 @@ def teacher_sequence_logprob(teacher: llama.Teacher, sequences: Sequence[Sequenc
     info = {"from_cache": False, "seconds": secs, "real_tokens": int(lengths.sum()),
             "padded_tokens": int(padded), "real_tokens_per_second": float(lengths.sum() / secs),
             "padded_tokens_per_second": float(padded / secs)}
-    if path is not None:
-        with atomic_file(path) as f:  # unique temporary name: concurrent writers never collide
-            np.save(f, logp.astype(np.float32))
-        with atomic_file(path[:-4] + ".json") as f:
-            f.write(json.dumps(info).encode())
+    if path is not None:  # unique temporary names: concurrent writers never collide; an
+        # unwritable cache is bypassed with one warning
+        if try_write(pathlib.Path(path), lambda f: np.save(f, logp.astype(np.float32))):
+            try_write(pathlib.Path(path[:-4] + ".json"), lambda f: f.write(json.dumps(info).encode()))
     return logp.astype(np.float32), info
 
 

@@ -137,7 +137,7 @@ def embed_store(embedder, texts: list[str], progress: bool = True) -> dict:
     the fedpriv cache (``$FEDPRIV_CACHE`` or ``~/.cache/fedpriv``; public-model outputs of the
     user's own local data, never shipped): only texts missing from it are embedded, then the
     store is replaced atomically."""
-    from fedpriv.data.cache import resolve_cache_dir
+    from fedpriv.data.cache import resolve_cache_dir, try_write
     path = resolve_cache_dir() / "pretext-minilm-embeddings.npz"
     known: dict = {}
     if path.exists():
@@ -148,10 +148,9 @@ def embed_store(embedder, texts: list[str], progress: bool = True) -> dict:
         emb = embedder.embed(missing, batch_size=64, progress=progress)
         known.update(zip(missing, emb))
         keys = sorted(known)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".{os.getpid()}.tmp.npz")
-        np.savez(tmp, texts=np.asarray(keys), emb=np.stack([known[k] for k in keys]))
-        os.replace(tmp, path)
+        # best effort (an unwritable cache is bypassed with one warning); np.savez to a file
+        # object keeps the name, so the atomic temporary file is not renamed to *.npz.npz
+        try_write(path, lambda f: np.savez(f, texts=np.asarray(keys), emb=np.stack([known[k] for k in keys])))
     return {t: known[t] for t in set(texts)}
 
 
