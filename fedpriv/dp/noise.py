@@ -101,6 +101,23 @@ def noise_like(key, tree, std):
     return jax.tree_util.tree_unflatten(treedef, noise)
 
 
+def check_key(key, name: str = "key"):
+    """``key`` if it is a JAX PRNG key (typed, ``jax.random.key(seed)``, or a legacy raw
+    ``uint32[2]`` ``jax.random.PRNGKey(seed)``) or None; else ``ValueError`` naming it (an int
+    seed where a key is expected would otherwise fail deep inside JAX)."""
+    if key is None:
+        return key
+    dtype, shape = getattr(key, "dtype", None), getattr(key, "shape", None)
+    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key) and shape == ():
+        return key
+    if dtype == jnp.uint32 and shape == (2,):
+        return key
+    got = (f"an array of dtype {dtype} and shape {tuple(shape)}" if dtype is not None and shape is not None
+           else f"{type(key).__name__} {key!r}")
+    raise ValueError(f"{name} must be a JAX PRNG key (e.g. jax.random.key({key if type(key) is int else 0})), "
+                     f"got {got}")
+
+
 def streaming_privatizer(noise_fn: NoiseFn | None, key,
                          init_buffers: Callable[[Any], Any] | None = None) -> optax.GradientTransformation:
     """The noise engine: ``update(x_t, NoiseState(key, t, buffers))`` returns ``x_t + w_t``
@@ -115,6 +132,8 @@ def streaming_privatizer(noise_fn: NoiseFn | None, key,
         transformation (the engine's jitted round: the key lives in ``ServerState``).
       init_buffers: ``params -> buffers`` (a pytree); ``None``: no buffers (``()``).
     """
+    check_key(key)
+
     def init_fn(params):
         if key is None:
             raise ValueError("this privatizer was built without a key: pass one to init a state")
