@@ -66,7 +66,9 @@ from tqdm.auto import tqdm
 from fedpriv.data.errors import ConfigError
 from fedpriv.dp.keys import tagged_key
 from fedpriv.dp.ledger import PrivacyLedger, event_to_json
-from fedpriv.fl import workdir as wdlock
+from fedpriv.dp.noise import check_int
+from fedpriv.errors import FedprivError
+from fedpriv.fl import inputs, workdir as wdlock
 from fedpriv.fl.algorithms import FederatedAlgorithm, ServerState, privacy_event
 from fedpriv.fl.checkpoint import (
     CHECKPOINTS,
@@ -215,6 +217,9 @@ def load_run(workdir: str, template: ServerState | None = None) -> RunCheckpoint
     With ``template`` (e.g. ``algorithm.init(params, key)``) the state is restored and verified;
     without it only the metadata (round, ledger, fingerprint) is read.
     """
+    if template is not None and not isinstance(template, ServerState):
+        raise inputs.TrainInputError(f"template must be a ServerState (algorithm.init(params, key)), got "
+                                     f"{type(template).__name__}")
     ckpt = _checkpointer(workdir)
     try:
         return _run_checkpoint(ckpt, template)
@@ -546,16 +551,31 @@ def train(algorithm: FederatedAlgorithm, init_params, dataset: Mapping, client_i
       log: where resume messages go (None: silent).
     """
     args = dict(locals())
-    _check_args(algorithm, sampler, client_ids, rounds, stage)
+    _check_args(algorithm, sampler, client_ids, rounds, stage, dataset=dataset, init_params=init_params,
+                seed=seed, batch_size=batch_size, max_steps=max_steps, eval_every=eval_every,
+                checkpoint_every=checkpoint_every)
     if workdir is None:
         return _train(**args)
     with wdlock.locked(workdir, _lock_name()):  # one writer per workdir (re-entrant)
         return _train(**args)
 
 
-def _check_args(algorithm, sampler, client_ids, rounds, stage) -> None:
+def _check_args(algorithm, sampler, client_ids, rounds, stage, *, dataset, init_params, seed,
+                batch_size, max_steps, eval_every, checkpoint_every) -> None:
+    if not isinstance(algorithm, FederatedAlgorithm):
+        raise inputs.TrainInputError(f"algorithm must be a FederatedAlgorithm (fedpriv.fl.algorithms."
+                                     f"build_algorithm), got {type(algorithm).__name__}")
     if isinstance(rounds, bool) or not isinstance(rounds, (int, np.integer)) or rounds < 1:
         raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
+    inputs.check_seed(seed)
+    check_int("batch_size", batch_size)
+    if max_steps is not None:
+        check_int("max_steps", max_steps)
+    check_int("eval_every", eval_every, 0)
+    check_int("checkpoint_every", checkpoint_every, 0)
+    inputs.check_client_ids(dataset, client_ids)
+    inputs.check_examples(dataset, client_ids)
+    inputs.check_params(init_params)
     if not isinstance(stage, str) or not stage:
         raise ValueError(f"stage must be a non-empty string, got {stage!r}")
     check_sampler(sampler)
@@ -651,7 +671,10 @@ def _run_rounds(executor, state, sampler, client_ids, *, seed, key, start, end, 
         if NONPRIVATE + "train_loss" in row:
             bar.set_postfix(loss=f"{row[NONPRIVATE + 'train_loss']:.3f}", refresh=False)
         if eval_fn is not None and ((eval_every and (r + 1) % eval_every == 0) or r + 1 == rounds):
-            ev = {"round": r + 1, **{f"eval_{k}": v for k, v in eval_fn(state.params).items()}}
+            got = eval_fn(state.params)
+            if not isinstance(got, Mapping):
+                raise inputs.TrainInputError(f"eval_fn must return a dict of metrics, got {type(got).__name__}")
+            ev = {"round": r + 1, **{f"eval_{k}": v for k, v in got.items()}}
             if ledger is not None:
                 ev["epsilon_spent"] = ledger.spent()
             row.update(ev)
@@ -711,6 +734,8 @@ def _train(algorithm, init_params, dataset, client_ids, sampler, *, rounds, batc
                                          "train() call its own stage")
         dry_run(state)  # a bug in user code surfaces before anything is charged
         ledger.spend(stage, event, populations, note=f"{rounds} rounds", details=details(rounds))
+    else:
+        dry_run(state)  # parameters that do not fit the model: one line, before round 0
     accounted = private and ledger is not None
     if accounted and charged != rounds:  # resumed with fewer rounds than charged: report the charge
         event = privacy_event(dp, sampler, charged)
@@ -798,4 +823,9 @@ def _dry_run(algorithm, state, dataset, client_ids, batch_size: int, capacity: i
     batch = {k: jax.ShapeDtypeStruct((capacity, 1, batch_size) + np.shape(v)[1:], np.asarray(v[:1]).dtype)
              for k, v in first.items()}
     batch["mask"] = jax.ShapeDtypeStruct((capacity, 1, batch_size), np.float32)
-    jax.eval_shape(algorithm.apply, state, batch, jax.ShapeDtypeStruct((capacity,), np.float32), key)
+    try:
+        jax.eval_shape(algorithm.apply, state, batch, jax.ShapeDtypeStruct((capacity,), np.float32), key)
+    except (TypeError, ValueError, KeyError, IndexError) as err:
+        if isinstance(err, FedprivError):
+            raise
+        raise inputs.describe_trace_error(err, state.params, client_ids[0], first) from err
