@@ -24,6 +24,7 @@ __all__ = [
     "VocabularyMismatchError",
     "TokenizerError",
     "CacheError",
+    "PathKindError",
 ]
 
 from fedpriv.errors import FedprivError  # noqa: E402  (re-exported)
@@ -93,3 +94,9 @@ class TokenizerError(DataError, ValueError):
 class CacheError(DataError):
     """The cache directory cannot hold a file that must be written there to be read (e.g. the
     decompressed copy of a ``.lzma`` corpus); the message names the directory and the reason."""
+
+
+class PathKindError(DataError, ValueError):
+    """A path exists but is of the wrong kind: a directory where a file is expected (a JSONL or
+    SQLite file, a tokenizer model) or a file where a directory is expected (a text directory);
+    the message names the path and what was expected."""

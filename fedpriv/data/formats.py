@@ -23,7 +23,6 @@ from fedpriv.data.errors import (
     ConfigError,
     EmptyCorpusError,
     MalformedDataError,
-    MissingResourceError,
 )
 from fedpriv.data.parsing import (
     Parsed,
@@ -32,7 +31,7 @@ from fedpriv.data.parsing import (
     load_federated,
     loader_settings,
 )
-from fedpriv.data.sources import require_file
+from fedpriv.data.sources import require_dir, require_file
 from fedpriv.data.text import FederatedText, normalize_whitespace
 
 __all__ = ["load_stackoverflow_sqlite", "load_jsonl", "load_text_dir"]
@@ -258,9 +257,7 @@ def load_text_dir(directory: str | os.PathLike, *, pattern: str = "*.txt",
     counted as one malformed record (and skipped). Two files with the same client id (``alice.txt``,
     ``alice.md``) are refused
     with :class:`MalformedDataError` rather than merged."""
-    d = pathlib.Path(directory)
-    if not d.is_dir():
-        raise MissingResourceError(f"text directory {str(d)!r}", "check the path")
+    d = require_dir(directory, "text directory")
     files = sorted(p for p in d.glob(pattern) if p.is_file())
     if not files:
         raise EmptyCorpusError(f"text_dir: no files matching {pattern!r} in {d}")

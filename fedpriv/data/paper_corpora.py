@@ -28,6 +28,7 @@ import sqlite3
 
 from fedpriv.data.errors import ConfigError, DataError, MalformedDataError
 from fedpriv.data.formats import load_jsonl, load_stackoverflow_sqlite
+from fedpriv.data.sources import require_file
 from fedpriv.data.text import FederatedText, PublicCorpus, split_sentences
 
 __all__ = ["load_stackoverflow", "load_reddit_jsonl", "load_public_text", "count_users",
@@ -68,9 +69,7 @@ def _reddit_keys(path: pathlib.Path) -> tuple[str, str]:
 def load_reddit_jsonl(path: str | os.PathLike, *, progress: bool = True, **kw) -> FederatedText:
     """Reddit-style user-keyed JSON lines at ``path``: client = author (or user), example = the
     comment body (or text). Authors ``[deleted]`` / ``[removed]`` are nobody's: dropped."""
-    path = pathlib.Path(path)
-    if not path.is_file():
-        raise DataError(f"Reddit JSONL file not found: {path}")
+    path = require_file(path, "Reddit JSONL file")
     user_key, text_key = _reddit_keys(path)
     text = load_jsonl(path, user_key=user_key, text_key=text_key, progress=progress, **kw)
     gone = [c for c in text.client_ids if c in DELETED]

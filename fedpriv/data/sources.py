@@ -15,10 +15,11 @@ import os
 import pathlib
 import sys
 
-from fedpriv.data.errors import MissingResourceError
+from fedpriv.data.errors import MissingResourceError, PathKindError
 
 __all__ = [
     "require_file",
+    "require_dir",
     "package_file",
     "chitchat_path",
     "popquotes_path",
@@ -36,7 +37,20 @@ def require_file(path: str | os.PathLike, what: str,
     """``path`` as a :class:`pathlib.Path` if it is a file, else :class:`MissingResourceError`
     naming ``what`` and the path, with ``hint`` (what to do)."""
     p = pathlib.Path(path)
+    if p.is_dir():
+        raise PathKindError(f"{what} {str(p)!r} is a directory, not a file")
     if not p.is_file():
+        raise MissingResourceError(f"{what} {str(p)!r}", hint)
+    return p
+
+
+def require_dir(path: str | os.PathLike, what: str, hint: str = "check the path") -> pathlib.Path:
+    """``path`` as a :class:`pathlib.Path` if it is a directory, else :class:`PathKindError`
+    (it is a file) or :class:`MissingResourceError` (it does not exist), naming ``what``."""
+    p = pathlib.Path(path)
+    if p.exists() and not p.is_dir():
+        raise PathKindError(f"{what} {str(p)!r} is a file, not a directory")
+    if not p.is_dir():
         raise MissingResourceError(f"{what} {str(p)!r}", hint)
     return p
 

@@ -220,6 +220,8 @@ def load_teacher(path: str | os.PathLike | None = None, *, doc_token: str = "<|e
     if path is None:
         path = find_teacher_gguf()
     path = Path(path)
+    if path.is_dir():
+        raise IsADirectoryError(f"teacher GGUF {str(path)!r} is a directory, not a .gguf file")
     if not path.is_file():
         raise FileNotFoundError(f"teacher GGUF {str(path)!r} does not exist (run `make setup`)")
     params, config, meta = load_gguf(path)
