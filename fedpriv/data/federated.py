@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from fedpriv.data.errors import EmptyClientError, EmptyCorpusError, VocabularyMismatchError
-from fedpriv.data.sampling import cap_examples, split_client_ids
+from fedpriv.data.sampling import cap_examples, check_max_examples, split_client_ids
 from fedpriv.data.tokenizers import BOS_ID, EOS_ID, PAD_ID, check_ids
 
 __all__ = ["FederatedDataset", "encode_examples", "DEFAULT_SEQ_LEN",
@@ -318,6 +318,7 @@ class FederatedDataset(Mapping[str, dict[str, np.ndarray]]):
     def cap(self, max_examples_per_client: int, seed: int | None = None) -> FederatedDataset:
         """At most ``max_examples_per_client`` examples per client (first ones, or a random
         subset drawn with ``np.random.default_rng(seed)``)."""
+        check_max_examples(max_examples_per_client)
         rng = None if seed is None else np.random.default_rng(seed)
         rows, counts = [], []
         for i in range(len(self._ids)):

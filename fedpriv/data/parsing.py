@@ -25,7 +25,7 @@ import numpy as np
 
 from fedpriv.data import cache as cache_lib
 from fedpriv.data.errors import EmptyCorpusError, MalformedDataError, logger
-from fedpriv.data.sampling import cap_examples
+from fedpriv.data.sampling import cap_examples, check_max_examples
 from fedpriv.data.text import FederatedText, LoadStats, normalize_whitespace
 
 __all__ = ["FORMAT_VERSION", "Parsed", "corpus_cache_path", "read_cached", "store",
@@ -133,6 +133,7 @@ def load_federated(name: str, source_paths: Sequence[pathlib.Path], options: Map
                    parse: Callable[[bool], Parsed], *, cache_dir, use_cache: bool,
                    progress: bool, max_examples_per_client, min_examples_per_client: int,
                    seed: int, max_malformed: int | None) -> FederatedText:
+    check_max_examples(max_examples_per_client)  # before any parsing
     t0 = time.perf_counter()
     all_opts = dict(options, max_examples_per_client=max_examples_per_client,
                     min_examples_per_client=min_examples_per_client, seed=seed)

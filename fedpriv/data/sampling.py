@@ -11,7 +11,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["split_client_ids", "cap_examples"]
+from fedpriv.data.errors import ConfigError
+
+__all__ = ["split_client_ids", "cap_examples", "check_max_examples"]
 
 
 def split_client_ids(client_ids: Sequence[str], fractions: Sequence[float], seed: int
@@ -45,10 +47,22 @@ def split_client_ids(client_ids: Sequence[str], fractions: Sequence[float], seed
     return tuple(groups)
 
 
+def check_max_examples(value, name: str = "max_examples_per_client") -> int | None:
+    """``value`` if it is None (no cap) or an integer >= 1 (a cap of 0 or -1 would silently drop
+    every client or slice off the last example); else :class:`ConfigError` naming ``name``."""
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ConfigError(f"{name} must be None (no cap) or an integer >= 1, got {value!r}")
+    return int(value)
+
+
 def cap_examples(examples: Sequence[str], max_examples: int | None, rng: np.random.Generator | None
                  ) -> list[str]:
     """At most ``max_examples`` of ``examples``: the first ones if ``rng`` is None, else a
-    uniformly random subset drawn with ``rng`` (kept in original order)."""
+    uniformly random subset drawn with ``rng`` (kept in original order). ``max_examples``: None
+    (all) or an integer >= 1 (else :class:`ConfigError` naming ``max_examples_per_client``)."""
+    check_max_examples(max_examples)
     if max_examples is None or len(examples) <= max_examples:
         return list(examples)
     if rng is None:
