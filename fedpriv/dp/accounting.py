@@ -40,6 +40,7 @@ import dataclasses
 import math
 from typing import Callable, Iterable
 
+import attr
 import dp_accounting as dpa
 import numpy as np
 from dp_accounting import pld, rdp
@@ -269,6 +270,27 @@ def _flatten(event: dpa.DpEvent, count: int = 1):
         yield canonical_event(event), count
 
 
+def check_event(event, where: str = "event") -> None:
+    """Refuse (``ValueError`` naming the event and field) an event that is not a
+    ``dp_accounting.DpEvent`` or has a parameter that is not a number (a string, a bool) or is
+    NaN, at any depth: RDP would otherwise account ``GaussianDpEvent(nan)`` as epsilon 0."""
+    if not isinstance(event, dpa.DpEvent):
+        raise ValueError(f"{where} must be a dp_accounting DpEvent, got {type(event).__name__} {event!r}")
+    for field in attr.fields(type(event)) if attr.has(type(event)) else ():
+        _check_event_value(getattr(event, field.name), f"{type(event).__name__}.{field.name}")
+
+
+def _check_event_value(value, where: str) -> None:
+    if isinstance(value, dpa.DpEvent):
+        check_event(value, where)
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_event_value(v, f"{where}[{i}]")
+    elif isinstance(value, (bool, np.bool_, str, bytes)) or not isinstance(
+            value, (int, float, np.integer, np.floating)) or math.isnan(value):
+        raise ValueError(f"{where} must be a number, got {value!r}")
+
+
 def pure_epsilon(event: dpa.DpEvent) -> float | None:
     """Pure-DP epsilon of a Laplace / discrete-Laplace (Geometric) event, else None."""
     if isinstance(event, dpa.LaplaceDpEvent):
@@ -347,6 +369,8 @@ def _pld_epsilon(events, delta, neighboring, dry_run: bool = False):
             if not acc.supports(leaf):
                 return None
             inner = leaf.event if isinstance(leaf, dpa.PoissonSampledDpEvent) else leaf
+            if isinstance(inner, dpa.GaussianDpEvent) and math.isinf(inner.noise_multiplier):
+                continue  # infinite noise releases nothing (RDP: epsilon 0); PLD cannot discretise it
             if isinstance(inner, dpa.GaussianDpEvent) and inner.noise_multiplier < _PLD_MIN_Z:
                 return None  # PLD discretisation explodes in memory; RDP covers this case
             if not dry_run:
@@ -389,7 +413,12 @@ def compute_epsilon(events: dpa.DpEvent | Iterable[dpa.DpEvent], delta: float,
         raise ValueError(f"neighboring must be one of {NEIGHBORING}, got {neighboring!r}")
     if isinstance(events, dpa.DpEvent):
         events = [events]
+    if not isinstance(events, Iterable):
+        raise ValueError(f"events must be a dp_accounting DpEvent or a list of them, got "
+                         f"{type(events).__name__} {events!r}")
     events = list(events)
+    for i, ev in enumerate(events):
+        check_event(ev, f"events[{i}]")
     if not events:
         return 0.0, "none"
     names = {"rdp": [_rdp_epsilon], "pld": [_pld_epsilon], "best": [_rdp_epsilon, _pld_epsilon]}
