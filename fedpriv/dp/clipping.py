@@ -40,6 +40,20 @@ def check_clip_norm(clip_norm) -> None:
         raise ClipNormError(f"clip_norm must be a positive number (inf = no clipping), got {c}")
 
 
+def check_sensitivity_clip(clip, name: str = "clip_norm") -> float:
+    """``clip`` as a float where a sensitivity is claimed from it (the L2 bound of one
+    contribution): a finite number > 0. ``inf`` is no clipping (fine for :func:`clip_update`
+    without noise), so no sensitivity can be stated: :class:`ClipNormError` naming ``name``."""
+    try:
+        c = float(np.asarray(clip))
+    except (TypeError, ValueError) as e:
+        raise ClipNormError(f"{name} must be a finite number > 0 (it bounds the sensitivity), got {clip!r}") from e
+    if not (c > 0 and math.isfinite(c)):
+        raise ClipNormError(f"{name} must be a finite number > 0 (it bounds the sensitivity; inf = no "
+                            f"clipping has none), got {c}")
+    return c
+
+
 def global_norm(tree) -> jax.Array:
     """L2 norm of all leaves of ``tree`` taken as one flat vector (float32 scalar)."""
     leaves = jax.tree_util.tree_leaves(tree)

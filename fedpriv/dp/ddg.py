@@ -53,6 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 from dp_accounting.rdp import rdp_privacy_accountant as rdp_acc
 
+from fedpriv.dp.clipping import check_sensitivity_clip
 from fedpriv.dp.noise import check_int
 
 RDP_ORDERS = tuple(float(a) for a in (*range(2, 129), 256, 512))  # integer orders, as the paper
@@ -137,6 +138,7 @@ class DDGConfig:
         check_int("dim", self.dim)
         check_int("num_clients", self.num_clients)
         check_int("bits", self.bits, 2)
+        check_sensitivity_clip(self.clip, "clip")  # the L2 bound the DDG sensitivity is stated from
         if not (self.clip > 0 and self.noise_multiplier >= 0):
             raise ValueError(f"need clip > 0 and noise_multiplier >= 0, got {self.clip}, "
                              f"{self.noise_multiplier}")

@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedpriv.dp import accounting
+from fedpriv.dp.clipping import check_sensitivity_clip
 
 __all__ = ["CALIBRATIONS", "RELATIONS", "GROUP", "analytic_gaussian_sigma", "classic_gaussian_sigma",
            "gaussian_sigma", "check_epsilon_delta", "moment_sensitivities", "moment_events", "release_event",
@@ -97,7 +98,9 @@ def gaussian_sigma(epsilon: float, delta: float, calibration: str = "analytic") 
 def moment_sensitivities(clip: float, cov_clip: float, relation: str) -> tuple[float, float]:
     """L2 sensitivities ``(mean_sum, second_moment_sum_upper_triangle)`` of one contribution
     bounded by ``clip`` (and ``cov_clip^2`` for the second moment): add/remove
-    ``(c, c_cov^2)``, replace-one ``(2c, sqrt(2) c_cov^2)`` (module docstring)."""
+    ``(c, c_cov^2)``, replace-one ``(2c, sqrt(2) c_cov^2)`` (module docstring). Both bounds
+    must be finite numbers > 0 (``ClipNormError``)."""
+    clip, cov_clip = check_sensitivity_clip(clip, "clip"), check_sensitivity_clip(cov_clip, "cov_clip")
     if relation == "add_remove":
         return float(clip), float(cov_clip) ** 2
     if relation == "replace_one":
