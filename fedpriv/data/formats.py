@@ -284,7 +284,9 @@ def load_text_dir(directory: str | os.PathLike, *, pattern: str = "*.txt",
                 out.malformed += 1
                 continue
             out.clients.setdefault(p.stem, [])
-            for line in content.splitlines():
+            # lines end at "\n" only (read_text already turned "\r\n" / "\r" into "\n"):
+            # str.splitlines would also split on U+2028, U+0085, form feeds ... inside a line
+            for line in content.split("\n"):
                 if not line.strip():
                     continue
                 out.records += 1
