@@ -51,6 +51,7 @@ import re
 import numpy as np
 
 from fedpriv.data.errors import ConfigError
+from fedpriv.dp.accounting import check_delta
 
 __all__ = ["ConfigError", "DP_FIELDS", "EXCLUSIVE", "LIMITS", "NONPRIVATE_ALGORITHMS",
            "SIGNED", "apply_overrides", "check", "check_conflicts", "check_limits", "check_signs", "check_types",
@@ -93,6 +94,9 @@ LIMITS = {
     "pool_seed": (MAX_SEED, "PRNG seeds"),
     "regime_seeds": (MAX_SEED, "PRNG seeds"),
 }
+# Fields holding the delta of a stated (epsilon, delta) guarantee: at most MAX_DELTA
+# (fedpriv.dp.accounting.check_delta, the rule of every entry point) and > 0.
+DELTA_FIELDS = ("delta", "fred_delta")
 # Numbers in every config (scalars and tuple elements, checked by `check_limits`): finite (inf
 # noise is no release, epsilon 0 no budget anyone can be charged; an infinite learning rate,
 # clip norm, temperature or oversampling factor is a typo: no config field means "off" by inf,
@@ -338,6 +342,13 @@ def check_limits(cfg) -> None:
                 continue
             if math.isinf(x):
                 raise ConfigError(f"{name} must be finite, got {x}")
+    for name in DELTA_FIELDS:  # the one rule of every entry point (fedpriv.dp.accounting.MAX_DELTA)
+        v = getattr(cfg, name) if name in names else None
+        if v is not None and not isinstance(v, bool) and isinstance(v, (int, float, np.integer, np.floating)):
+            try:
+                check_delta(v)
+            except ValueError as err:
+                raise ConfigError(name + str(err)[len("delta"):]) from None
     if "split" in names and isinstance(cfg.split, tuple) and len(cfg.split) != 3:
         raise ConfigError(f"split must have 3 parts, train/validation/test (e.g. 0.8/0.1/0.1), "
                           f"got {len(cfg.split)}: {cfg.split}")

@@ -305,7 +305,7 @@ def test_missing_config_file():
     ("algorithm=dpsgd", r"algorithm must be one of \('fedavg', 'dp_fedavg', 'dp_ftrl', 'dp_mf_banded', "
                         r"'dp_mf_blt', 'dp_fedavg_fixed', 'dp_ddg', 'dp_mf_banded_opt'\), got 'dpsgd'"),
     ("cohort_size=0", r"cohort_size must be >= 1, got 0"),
-    ("delta=2", r"delta must be in \(0, 1\), got 2\.0"),
+    ("delta=2", r"delta must be in \(0, 0\.001\], got 2\.0"),
     ("clip_norm=-1", r"clip_norm must be > 0, got -1\.0"),
     ("noise_cohort_size=4", r"noise_cohort_size \(4\) must be >= cohort_size \(8\)"),
     ("target_epsilon=None", r"dp_ftrl needs noise_multiplier or target_epsilon"),
@@ -402,7 +402,7 @@ def test_privacy_utility_config_errors_exit_2(capsys, spec, message):
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("smoke,delta=2", "delta must be in (0, 1), got 2.0"),
+    ("smoke,delta=2", "delta must be in (0, 0.001], got 2.0"),
     ("smoke,seeds=0", "seeds must be >= 1, got 0"),
     ("smoke,pca_dims=x", "override 'pca_dims': expected an integer, got 'x'"),
     ("huge", "unknown scale 'huge'"),
@@ -631,7 +631,7 @@ def _api_cases():
         (lambda: acc.dp_ftrl_event(float("nan"), 10), r"noise multiplier must be a number .* got nan"),
         (lambda: acc.dp_fedavg_poisson_event(1.0, True, 10), r"sampling rate must be in \(0, 1\], got True"),
         (lambda: acc.dp_fedavg_poisson_event(1.0, float("nan"), 10), r"sampling rate must be in \(0, 1\], got nan"),
-        (lambda: acc.compute_epsilon(dpa.GaussianDpEvent(1.0), True), r"delta must be in \(0, 1\), got True"),
+        (lambda: acc.compute_epsilon(dpa.GaussianDpEvent(1.0), True), r"delta must be in \(0, 0\.001\], got True"),
         (lambda: acc.compute_epsilon(dpa.GaussianDpEvent(1.0), 1e-6, accountant="moments"),
          r"accountant must be rdp, pld or best, got 'moments'"),
         (lambda: acc.compute_epsilon(dpa.GaussianDpEvent(1.0), 1e-6, neighboring="swap"),

@@ -62,10 +62,20 @@ def check_epsilon(epsilon: float) -> float:
     return float(epsilon)
 
 
+# The largest delta accepted anywhere a guarantee is stated (compute_epsilon, calibration, the
+# ledger, the CLI, every config's delta fields): an (epsilon, delta) guarantee may fail outright
+# with probability delta, so delta must be far below 1 / (number of users); every federated
+# population has hundreds of users or more (the papers: delta = 1e-6, FreD 2e-6). A delta of
+# 0.1 or 0.999999 would be reported as a guarantee while protecting no one.
+MAX_DELTA = 1e-3
+
+
 def check_delta(delta: float) -> float:
+    """``delta`` as a float if it is a number in ``(0, MAX_DELTA]`` (see :data:`MAX_DELTA`)."""
     if not (isinstance(delta, (int, float, np.integer, np.floating)) and not isinstance(delta, bool)
-            and 0 < delta < 1):
-        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+            and 0 < delta <= MAX_DELTA):
+        raise ValueError(f"delta must be in (0, {MAX_DELTA:g}], got {delta!r} (a guarantee that fails "
+                         "with probability delta: it must be far below 1 / the number of users)")
     return float(delta)
 
 
