@@ -178,7 +178,12 @@ def metric_curve(workdir: str, key: str, offset: int = 0) -> list[tuple[int, flo
 def bar_chart(groups: dict[str, dict[str, tuple[float, float]]], path: str, ylabel: str,
               title: str = "", series: Sequence[str] | None = None, log: bool = False) -> str:
     """Grouped bars with error bars, one panel per key of ``groups``:
-    ``{panel title: {x label: {series name: (mean, std)}}}``; ``series`` fixes their order."""
+    ``{panel title: {x label: {series name: (mean, std)}}}``; ``series`` fixes their order. A
+    mean that is None or not finite (e.g. a perplexity that overflowed: ``mean_std`` of no finite
+    value) draws no bar and is marked "n/a" on the axis, so the figure of a finished run is
+    always written."""
+    def finite(v) -> bool:
+        return v is not None and math.isfinite(float(v))
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -190,13 +195,18 @@ def bar_chart(groups: dict[str, dict[str, tuple[float, float]]], path: str, ylab
         x = np.arange(len(labels))
         for j, s in enumerate(names):
             ms = [bars[l].get(s, (np.nan, 0.0)) for l in labels]
-            ax.bar(x + (j - (len(names) - 1) / 2) * width, [m for m, _ in ms], width,
-                   yerr=[sd for _, sd in ms], capsize=3, label=s)
+            pos = x + (j - (len(names) - 1) / 2) * width
+            ax.bar(pos, [float(m) if finite(m) else np.nan for m, _ in ms], width,
+                   yerr=[float(sd) if finite(m) and finite(sd) else 0.0 for m, sd in ms], capsize=3, label=s)
+            for p, l, (m, _) in zip(pos, labels, ms):
+                if s in bars[l] and not finite(m):  # a value that exists but cannot be drawn
+                    ax.annotate("n/a", (p, 0.02), xycoords=("data", "axes fraction"), ha="center",
+                                va="bottom", fontsize=7, color="gray")
         ax.set_xticks(x, labels, rotation=30, ha="right")
         ax.set_ylabel(ylabel)
         ax.set_title(panel)
-        if log:
-            ax.set_yscale("log")
+        if log and any(finite(m) and float(m) > 0 for b in bars.values() for m, _ in b.values()):
+            ax.set_yscale("log")  # (a panel with nothing positive to draw stays linear)
         ax.grid(axis="y", alpha=0.3)
         if len(names) > 1:
             ax.legend()
