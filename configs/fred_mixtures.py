@@ -96,6 +96,7 @@ def get_config(arg: str = "small") -> FredMixturesConfig:
     refuse_nonprivate(cfg.lm.algorithm, "total_epsilon")
     from fedpriv.recipes import plans
     plans.check_fred_pools(cfg)  # the paper's 150K mixtures: refused before any data is loaded
+    plans.check_fred_budget(cfg, plans.mixtures_release_event(cfg))  # something left for FL
     return dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, target_epsilon=cfg.total_epsilon,
                                                            noise_multiplier=None))
 

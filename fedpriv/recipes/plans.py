@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import dp_accounting as dpa
 import jax
 
 from fedpriv.data.errors import ConfigError
@@ -70,6 +71,18 @@ def check_fred_pools(cfg, pools=("wikipedia",)) -> None:
                 f"num_sentences={cfg.num_sentences:,} but the packaged {name} pool has {have:,} sentences "
                 f"(Hou et al.'s 150K-sentence StackOverflow/Wikitext sets are not packaged): "
                 f"set num_sentences <= {have:,}")
+
+
+def check_fred_budget(cfg, event) -> None:
+    """Refuse (``ConfigError``, before any data is loaded) a ``total_epsilon`` that FreD's release
+    ``event`` alone already spends at the FL stage's delta: nothing would be left for the
+    FL-finetuning it is followed by (its calibration would fail after FreD ran)."""
+    eps, _ = accounting.compute_epsilon(event, cfg.lm.delta)
+    if not eps < cfg.total_epsilon:
+        raise ConfigError(
+            f"total_epsilon={cfg.total_epsilon:g} leaves nothing for FL-finetuning: FreD's release alone "
+            f"costs epsilon {eps:.4g} at delta {cfg.lm.delta:g} (fred_epsilon={cfg.fred_epsilon:g} per "
+            "release); raise total_epsilon or lower fred_epsilon")
 
 
 def corpus_clients(corpus: str, path=None) -> int:
@@ -263,6 +276,13 @@ def fred_pipeline_plan(cfg) -> PrivacyPlan:
     return PrivacyPlan(tuple(runs))
 
 
+def mixtures_release_event(cfg) -> dpa.DpEvent:
+    """FreD's trial-0 release in ``fred_mixtures``: two Gaussian releases at ``(fred_epsilon,
+    fred_delta)`` each."""
+    return moments.release_event(moments.moment_events(moments.gaussian_sigma(cfg.fred_epsilon,
+                                                                               cfg.fred_delta)))
+
+
 def fred_mixtures_plan(cfg) -> PrivacyPlan:
     """``fedpriv.fred.mixtures.run_mixtures``: FreD's trial-0 release (user level, ``(fred_epsilon,
     fred_delta)`` per Gaussian release) on the pipeline ledger, then one FL-finetuning per
@@ -271,9 +291,7 @@ def fred_mixtures_plan(cfg) -> PrivacyPlan:
     is their joint cost, stated in the outputs)."""
     from fedpriv.fred.mixtures import RELEASE, trials_epsilon
     check_fred_pools(cfg)
-    event = moments.release_event(moments.moment_events(moments.gaussian_sigma(cfg.fred_epsilon,
-                                                                                cfg.fred_delta)))
-    fred = (Charge(RELEASE, event),)
+    fred = (Charge(RELEASE, mixtures_release_event(cfg)),)
     run = lm_run(cfg.lm, fred_train_clients(cfg), "FreD (trial 0) + FL-finetune per (Y, seed)", prior=fred,
                  budget=cfg.total_epsilon, copies=len(cfg.fl_y_percents) * len(cfg.seeds))
     joint = trials_epsilon(cfg.fred_epsilon, cfg.fred_delta, cfg.fred_trials, cfg.lm.delta)
