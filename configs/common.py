@@ -35,7 +35,9 @@ Conflicting settings are refused, never resolved silently:
 Numbers (:func:`check_limits`, every config): finite and >= 0, tuple elements too (no field
 means "off" by ``inf`` or takes a negative value; :data:`SIGNED` lists exceptions, none today).
 
-Resource limits (:data:`LIMITS`): fields that set memory or time (``seq_len``, ``vocab_size``,
+Resource limits (:data:`LIMITS`, by exact name, and :data:`LIMIT_SUFFIXES`, by the end of the
+name: ``*batch_size``, ``*_batch``, ``*steps``, ``*trials``, ``*num_samples``, ``*_rounds``): fields
+that set memory or time (``seq_len``, ``vocab_size``,
 ``rounds``, model widths, seeds, ...) are checked by :func:`check` against a stated maximum, so a
 typo such as ``seq_len=1000000`` is refused in one line before any data is loaded.
 
@@ -93,7 +95,33 @@ LIMITS = {
     "split_seed": (MAX_SEED, "PRNG seeds"),
     "pool_seed": (MAX_SEED, "PRNG seeds"),
     "regime_seeds": (MAX_SEED, "PRNG seeds"),
+    "max_new": (4096, "tokens generated per sample (seq_len's limit)"),
+    "vocab_words": (262_144, "the output layer and its logits grow with it"),
+    "vocabs": (262_144, "the output layer and its logits grow with it"),
+    "negative_vocab": (262_144, "the output layer and its logits grow with it"),
+    "control_vocab": (262_144, "the output layer and its logits grow with it"),
+    # secure aggregation's modulus 2^bits is held in int32 (fedpriv.dp.ddg)
+    "ddg_bits": (31, "secure aggregation's modulus 2^bits must fit in 32 bits"),
+    "num_points": (100_000, "points per curve, each a computation"),
 }
+# The same by the end of a field's name, for the fields of LIMITS' kinds that every config
+# names its own way (prefinetune_batch, oracle_steps, fred_trials, ...): the exact names above
+# win; each limit is far beyond the papers' settings (1.4M pre-training steps, 20K trials).
+LIMIT_SUFFIXES = (
+    ("batch_size", (65_536, "examples per step held in memory")),
+    ("_batch", (65_536, "examples per step held in memory")),
+    ("steps", (10**8, "optimisation steps (the papers: up to 1.4M)")),
+    ("trials", (10**7, "Monte Carlo trials / releases")),
+    ("num_samples", (10**7, "samples generated or scored")),
+    ("_rounds", (10**6, "rounds (as rounds)")),
+)
+
+
+def limit_of(name: str):
+    """``(limit, why)`` of field ``name`` (:data:`LIMITS`, else :data:`LIMIT_SUFFIXES`), or None."""
+    if name in LIMITS:
+        return LIMITS[name]
+    return next((lim for suffix, lim in LIMIT_SUFFIXES if name.endswith(suffix)), None)
 # Fields holding the delta of a stated (epsilon, delta) guarantee: at most MAX_DELTA
 # (fedpriv.dp.accounting.check_delta, the rule of every entry point) and > 0.
 DELTA_FIELDS = ("delta", "fred_delta")
@@ -321,13 +349,14 @@ def check_types(cfg) -> None:
 
 
 def check_limits(cfg) -> None:
-    """Refuse a field of :data:`LIMITS` above its maximum (tuples: each element), and a
-    negative seed."""
-    names = {f.name for f in dataclasses.fields(cfg)}
-    for name, (limit, why) in LIMITS.items():
-        if name not in names:
+    """Refuse a field of :data:`LIMITS` / :data:`LIMIT_SUFFIXES` above its maximum (tuples: each
+    element), a negative seed, an infinite number (every field) and a delta above
+    ``fedpriv.dp.accounting.MAX_DELTA`` (:data:`DELTA_FIELDS`)."""
+    names = [f.name for f in dataclasses.fields(cfg)]  # declaration order: a stable first error
+    for name in names:
+        if limit_of(name) is None:
             continue
-        v = getattr(cfg, name)
+        (limit, why), v = limit_of(name), getattr(cfg, name)
         for x in (v if isinstance(v, tuple) else (v,)):
             if isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) \
                     and x > limit:
