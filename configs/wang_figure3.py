@@ -38,7 +38,7 @@ class WangFigure3Config(PrivateCorpusFields, LMModelFields):
     def __post_init__(self):
         check(self, positive=("max_clients", "seq_len", "max_examples_per_client", "batch_size",
                               "vocab_kept", "vocab_texts", "teacher_batch_size", "embed_dim",
-                              "hidden_dim", "oracle_batch_size", "oracle_lr", "num_samples",
+                              "hidden_dim", "num_heads", "oracle_batch_size", "oracle_lr", "num_samples",
                               "score_batch_size"),
               non_negative=("split_seed", "oracle_steps", "sample_seed", "seed"),
               choices={"corpus": PACKAGED_CORPORA,

@@ -675,3 +675,416 @@ def test_integral_floats_are_still_accepted():
         outs.append(np.stack(out))
     assert np.array_equal(outs[0], outs[1]) and not np.array_equal(outs[0][4], outs[2][4])
     assert noise.check_int("x", np.int64(3)) == 3
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 54 item 3: the audit's tracebacks, unclear messages and questionable results, each one
+# line naming the input, refused before any training.
+# --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("module, spec, message", [
+    ("lm_fl", "configs/fred_pipeline.py:smoke", r"--config 'configs/fred_pipeline\.py:smoke' gives a config of type "
+     r"FredPipelineConfig \(configs/fred_pipeline\.py\), but experiments\.lm_fl takes LMFLConfig: use --config "
+     r"configs/lm_fl\.py:<scale>"),
+    ("fred_pipeline", "configs/lm_fl.py:smoke", r"gives a config of type LMFLConfig \(configs/lm_fl\.py\), but "
+     r"experiments\.fred_pipeline takes FredPipelineConfig"),
+    ("lm_sweep", "configs/population_expansion.py:smoke", r"experiments\.lm_sweep takes LMSweepConfig"),
+    ("population_expansion", "configs/iw_regime.py:smoke", r"experiments\.population_expansion takes "
+     r"PopulationExpansionConfig"),
+    ("latency_figure", "configs/demo.py:smoke", r"gives a config of type LMFLConfig"),
+])
+def test_a_config_of_another_experiment_is_refused_by_type(tmp_path, capsys, module, spec, message):
+    import importlib
+    import re
+    main = importlib.import_module(f"experiments.{module}").main
+    wd = tmp_path / "wd"
+    with pytest.raises(SystemExit) as e:
+        common.cli(main, ["--config", spec, "--workdir", str(wd)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"experiments.{module}: error: ") and re.search(message, err), err
+    assert not wd.exists()  # refused before the workdir is taken
+
+
+def test_every_experiment_names_the_config_type_it_takes():
+    """The check lives in the shared entry point (``config_and_workdir``): every experiment's
+    ``configs/<name>.py`` declares the type its ``get_config`` returns; demo shares lm_fl's."""
+    import configs.lm_fl
+    names = [p.stem for p in (REPO / "experiments").glob("*.py") if p.stem != "common"
+             and ("config_and_workdir(argv" in p.read_text() or "printing_main(run" in p.read_text())]
+    assert len(names) >= 15
+    for n in names:
+        assert isinstance(common.expected_config_type(n), type), n
+    assert common.expected_config_type("demo") is configs.lm_fl.LMFLConfig
+    common.check_config_type(common.load_config("configs/demo.py:smoke"), "lm_fl", "configs/demo.py:smoke")
+
+
+_ISSUE54_CONFIGS = [
+    ("configs/population_expansion.py:smoke,accountant=pld",
+     r"accountant=pld cannot account the runs executed here: they train cohorts of train_cohort=4 with the noise "
+     r"of noise_cohort=20 \(multiplier z \* 4/20\) and PLD covers Gaussian multipliers >= 0\.3 only"),
+    ("configs/population_expansion.py:smoke,split=0.6/0.4/0",
+     r"split: train, validation and test must each be > 0 \(each part needs clients\), got 0\.6/0\.4/0"),
+    (f"{LM}:smoke,split=1/0/0", r"split: train, validation and test must each be > 0.*got 1/0/0"),
+    ("configs/wang_figure3.py:smoke,split=0.5/0.5/0", r"split: train, validation and test must each be > 0"),
+    ("configs/latency_figure.py:smoke,oversample=inf", r"oversample must be finite, got inf"),
+    ("configs/latency_figure.py:smoke,oversample=2", r"oversample \* figure_p must be < 1, got 2 \* 0\.5"),
+    ("configs/latency_figure.py:smoke,figure_p=1", r"oversample \* figure_p must be < 1, got 1\.1 \* 1"),
+    (f"{LM}:smoke,delta=0.999999", r"delta must be in \(0, 0\.001\], got 0\.999999 \(a guarantee that fails "
+     r"with probability delta"),
+    (f"{LM}:smoke,delta=0", r"delta must be in \(0, 0\.001\], got 0\.0"),
+    ("configs/fred_mixtures.py:smoke,fred_delta=0.1", r"fred_delta must be in \(0, 0\.001\], got 0\.1"),
+    ("configs/fred_table.py:smoke,delta=0.01", r"delta must be in \(0, 0\.001\]"),
+    ("configs/fred_pipeline.py:smoke,total_epsilon=0.5",
+     r"total_epsilon=0\.5 leaves nothing for FL-finetuning: FreD's release alone costs epsilon 0\.87"),
+    ("configs/fred_mixtures.py:smoke,total_epsilon=0.9", r"total_epsilon=0\.9 leaves nothing for FL-finetuning"),
+    ("configs/wang_figure3.py:smoke,num_heads=0,arch=transformer", r"num_heads must be >= 1, got 0"),
+    ("configs/wang_figure3.py:smoke,num_heads=-1", r"num_heads must be >= 1, got -1"),
+    # the parser-level number rules (every config, every field, tuple elements too)
+    ("configs/public_training.py:smoke,match_betas=-1", r"match_betas must be >= 0, got -1\.0"),
+    ("configs/lm_sweep.py:smoke,clip_norms=inf", r"clip_norms must be finite, got inf"),
+    ("configs/fred_table.py:smoke,clip=inf", r"clip must be finite, got inf"),
+    ("configs/pre_text.py:smoke,temperature=inf", r"temperature must be finite, got inf"),
+    ("configs/population_expansion.py:smoke,weight_max=1e400", r"weight_max must be finite, got inf"),
+    ("configs/public_training.py:smoke,kd_beta=inf", r"kd_beta must be finite, got inf"),
+    ("configs/fred_mixtures.py:smoke,prefinetune_batch=99999999999", r"prefinetune_batch = 99999999999 exceeds "
+     r"its limit 65,536 \(examples per step held in memory\)"),
+    ("configs/wang_figure3.py:smoke,oracle_steps=99999999999", r"oracle_steps = 99999999999 exceeds its limit"),
+    ("configs/latency_figure.py:smoke,trials=99999999999", r"trials = 99999999999 exceeds its limit"),
+    ("configs/pre_text.py:smoke,max_new=99999999999", r"max_new = 99999999999 exceeds its limit 4,096"),
+    ("configs/pre_text.py:smoke,pe_rounds=99999999999", r"pe_rounds = 99999999999 exceeds its limit"),
+    ("configs/population_expansion.py:smoke,vocab_words=99999999999", r"vocab_words = 99999999999 exceeds"),
+    (f"{LM}:smoke,ddg_bits=99999999999", r"ddg_bits = 99999999999 exceeds its limit 31"),
+]
+
+
+@pytest.mark.parametrize("spec, message", _ISSUE54_CONFIGS)
+def test_issue54_config_refusals(spec, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        common.load_config(spec)
+    assert "\n" not in str(err.value)
+
+
+def test_every_numeric_field_of_every_config_refuses_nan_inf_and_negatives():
+    """The probe of the audit, as a property: ``nan``, ``inf`` and ``-1`` given to any numeric
+    field (scalar or tuple) of any config, at its smoke scale, is a one-line ``ConfigError``
+    naming the field, never another exception and never accepted (no field takes them)."""
+    import importlib
+
+    from configs import common as cc
+    cases = 0
+    for path in sorted((REPO / "configs").glob("*.py")):
+        if path.stem in ("__init__", "common"):
+            continue
+        module = importlib.import_module(f"configs.{path.stem}")
+        base = module.get_config("smoke")
+        for obj in (base, getattr(base, "lm", None)):
+            if not dataclasses.is_dataclass(obj):
+                continue
+            for f in dataclasses.fields(obj):
+                v, kinds = getattr(obj, f.name), cc._kinds(f.type)
+                elem = (cc._tuple_element(f.type) or (type(v[0]).__name__ if v else None)
+                        if "tuple" in kinds or isinstance(v, tuple) else cc._kind_of(kinds, v))
+                if elem not in ("int", "float"):
+                    continue
+                for text in ("nan", "inf", "-1"):
+                    cases += 1
+                    with pytest.raises(ConfigError) as err:
+                        module.get_config(f"smoke,{f.name}={text}")
+                    assert f.name in str(err.value) and "\n" not in str(err.value), (path.stem, f.name, text)
+    assert cases > 1000
+
+
+def test_ddg_bits_31_decodes_without_overflow():
+    """``ddg_comparison:smoke,bits=31`` ran into an XLA OverflowError (2^31 in int32)."""
+    from fedpriv.dp import ddg
+    for bits in (8, 31):
+        cfg = ddg.DDGConfig(dim=4, num_clients=3, clip=1.0, noise_multiplier=1.0, bits=bits)
+        m = cfg.modulus
+        x = jnp.array([0, m // 2 - 1, m // 2, m - 1], dtype=jnp.uint32)
+        for f in (ddg.centred, jax.jit(ddg.centred, static_argnums=0)):
+            assert np.asarray(f(cfg, x)).tolist() == [0, m // 2 - 1, -(m // 2), -1]
+
+
+# ----------------------------------------------------------------------------- the cache
+@pytest.fixture
+def _fresh_cache_warnings(monkeypatch):
+    from fedpriv.data import cache
+    monkeypatch.setattr(cache, "_WARNED", set())
+
+
+def _tiny_jsonl(tmp_path):
+    return _jsonl(tmp_path / "t.jsonl", [b'{"user": "a", "text": "hello there"}',
+                                         b'{"user": "b", "text": "general kenobi"}'])
+
+
+def test_a_cache_that_is_a_regular_file_is_bypassed_with_one_warning(tmp_path, monkeypatch, caplog,
+                                                                     _fresh_cache_warnings):
+    (tmp_path / "cachefile").write_text("not a directory")
+    monkeypatch.setenv("FEDPRIV_CACHE", str(tmp_path / "cachefile"))
+    src = _tiny_jsonl(tmp_path)
+    with caplog.at_level("WARNING", logger="fedpriv.data"):
+        for _ in range(2):
+            corpus = load_jsonl(src, progress=False)
+            assert list(corpus.client_ids) == ["a", "b"] and corpus.stats.cache_path is None
+        train_sentencepiece(_TEXTS, vocab_size=40)
+    warnings = [r.getMessage() for r in caplog.records if "cache" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert "cachefile (it is a file, not a directory): bypassed, nothing is cached; set FEDPRIV_CACHE" \
+        in warnings[0]
+    assert (tmp_path / "cachefile").read_text() == "not a directory"  # nothing lost
+
+
+@pytest.mark.parametrize("errno_, reason", [(28, "No space left on device"), (30, "Read-only file system")])
+def test_a_full_or_read_only_cache_is_bypassed(tmp_path, monkeypatch, caplog, _fresh_cache_warnings,
+                                               errno_, reason):
+    from fedpriv.data import cache
+
+    def refuse(src, dst):
+        raise OSError(errno_, reason, str(dst))
+    monkeypatch.setattr(cache.os, "replace", refuse)
+    with caplog.at_level("WARNING", logger="fedpriv.data"):
+        corpus = load_jsonl(_tiny_jsonl(tmp_path), progress=False)
+        train_sentencepiece(_TEXTS, vocab_size=40)
+    assert list(corpus.client_ids) == ["a", "b"] and corpus.stats.cache_path is None
+    msgs = [r.getMessage() for r in caplog.records if "cannot be written" in r.getMessage()]
+    assert msgs and all(f"({reason}): bypassed" in m for m in msgs), msgs
+    assert not list((tmp_path / "cache").rglob("*.tmp"))  # no temporary file left behind
+
+
+def test_an_lzma_corpus_that_cannot_be_decompressed_into_the_cache_is_one_line(tmp_path, monkeypatch,
+                                                                               _fresh_cache_warnings):
+    import lzma
+
+    from fedpriv.data.errors import CacheError
+    from tests.data.test_formats import _so_example
+    db = _so_db(tmp_path / "so.sqlite", [("train", "'00000001'", _so_example("a valid sentence ."))])
+    packed = tmp_path / "so.sqlite.lzma"
+    packed.write_bytes(lzma.compress(db.read_bytes()))
+    (tmp_path / "cachefile").write_text("x")
+    monkeypatch.setenv("FEDPRIV_CACHE", str(tmp_path / "cachefile"))
+    with pytest.raises(CacheError, match=r"cannot write the decompressed copy of .*so\.sqlite\.lzma to the cache "
+                                         r".*cachefile/sqlite .*set FEDPRIV_CACHE to a writable directory"):
+        load_stackoverflow_sqlite(packed, progress=False, use_cache=False)
+
+
+# ----------------------------------------------------------------------------- loaders
+def test_a_directory_given_as_a_file_and_a_file_as_a_directory_are_named(tmp_path):
+    from fedpriv.data.errors import PathKindError
+    f = _tiny_jsonl(tmp_path)
+    for call, message in [
+            (lambda: load_jsonl(tmp_path, progress=False), r"JSONL file '.*' is a directory, not a file"),
+            (lambda: load_text_dir(f, progress=False), r"text directory '.*t\.jsonl' is a file, not a directory"),
+            (lambda: load_stackoverflow_sqlite(tmp_path, progress=False), r"StackOverflow SQLite file .* is a "
+                                                                          r"directory"),
+            (lambda: load_tokenizer(tmp_path), r"is a directory, not a file")]:
+        with pytest.raises(PathKindError, match=message):
+            call()
+    with pytest.raises(MissingResourceError, match=r"text directory '.*nope' not found"):
+        load_text_dir(tmp_path / "nope", progress=False)
+
+
+@pytest.mark.parametrize("cap", [-1, 0, 2.5, True])
+def test_max_examples_per_client_names_the_parameter(tmp_path, cap):
+    from fedpriv.data import FederatedDataset
+    message = rf"max_examples_per_client must be None \(no cap\) or an integer >= 1, got {cap!r}"
+    with pytest.raises(ConfigError, match=message):
+        load_jsonl(_tiny_jsonl(tmp_path), progress=False, max_examples_per_client=cap)
+    corpus = load_jsonl(_tiny_jsonl(tmp_path), progress=False)
+    with pytest.raises(ConfigError, match=message):
+        corpus.cap(cap)
+    ds = FederatedDataset.from_clients({"a": {"x": np.zeros((3, 2), np.int32)}})
+    with pytest.raises(ConfigError, match=message):
+        ds.cap(cap)
+
+
+def test_a_unicode_line_separator_inside_a_line_keeps_one_example(tmp_path):
+    """str.splitlines splits on U+2028, U+2029, U+0085, form feeds ...: a line-oriented loader
+    must end lines at newline only (two examples from one line would change the user's data)."""
+    (tmp_path / "alice.txt").write_bytes("one\u2028line\u2029with\x85every\x0cseparator\x1c\nnext\r\nlast\n"
+                                         .encode("utf-8"))
+    corpus = load_text_dir(tmp_path, progress=False, use_cache=False)
+    assert corpus.texts() == ["one line with every separator", "next", "last"]
+    assert corpus.stats.records == 3
+
+
+# ----------------------------------------------------------------------------- the DP API
+def test_tree_privatizer_refuses_an_int_where_a_key_is_expected():
+    from fedpriv.dp import matrix, noise
+    for make in (lambda k: noise.tree_privatizer(1.0, k, 4), lambda k: noise.gaussian_privatizer(1.0, k),
+                 lambda k: matrix.banded_privatizer(1.0, k, 2)):
+        with pytest.raises(ValueError, match=r"key must be a JAX PRNG key \(e\.g\. jax\.random\.key\(0\)\), got int 0"):
+            make(0)
+        with pytest.raises(ValueError, match=r"got an array of dtype float32 and shape \(3,\)"):
+            make(jnp.zeros(3))
+        with pytest.raises(ValueError, match=r"got an array of dtype key<fry> and shape \(2,\)"):
+            make(jax.random.split(jax.random.key(0)))
+        for key in (jax.random.key(0), jax.random.PRNGKey(0), None):  # typed, legacy raw, update-only
+            make(key)
+
+
+def test_accounting_refuses_nan_and_non_numeric_event_parameters():
+    """``GaussianDpEvent(nan)`` was epsilon 0 under RDP and "cannot convert float NaN to integer"
+    under PLD; a tree event with a NaN multiplier was accepted by the ledger."""
+    import dp_accounting as dpa
+
+    from fedpriv.dp import accounting as acc
+    from fedpriv.dp.ledger import PrivacyLedger
+    cases = [(dpa.GaussianDpEvent(math.nan), r"GaussianDpEvent\.noise_multiplier must be a number, got nan"),
+             (dpa.SingleEpochTreeAggregationDpEvent(math.nan, 10),
+              r"SingleEpochTreeAggregationDpEvent\.noise_multiplier must be a number, got nan"),
+             (dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(math.nan, dpa.GaussianDpEvent(1.0)), 3),
+              r"PoissonSampledDpEvent\.sampling_probability must be a number, got nan"),
+             (dpa.ComposedDpEvent([dpa.GaussianDpEvent(1.0), dpa.LaplaceDpEvent(math.nan)]),
+              r"LaplaceDpEvent\.noise_multiplier must be a number, got nan"),
+             (dpa.GaussianDpEvent("1"), r"GaussianDpEvent\.noise_multiplier must be a number, got '1'")]
+    for event, message in cases:
+        for accountant in ("rdp", "pld", "best"):
+            with pytest.raises(ValueError, match=message):
+                acc.compute_epsilon(event, 1e-6, accountant=accountant)
+        with pytest.raises(ValueError, match=message):
+            PrivacyLedger(10.0, 1e-6).spend("x", event)
+    with pytest.raises(ValueError, match=r"events must be a dp_accounting DpEvent or a list of them, got int 3"):
+        acc.compute_epsilon(3, 1e-6)
+    # infinite noise releases nothing, under every accountant
+    for accountant in ("rdp", "pld", "best"):
+        assert acc.compute_epsilon(dpa.GaussianDpEvent(math.inf), 1e-6, accountant=accountant)[0] == 0.0
+
+
+def test_calibration_refuses_with_the_users_own_numbers():
+    from fedpriv.dp import accounting as acc
+    make = lambda z: acc.dp_ftrl_event(z, 100)  # noqa: E731
+    with pytest.raises(acc.CalibrationError, match=r"epsilon 1e-09 is too small to calibrate at delta 1e-06: "
+                                                   r"even the largest noise multiplier accepted \(1e\+06\) gives "
+                                                   r"epsilon 0\.00\d+"):
+        acc.calibrate_noise_multiplier(make, 1e-9, 1e-6, accountant="rdp")
+    with pytest.raises(acc.CalibrationError, match=r"make_event must return a dp_accounting DpEvent; "
+                                                   r"make_event\(0\.1\) returned None"):
+        acc.calibrate_noise_multiplier(lambda z: None, 1.0, 1e-6)
+
+
+def test_privacy_calibrate_cli_does_not_name_a_multiplier_the_user_never_gave(capsys):
+    from fedpriv.cli import main
+
+    def call(argv):
+        try:
+            return main(argv), capsys.readouterr().err
+        except SystemExit as e:
+            return e.code, capsys.readouterr().err
+    rc, err = call(["privacy", "calibrate", "dp-ftrl", "--epsilon", "1e-9", "--rounds", "100", "--delta", "1e-6"])
+    assert rc == 2 and err.count("\n") == 1 and "epsilon 1e-09 is too small to calibrate" in err
+    assert "1887436" not in err  # the multiplier the bisection reached, never given by the user
+    rc, err = call(["privacy", "dp-ftrl", "--noise-multiplier", "1", "--rounds", "10", "--delta", "0.999999"])
+    assert rc == 2 and "delta must be in (0, 0.001], got 0.999999" in err
+
+
+def test_delta_that_is_no_guarantee_is_refused_everywhere():
+    import dp_accounting as dpa
+
+    from fedpriv.dp import accounting as acc
+    from fedpriv.dp.ledger import PrivacyLedger
+    for delta in (0.999999, 0.1, 0.0011):
+        with pytest.raises(ValueError, match=r"delta must be in \(0, 0\.001\]"):
+            acc.compute_epsilon(dpa.GaussianDpEvent(1.0), delta)
+        with pytest.raises(ValueError, match=r"delta must be in \(0, 0\.001\]"):
+            PrivacyLedger(1.0, delta)
+        with pytest.raises(ValueError, match=r"delta must be in \(0, 0\.001\]"):
+            acc.calibrate_noise_multiplier(lambda z: dpa.GaussianDpEvent(z), 1.0, delta)
+    assert acc.check_delta(acc.MAX_DELTA) == 1e-3
+
+
+def test_an_infinite_clip_is_refused_where_a_sensitivity_is_stated():
+    """``clip_update(u, inf)`` is no clipping (noise-free FedAvg, kept); a sensitivity stated
+    from an infinite clip (DP moments / FreD, DDG, a noised DPConfig) is refused."""
+    from fedpriv.dp import ddg, moments
+    from fedpriv.dp.clipping import ClipNormError
+    from fedpriv.fl.algorithms import DPConfig
+    from fedpriv.fred import private
+    clipped, norm, finite = clip_update(_U, math.inf)
+    assert bool(finite) and float(norm) == pytest.approx(13.0) and np.allclose(clipped["w"], _U["w"])
+    for call in (lambda: moments.moment_sensitivities(math.inf, 1.0, "add_remove"),
+                 lambda: private.sensitivities(1.0, math.inf, "user", "replace_one"),
+                 lambda: ddg.DDGConfig(dim=4, num_clients=3, clip=math.inf, noise_multiplier=1.0, bits=16)):
+        with pytest.raises(ClipNormError, match=r"must be a finite number > 0 \(it bounds the sensitivity; "
+                                                r"inf = no clipping has none\), got inf"):
+            call()
+    with pytest.raises(ValueError, match=r"noise needs a finite clip norm"):
+        DPConfig(clip_norm=math.inf, noise_multiplier=1.0)
+
+
+# ----------------------------------------------------------------------------- train / load_run
+def _train_case(over):
+    import optax
+
+    from fedpriv.fl.algorithms import DPConfig, build_algorithm
+    from fedpriv.fl.loop import train
+    from tests.fl.helpers import init_params, loss_fn, make_dataset
+    data = make_dataset(num_clients=6)
+    ids = list(data)
+    args = dict(algorithm=build_algorithm(loss_fn, optax.sgd(0.05), optax.sgd(0.7), DPConfig(),
+                                          expected_cohort_size=2),
+                init_params=init_params(), dataset=data, client_ids=ids, sampler=UniformSampler(6, 2),
+                rounds=2, batch_size=4, seed=0, progress=False, log=None)
+    args.update(over(data, ids) if callable(over) else over)
+    return train(**args)
+
+
+@pytest.mark.parametrize("over, cls, message", [
+    (lambda d, ids: dict(client_ids=ids[:5] + ["nobody"]), ValueError,
+     r"client ids not in the dataset: 'nobody' \(1 of 6 client_ids\)"),
+    (lambda d, ids: dict(client_ids=ids[:5] + ids[:1]), ValueError,
+     r"client_ids repeat 'client000': each population member must be a distinct user"),
+    (lambda d, ids: dict(client_ids="abcdef"), ValueError,
+     r"client_ids must be a sequence of client ids, not a string"),
+    (lambda d, ids: dict(dataset=[d[c] for c in ids]), ValueError,
+     r"dataset must be a mapping client id -> dict of example arrays, got list"),
+    (lambda d, ids: dict(dataset={**d, ids[3]: {"x": np.zeros((4, 7), np.float32), "y": np.zeros(4, np.float32)}}),
+     ValueError, r"client 'client003' has fields \{'x': \(7,\), 'y': \(\)\} but client 'client000' has "
+                 r"\{'x': \(5,\), 'y': \(\)\}"),
+    (lambda d, ids: dict(dataset={**d, ids[2]: {"x": np.zeros((0, 5), np.float32), "y": np.zeros(0, np.float32)}}),
+     ValueError, r"client 'client002' has no examples"),
+    (lambda d, ids: dict(dataset={c: {"x": np.array(["a"] * 4), "y": np.zeros(4, np.float32)} for c in ids}),
+     ValueError, r"client 'client000': field 'x' must be a numeric array"),
+    (lambda d, ids: dict(init_params={"w": jnp.zeros((5,), jnp.int32), "b": jnp.zeros((), jnp.int32)}),
+     ValueError, r"init_params\['b'\] has dtype int32: parameters must be floating point"),
+    (lambda d, ids: dict(init_params=None), ValueError, r"init_params has no arrays \(got NoneType\)"),
+    # parameters of another model: the dry run names them (was a dot_general TypeError traceback)
+    (lambda d, ids: dict(init_params={"w": jnp.zeros((3,)), "b": jnp.zeros(())}), TypeError,
+     r"one round cannot be traced on init_params \(\['b'\]: float32\[\], \['w'\]: float32\[3\]\) and the "
+     r"examples of client 'client000' \(\['x'\]: float32\[\d+, 5\], \['y'\]: float32\[\d+\]\): TypeError: "
+     r"dot_general requires contracting dimensions to have the same shape"),
+    (lambda d, ids: dict(init_params={"w": jnp.zeros((5,))}), KeyError,
+     r"one round cannot be traced on init_params \(\['w'\]: float32\[5\]\).*KeyError: 'b'"),
+    (lambda d, ids: dict(seed=-1), ValueError, r"seed must be an integer in \[0, 2\^63\), got -1"),
+    (lambda d, ids: dict(seed=2**70), ValueError, r"seed must be an integer in \[0, 2\^63\)"),
+    (lambda d, ids: dict(seed=jax.random.key(0)), ValueError, r"got a PRNGKeyArray .*pass an int, not a key"),
+    (lambda d, ids: dict(batch_size=2.5), ValueError, r"batch_size must be an integer >= 1, got 2\.5"),
+    (lambda d, ids: dict(max_steps=0), ValueError, r"max_steps must be an integer >= 1, got 0"),
+    (lambda d, ids: dict(eval_every=-1), ValueError, r"eval_every must be an integer >= 0, got -1"),
+    (lambda d, ids: dict(algorithm=None), ValueError, r"algorithm must be a FederatedAlgorithm"),
+])
+def test_train_misuse_is_one_line_before_round_0(tmp_path, over, cls, message):
+    from fedpriv.fl.inputs import TrainInputError
+    with pytest.raises(cls, match=message) as err:
+        _train_case(lambda d, ids: {**over(d, ids), "workdir": str(tmp_path / "wd")})
+    assert isinstance(err.value, (TrainInputError, ValueError)) and "\n" not in str(err.value)
+    assert not (tmp_path / "wd" / "metrics.jsonl").exists()  # nothing ran
+
+
+def test_load_run_refuses_a_template_that_is_not_a_server_state(tmp_path):
+    from fedpriv.fl.inputs import TrainInputError
+    from fedpriv.fl.loop import load_run
+    from tests.fl.helpers import init_params
+    with pytest.raises(TrainInputError, match=r"template must be a ServerState \(algorithm\.init\(params, key\)\), "
+                                              r"got dict"):
+        load_run(str(tmp_path), init_params())
+
+
+def test_a_bar_chart_of_values_that_overflowed_is_still_written(tmp_path):
+    """fred_pipeline at total_epsilon=1.0 ran every stage, then its plot crashed on a perplexity
+    that overflowed (mean None): such a bar is left out and marked n/a."""
+    from fedpriv.report import bar_chart
+    for log in (False, True):
+        path = bar_chart({"a": {"x": {"s1": (1.0, 0.1), "s2": (None, None)}, "y": {"s1": (math.inf, 0.0)}},
+                          "b": {"z": {"q": (None, None)}}}, str(tmp_path / f"c{log}.png"), "ppl", log=log)
+        assert os.path.getsize(path) > 0
