@@ -61,6 +61,12 @@ USER_ERRORS = (FedprivError, PrivacyBudgetExceeded, ValueError, FileNotFoundErro
                NotADirectoryError, IsADirectoryError, PermissionError)
 
 
+def is_environment_error(e: BaseException) -> bool:
+    """An environment that cannot run fedpriv at all, reported like a user error: a JAX backend
+    asked for (``JAX_PLATFORMS=tpu`` without a TPU) that cannot start."""
+    return isinstance(e, RuntimeError) and str(e).startswith("Unable to initialize backend")
+
+
 def cli(main, argv=None) -> None:
     """Run an experiment's ``main(argv)`` as a command: a user error (:data:`USER_ERRORS`) is
     printed as ONE line ``<module>: error: <message>`` on stderr and exits with status 2; nothing
@@ -77,11 +83,13 @@ def cli(main, argv=None) -> None:
     try:
         try:
             main(argv)
-        except USER_ERRORS as e:
-            if os.environ.get("FEDPRIV_TRACEBACK"):
+        except Exception as e:  # noqa: BLE001 - user errors become one line, bugs are re-raised
+            if not (isinstance(e, USER_ERRORS) or is_environment_error(e)) or os.environ.get("FEDPRIV_TRACEBACK"):
                 raise
             msg = " ".join(str(e).split()) or type(e).__name__
-            if not isinstance(e, (FedprivError, PrivacyBudgetExceeded)):
+            if is_environment_error(e):
+                msg = f"JAX_PLATFORMS={os.environ.get('JAX_PLATFORMS', '')!r}: {msg}"
+            elif not isinstance(e, (FedprivError, PrivacyBudgetExceeded)):
                 msg = f"{type(e).__name__}: {msg}"
             print(f"{prog}: error: {msg}", file=sys.stderr)
             sys.exit(2)

@@ -1088,3 +1088,21 @@ def test_a_bar_chart_of_values_that_overflowed_is_still_written(tmp_path):
         path = bar_chart({"a": {"x": {"s1": (1.0, 0.1), "s2": (None, None)}, "y": {"s1": (math.inf, 0.0)}},
                           "b": {"z": {"q": (None, None)}}}, str(tmp_path / f"c{log}.png"), "ppl", log=log)
         assert os.path.getsize(path) > 0
+
+
+def test_a_jax_backend_the_environment_cannot_start_is_one_line(capsys, monkeypatch):
+    monkeypatch.setenv("JAX_PLATFORMS", "tpu")
+
+    def needs_tpu(argv):
+        raise RuntimeError("Unable to initialize backend 'tpu': INTERNAL: Failed to open libtpu.so (set "
+                           "JAX_PLATFORMS='' to automatically choose an available backend)")
+    with pytest.raises(SystemExit) as e:
+        common.cli(needs_tpu, [])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "error: JAX_PLATFORMS='tpu': Unable to initialize " \
+        "backend 'tpu'" in err
+
+    def bug(argv):
+        raise RuntimeError("a genuine bug")
+    with pytest.raises(RuntimeError, match="a genuine bug"):
+        common.cli(bug, [])
