@@ -114,6 +114,11 @@ LIMIT_SUFFIXES = (
     ("trials", (10**7, "Monte Carlo trials / releases")),
     ("num_samples", (10**7, "samples generated or scored")),
     ("_rounds", (10**6, "rounds (as rounds)")),
+    # privacy budgets: beyond 1e6 there is no privacy to calibrate (fedpriv.dp.moments.MAX_RELEASE_EPSILON)
+    ("epsilon", (10**6, "an epsilon this large is no privacy guarantee")),
+    ("epsilons", (10**6, "an epsilon this large is no privacy guarantee")),
+    ("epsilon0", (10**6, "an epsilon this large is no privacy guarantee")),
+    ("epsilons0", (10**6, "an epsilon this large is no privacy guarantee")),
 )
 
 

@@ -753,6 +753,8 @@ _ISSUE54_CONFIGS = [
     ("configs/latency_figure.py:smoke,trials=99999999999", r"trials = 99999999999 exceeds its limit"),
     ("configs/pre_text.py:smoke,max_new=99999999999", r"max_new = 99999999999 exceeds its limit 4,096"),
     ("configs/pre_text.py:smoke,pe_rounds=99999999999", r"pe_rounds = 99999999999 exceeds its limit"),
+    ("configs/fred_table.py:smoke,epsilon=1e300", r"epsilon = 1e\+300 exceeds its limit 1,000,000 \(an epsilon "
+     r"this large is no privacy guarantee\)"),  # was "The function value at x=0.1 is NaN" (analytic Gaussian)
     ("configs/population_expansion.py:smoke,vocab_words=99999999999", r"vocab_words = 99999999999 exceeds"),
     (f"{LM}:smoke,ddg_bits=99999999999", r"ddg_bits = 99999999999 exceeds its limit 31"),
 ]
@@ -946,6 +948,10 @@ def test_accounting_refuses_nan_and_non_numeric_event_parameters():
             PrivacyLedger(10.0, 1e-6).spend("x", event)
     with pytest.raises(ValueError, match=r"events must be a dp_accounting DpEvent or a list of them, got int 3"):
         acc.compute_epsilon(3, 1e-6)
+    # a declared text field is not a number (the DDG event's neighbouring relation): still accounted
+    from fedpriv.dp import ddg
+    event = ddg.ddg_event(ddg.DDGConfig(dim=10, num_clients=5, clip=1.0, noise_multiplier=1.0, bits=16), 5)
+    assert 0 < acc.compute_epsilon(event, 1e-6, "replace_one", "rdp")[0] < math.inf
     # infinite noise releases nothing, under every accountant
     for accountant in ("rdp", "pld", "best"):
         assert acc.compute_epsilon(dpa.GaussianDpEvent(math.inf), 1e-6, accountant=accountant)[0] == 0.0

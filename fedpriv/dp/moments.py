@@ -64,9 +64,17 @@ GROUP = 8
 
 def check_epsilon_delta(epsilon, delta) -> tuple[float, float]:
     """``(epsilon, delta)`` as floats through ``accounting.check_epsilon/check_delta`` (NumPy
-    scalars accepted): ``epsilon`` finite > 0, ``delta`` in (0, 1)."""
+    scalars accepted): ``epsilon`` in (0, ``MAX_RELEASE_EPSILON``], ``delta`` in (0, ``accounting.MAX_DELTA``]."""
     as_py = (lambda x: float(x) if isinstance(x, np.floating) else x)
-    return accounting.check_epsilon(as_py(epsilon)), accounting.check_delta(as_py(delta))
+    epsilon, delta = accounting.check_epsilon(as_py(epsilon)), accounting.check_delta(as_py(delta))
+    if epsilon > MAX_RELEASE_EPSILON:  # the analytic solver's function turns NaN long before 1e300
+        raise ValueError(f"epsilon must be <= {MAX_RELEASE_EPSILON:g} for a Gaussian release (beyond it there "
+                         f"is no privacy to calibrate), got {epsilon:g}")
+    return epsilon, delta
+
+
+# Largest epsilon of one Gaussian release calibrated here (the analytic solver fails near 1e300).
+MAX_RELEASE_EPSILON = 1e6
 
 
 def analytic_gaussian_sigma(epsilon: float, delta: float) -> float:
