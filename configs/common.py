@@ -364,7 +364,7 @@ def check_limits(cfg) -> None:
         (limit, why), v = limit_of(name), getattr(cfg, name)
         for x in (v if isinstance(v, tuple) else (v,)):
             if isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) \
-                    and x > limit:
+                    and math.isfinite(x) and x > limit:  # (inf: the finite rule below names it)
                 raise ConfigError(f"{name} = {x} exceeds its limit {limit:,} ({why})")
             if "seed" in name and isinstance(x, (int, np.integer)) and not isinstance(x, bool) \
                     and x < 0:

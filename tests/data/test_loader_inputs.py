@@ -31,7 +31,7 @@ from fedpriv.data import (
     load_stackoverflow_sqlite,
     load_text_dir,
 )
-from fedpriv.data.errors import ConfigError, DataError
+from fedpriv.data.errors import ConfigError, DataError, PathKindError
 from fedpriv.data.text import normalize_whitespace
 
 FUZZ = settings(max_examples=40, deadline=None, derandomize=True,
@@ -191,7 +191,7 @@ BAD_INPUTS = [
     ("jsonl-missing", lambda d: load_jsonl(d / "nope.jsonl", **NO_CACHE), MissingResourceError,
      r"^JSONL file '.*nope\.jsonl' not found; check the path"),
     ("jsonl-directory", _dir_as_file(lambda p: load_jsonl(p, **NO_CACHE)),
-     MissingResourceError, r"^JSONL file '.*adir'"),
+     PathKindError, r"^JSONL file '.*adir' is a directory, not a file"),  # was "not found" (issue 54)
     ("jsonl-empty", _jsonl_case(b""), EmptyCorpusError, r"^jsonl: no examples left .*\(0 records"),
     ("jsonl-blank-lines", _jsonl_case(b"\n  \n\t\n"), EmptyCorpusError, r"\(0 records, 0 malformed"),
     ("jsonl-not-json", _jsonl_case(b"not json\n{\n"), EmptyCorpusError, r"\(2 records, 2 malformed"),
@@ -235,7 +235,7 @@ BAD_INPUTS = [
     ("text_dir-missing", lambda d: load_text_dir(d / "nope", **NO_CACHE), MissingResourceError,
      r"^text directory '.*nope' not found"),
     ("text_dir-a-file", lambda d: load_text_dir(_write(d / "f.txt", "x"), **NO_CACHE),
-     MissingResourceError, r"^text directory '.*f\.txt' not found"),
+     PathKindError, r"^text directory '.*f\.txt' is a file, not a directory"),
     ("text_dir-no-files", _text_dir_case({"a.md": "x"}), EmptyCorpusError,
      r"^text_dir: no files matching '\*\.txt' in "),
     ("text_dir-two-files-one-id", _text_dir_case({"al.txt": "x", "al.md": "y"}, pattern="al.*"),
