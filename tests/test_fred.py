@@ -379,7 +379,8 @@ def test_private_stats_converge_to_nonprivate():
     clients = _clients(rng, n=30, d=6, shift=0.1)
     allx = np.concatenate(clients)
     # replace-one: the exact count is the same on neighbours, public
-    r = F.private_stats(clients, 5.0, 1e6, 0.5, "sample", jax.random.key(0), relation="replace_one")
+    # (epsilon 1e6, delta 5e-4 per release: the pair at accounting.MAX_DELTA = 1e-3; negligible noise)
+    r = F.private_stats(clients, 5.0, 1e6, 5e-4, "sample", jax.random.key(0), relation="replace_one")
     st = F.gaussian_stats(allx)
     assert r.noise_multiplier < 1e-3 and np.isnan(r.epsilon_pld)
     np.testing.assert_allclose(r.mean, st.mean, atol=1e-3)
@@ -387,11 +388,11 @@ def test_private_stats_converge_to_nonprivate():
     pub = rng.normal(size=(200, 6)) * 0.5
     assert F.fred(pub, r) == pytest.approx(F.fred_nonprivate(pub, allx), rel=1e-2)
     # user level estimates the user-weighted mixture
-    ru = F.private_stats(clients, 5.0, 1e6, 0.5, "user", jax.random.key(0), relation="replace_one")
+    ru = F.private_stats(clients, 5.0, 1e6, 5e-4, "user", jax.random.key(0), relation="replace_one")
     np.testing.assert_allclose(ru.mean, np.mean([c.mean(0) for c in clients], 0), atol=1e-3)
     assert ru.n == 30 and r.n == len(allx)
     # add/remove: the declared n_public is the denominator
-    rp = F.private_stats(clients, 5.0, 1e6, 0.5, "sample", jax.random.key(0), n_public=2 * len(allx))
+    rp = F.private_stats(clients, 5.0, 1e6, 5e-4, "sample", jax.random.key(0), n_public=2 * len(allx))
     np.testing.assert_allclose(rp.mean, st.mean / 2, atol=1e-3)
     assert not rp.count_public and r.count_public
     with pytest.raises(dataclasses.FrozenInstanceError):
