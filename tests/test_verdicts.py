@@ -1,6 +1,7 @@
 """fedpriv.verdicts: the one verdict function. Intervals are checked against hand computations
 with scipy.stats.t; every status is reached; a side below its trivial baseline is never
 "reproduced" / "not reproduced"; verdicts round-trip through JSON."""
+import dataclasses
 import json
 import math
 
@@ -63,9 +64,16 @@ def test_every_ordering_status():
 def test_below_the_trivial_baseline_is_never_reproduced_or_not():
     hi, lo = {0: 10.0, 1: 11.0, 2: 12.0}, {0: 5.0, 1: 6.5, 2: 7.0}
     # B below its trivial baseline: a clear gap is still no evidence about the claim
-    for a, b in ((hi, lo), (lo, hi)):
-        v = V.compare("c", a, b, higher_is_better=True, trivial=8.0)
-        assert v.status == V.BELOW_TRIVIAL and "NOT above it" in v.measured
+    v = V.compare("c", hi, lo, higher_is_better=True, trivial=8.0)
+    assert v.status == V.BELOW_TRIVIAL and "NOT above it" in v.measured
+    # but a claimed-better A below its baseline, significantly worse than a working B, is
+    # "not reproduced" (issue 50): the method learned nothing where the reference learned something
+    v = V.compare("c", lo, hi, higher_is_better=True, trivial=8.0)
+    assert v.status == V.NOT_REPRODUCED and "NOT above it" in v.measured
+    # ... and stays inconclusive when the gap is not significant, or when B learned nothing too
+    assert V.compare("c", {0: 7.0, 1: 9.5, 2: 5.0}, {0: 8.5, 1: 8.1, 2: 8.4}, higher_is_better=True,
+                     trivial=8.0).status == V.BELOW_TRIVIAL
+    assert V.compare("c", lo, hi, higher_is_better=True, trivial=20.0).status == V.BELOW_TRIVIAL
     # each side its own baseline (e.g. two tokenizers); equal to it is not above it
     assert V.compare("c", hi, lo, higher_is_better=True, trivial=(9.0, 4.0)).status == V.REPRODUCED
     assert V.compare("c", hi, lo, higher_is_better=True, trivial=(11.0, 4.0)).status == V.BELOW_TRIVIAL
@@ -87,9 +95,17 @@ def test_property_below_trivial_never_decides(a, b, trivial, higher):
     ma, mb = np.mean(a), np.mean(b)
     better = (lambda m: m > trivial) if higher else (lambda m: m < trivial)
     if not (better(ma) and better(mb)):
-        assert v.status == V.BELOW_TRIVIAL
-    if v.status in (V.REPRODUCED, V.NOT_REPRODUCED):
+        # never decided, except "not reproduced" for a claimed-better A below its baseline that is
+        # significantly worse than a B above it (issue 50)
+        if not better(ma) and better(mb) and v.ci is not None and \
+                max((1 if higher else -1) * c for c in v.ci) < 0:
+            assert v.status == V.NOT_REPRODUCED
+        else:
+            assert v.status == V.BELOW_TRIVIAL
+    if v.status == V.REPRODUCED:
         assert better(ma) and better(mb) and v.ci is not None and not v.ci[0] <= 0 <= v.ci[1]
+    if v.status == V.NOT_REPRODUCED:
+        assert better(mb) and v.ci is not None and not v.ci[0] <= 0 <= v.ci[1]
 
 
 def test_equivalence_tost():
@@ -368,3 +384,183 @@ def test_a_skipped_paper_epsilon_lists_its_claims_as_not_run():
     both = public_training.verdicts(get_config("small,epsilons=1.77/18.71"), [], 0.035)
     assert len(both) == len(one)
     assert not any("this run trained epsilons" in v.measured for v in both)
+
+
+# ---- issue 50: the paper's effect, magnitudes, p-values, fragility, Holm, rejudging, power ----
+
+def test_the_papers_effect_scaled_and_excluded():
+    """An interval that contains 0 but lies short of the paper's effect scaled to our level is
+    "not reproduced (the paper's effect excluded)"; without the paper's effect the same interval
+    is inconclusive (a rule that ignored the effect is caught); one that reaches the effect stays
+    inconclusive; a reproduced ordering keeps its status with ``effect_excluded``."""
+    eff, how = V.scaled_effect(28.01, 20.68, 15.0)          # Table 2: +35.4 % relative
+    assert eff == pytest.approx((28.01 - 20.68) / 20.68 * 15.0, rel=1e-12) and "relative" in how
+    assert V.scaled_effect(30.0, 28.0, 99.0, "absolute")[0] == pytest.approx(2.0)
+    b = {0: 15.0, 1: 15.2, 2: 14.8}
+    small = {0: 15.3, 1: 14.9, 2: 15.1}                     # gap ~ +0.1, CI ~ [-0.4, +0.6]
+    kw = dict(higher_is_better=True, trivial=3.0)
+    v = V.compare("pre-training beats none", small, b, paper=(28.01, 20.68), **kw)
+    assert v.ci[0] < 0 < v.ci[1] < v.paper_effect and v.status == V.EXCLUDED and v.effect_excluded
+    assert v.paper_values == (28.01, 20.68) and v.paper_effect == pytest.approx(eff)
+    assert V.compare("c", small, b, **kw).status == V.INCONCLUSIVE
+    # an effect the interval reaches: not excluded
+    assert V.compare("c", small, b, paper_effect=0.3, paper_scaling="stated", **kw).status == V.INCONCLUSIVE
+    # the ordering holds but is far smaller than the paper's: still reproduced, flagged
+    big = {0: 16.0, 1: 16.3, 2: 15.9}
+    v = V.compare("c", big, b, paper=(28.01, 20.68), **kw)
+    assert v.status == V.REPRODUCED and v.effect_excluded and "excluded by the interval" in v.measured
+    # lower is better (perplexity): the paper's 13 % lower, scaled on our B
+    ppl_b, ppl_a = {0: 300.0, 1: 310.0, 2: 305.0}, {0: 298.0, 1: 309.0, 2: 306.0}
+    v = V.compare("IWPT beats S u T", ppl_a, ppl_b, higher_is_better=False, trivial=None,
+                  paper=(347.78, 400.90))
+    assert v.paper_effect == pytest.approx((347.78 - 400.90) / 400.90 * 305.0)
+    assert v.status == V.EXCLUDED
+    with pytest.raises(ValueError, match="paper_scaling"):
+        V.compare("c", small, b, paper_effect=1.0, **kw)
+    with pytest.raises(ValueError, match="scaling"):
+        V.scaled_effect(1.0, 2.0, 3.0, "log")
+
+
+def test_magnitude_claims():
+    kw = dict(higher_is_better=True, trivial=1.0, paper_effect=7.0, paper_scaling="stated")
+    b = {0: 10.0, 1: 10.5, 2: 9.8}
+    far = {0: 19.0, 1: 19.4, 2: 18.9}      # gap ~ +9: beyond 7
+    short = {0: 13.0, 1: 13.6, 2: 12.9}    # gap ~ +3: significant but short of 7
+    near = {0: 15.0, 1: 19.5, 2: 14.0}     # wide: contains 7
+    assert V.at_least("c", far, b, **kw).status == V.REPRODUCED
+    v = V.at_least("c", short, b, **kw)
+    assert v.status == V.EXCLUDED and v.kind == "magnitude"
+    assert V.compare("c", short, b, **kw).status == V.REPRODUCED   # the ordering alone holds
+    assert V.at_least("c", near, b, **kw).status == V.INCONCLUSIVE
+    assert V.at_least("c", b, far, **kw).status == V.NOT_REPRODUCED
+    with pytest.raises(ValueError, match="direction"):
+        V.at_least("c", far, b, higher_is_better=True, trivial=None, paper_effect=-1.0, paper_scaling="x")
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.floats(-5, 5), min_size=2, max_size=6), st.floats(-3, 3), st.floats(0.05, 3),
+       st.booleans())
+def test_property_p_values_agree_with_the_intervals(d, shift, margin, higher):
+    """Decided iff p < 1 - level, for every rule (the p-values Holm adjusts are the intervals')."""
+    a = {i: x + shift for i, x in enumerate(d)}
+    b = {i: 0.0 for i in range(len(d))}
+    kw = dict(higher_is_better=higher, trivial=None)
+    for v, yes in ((V.compare("c", a, b, **kw), (V.REPRODUCED, V.NOT_REPRODUCED)),
+                   (V.compare("c", a, b, paper_effect=margin if higher else -margin, paper_scaling="x", **kw),
+                    (V.REPRODUCED, V.NOT_REPRODUCED, V.EXCLUDED)),
+                   (V.equivalence("c", a, b, margin=margin, **kw), (V.EQUIVALENT,)),
+                   (V.noninferior("c", a, b, margin=margin, **kw), (V.REPRODUCED, V.NOT_REPRODUCED))):
+        if v.p_value is None:
+            continue
+        lo, hi = v.ci
+        if lo == hi:  # a point interval: p is 0 or 1
+            continue
+        assert (v.status in yes) == (v.p_value < 0.1 - 1e-9) or abs(v.p_value - 0.1) < 1e-6, (v.status, v.p_value)
+
+
+def test_fragility():
+    """An edge within 0.1 (metric units) or within 10 % of the gap of its boundary is fragile and
+    not counted as decided; a comfortably decided one is not; a rule that ignored the relative
+    part is caught by the second case."""
+    base = {0: 0.0, 1: 0.0, 2: 0.0}
+    kw = dict(higher_is_better=True, trivial=None)
+    # gap 1, half-width chosen so the lower edge sits at +0.05
+    half = 0.95
+    sd = half / (stats.t.ppf(0.95, 2) / math.sqrt(3))
+    a = {0: 1.0 - sd, 1: 1.0, 2: 1.0 + sd}
+    v = V.compare("c", a, base, **kw)
+    assert v.status == V.REPRODUCED and v.ci[0] == pytest.approx(0.05) and v.fragile and not v.decided
+    # gap 10, lower edge at +0.5: beyond 0.1 but within 10 % of the gap (1.0): fragile
+    sd = 9.5 / (stats.t.ppf(0.95, 2) / math.sqrt(3))
+    v = V.compare("c", {0: 10.0 - sd, 1: 10.0, 2: 10.0 + sd}, base, **kw)
+    assert v.status == V.REPRODUCED and v.ci[0] == pytest.approx(0.5) and v.fragile
+    # gap 10, edge at +5: decided
+    sd = 5.0 / (stats.t.ppf(0.95, 2) / math.sqrt(3))
+    v = V.compare("c", {0: 10.0 - sd, 1: 10.0, 2: 10.0 + sd}, base, **kw)
+    assert v.status == V.REPRODUCED and not v.fragile and v.decided
+    # a metric of another scale states its tolerance: 0.05 FreD units is not "near" at 0.5
+    v = V.compare("c", {0: 1.0 - sd / 10, 1: 1.0, 2: 1.0 + sd / 10}, base, fragile_abs=0.01, **kw)
+    assert not v.fragile
+    # equivalence: an edge near the margin is fragile too
+    e = V.equivalence("c", {0: 0.0, 1: 0.3, 2: -0.3}, base, margin=0.55, **kw)
+    assert e.status == V.EQUIVALENT and e.ci[1] == pytest.approx(0.5057, abs=1e-3) and e.fragile
+    assert not V.equivalence("c", {0: 0.0, 1: 0.3, 2: -0.3}, base, margin=0.95, **kw).fragile
+    t = V.tally([v, e, V.compare("c", {0: 10.0, 1: 11.0, 2: 12.0}, base, **kw)])
+    assert t["fragile"] == 1 and t["decided"] == 2
+
+
+def test_holm_by_hand_and_combined_claims():
+    """Holm's step-down against hand computations: with p = (0.01, 0.03, 0.04, 0.30) at
+    alpha 0.10, m = 4: 0.01 <= 0.025 yes, 0.03 <= 0.0333 yes, 0.04 <= 0.05 yes, 0.30 <= 0.10 no.
+    With p = (0.01, 0.04, 0.045) (m = 3): 0.01 <= 0.0333, 0.04 > 0.05? no: 0.04 <= 0.05 yes,
+    0.045 <= 0.10 yes. Unadjusted and Bonferroni (0.1 / m) decisions differ from Holm's here, so
+    either mistake is caught."""
+    def v(p, status=V.REPRODUCED):
+        return V.Verdict("c", status, kind="ordering", p_value=p, ci=(0.0, 1.0))
+    vs = [v(0.01), v(0.03), v(0.04), v(0.30, V.INCONCLUSIVE)]
+    assert V.holm(vs) == [V.REPRODUCED, V.REPRODUCED, V.REPRODUCED, V.INCONCLUSIVE]
+    vs = [v(0.01), v(0.026), v(0.09)]   # 0.01 <= .0333; 0.026 <= .05; 0.09 <= .10: all (Bonferroni: one)
+    assert V.holm(vs) == [V.REPRODUCED] * 3
+    vs = [v(0.02), v(0.06), v(0.07)]    # 0.02 <= .0333; 0.06 > .05: stop (unadjusted: all three)
+    assert V.holm(vs) == [V.REPRODUCED, V.HOLM_INCONCLUSIVE, V.HOLM_INCONCLUSIVE]
+    # a combined claim: reproduced only if every part survives; not reproduced if one such part does
+    parts = [v(0.001), v(0.08)]
+    comb = V.Verdict("all", V.REPRODUCED, kind="all of", parts=tuple(parts))
+    nr = V.Verdict("all", V.NOT_REPRODUCED, kind="all of",
+                   parts=(v(0.001, V.NOT_REPRODUCED), v(0.5, V.INCONCLUSIVE)))
+    exact = V.check("closed form", True, "x", basis="exact")
+    out = V.holm([comb, nr, exact, V.not_testable("t", "why")])
+    # family: 0.001, 0.08, 0.001, 0.5 (m = 4): 0.001, 0.001 rejected; 0.08 > 0.05: stop
+    assert out == [V.HOLM_INCONCLUSIVE, V.NOT_REPRODUCED, V.REPRODUCED, V.NOT_TESTABLE]
+    t = V.tally([comb, nr, exact])
+    assert t["holm"]["decided"] == 2 and t["decided"] == 3
+
+
+def test_rejudge_applies_the_current_rules_to_stored_verdicts_and_is_idempotent():
+    hi, lo = {0: 10.0, 1: 11.0, 2: 12.0}, {0: 5.0, 1: 6.5, 2: 7.0}
+    new = V.compare("c", lo, hi, higher_is_better=True, trivial=8.0)
+    # as an old summary stored it: status from the old rule, no p-value
+    old = dataclasses.replace(new, status=V.BELOW_TRIVIAL, p_value=None)
+    r = V.rejudge(V.Verdict(**json.loads(json.dumps(old.to_json()))))
+    assert r.status == V.NOT_REPRODUCED and r.p_value == pytest.approx(new.p_value)
+    assert V.rejudge(r) == r
+    for v in (V.equivalence("e", hi, hi, margin=0.5, higher_is_better=True, trivial=None),
+              V.noninferior("n", hi, lo, margin=0.5, higher_is_better=True, trivial=None),
+              V.monotone("m", [1, 2, 3], [lo, hi, {0: 13.0, 1: 14.0, 2: 14.5}], increasing=True,
+                         higher_is_better=True, trivial=None),
+              V.at_least("a", hi, lo, higher_is_better=True, trivial=None, paper_effect=2.0, paper_scaling="s"),
+              V.compare("w", list(hi.values()), list(lo.values()), higher_is_better=True, trivial=None)):
+        assert V.rejudge(v) == v
+    # a builder's below-trivial mark from outside the sides (a gap of gains) is kept
+    gains = dataclasses.replace(V.compare("g", hi, lo, higher_is_better=True, trivial=None),
+                                status=V.BELOW_TRIVIAL)
+    assert V.rejudge(gains).status == V.BELOW_TRIVIAL
+
+
+def test_sources_are_validated_and_counted_apart():
+    with pytest.raises(ValueError, match="source"):
+        V.Verdict("c", V.REPRODUCED, source="ours")
+    vs = [V.check("a", True, "x", basis="b"), V.check("b", True, "x", basis="b", source="project"),
+          V.not_testable("c", "why")]
+    t = V.tally(vs)
+    assert t["paper"]["total"] == 2 and t["project"]["total"] == 1 and t["paper"]["testable"] == 1
+
+
+def test_power_and_seeds_needed():
+    """The noncentral-t power against a Monte Carlo of the paired t-test, and seeds_needed the
+    smallest n with power >= 80 % (n - 1 falls short)."""
+    rng = np.random.default_rng(0)
+    sd, eff, n = 1.0, 1.0, 6
+    crit = stats.t.ppf(0.95, n - 1)
+    d = rng.normal(eff, sd, size=(20000, n))
+    t = d.mean(1) / (d.std(1, ddof=1) / math.sqrt(n))
+    assert V.power(n, sd, eff) == pytest.approx(float((t > crit).mean()), abs=0.015)
+    need = V.seeds_needed(sd, eff)
+    assert V.power(need, sd, eff) >= 0.8 > V.power(need - 1, sd, eff)
+    # the normal approximation for large n: ((z_.95 + z_.8) sd / eff)^2
+    big = V.seeds_needed(2.0, 0.1)
+    assert big == pytest.approx(((stats.norm.ppf(0.95) + stats.norm.ppf(0.8)) * 20) ** 2, rel=0.02)
+    assert V.seeds_needed(None, 1.0) is None and V.seeds_needed(1.0, 0.0) is None
+    # the gap's sd from a stored verdict: paired differences
+    v = V.compare("c", {0: 1.0, 1: 2.0, 2: 4.0}, {0: 0.0, 1: 0.0, 2: 0.0}, higher_is_better=True, trivial=None)
+    assert V.gap_sd(v) == (pytest.approx(float(np.std([1, 2, 4], ddof=1))), 3)
