@@ -79,14 +79,15 @@ def _label(cfg, r) -> str:
     return r["row"] if len(cfg.students) == 1 else f"{public.arch_of(r)}: {r['row']}"
 
 
-def verdicts(cfg, runs: list[dict], mft) -> list:
+def verdicts(cfg, runs: list[dict], mft, mft_val=None) -> list:
     """`public.verdicts` at the run's epsilons, then the claims at a paper budget the run skipped
     (1.77 / 18.71), each "not run yet" with the rerun command (`ablations.skipped_epsilon_verdicts`),
-    then the claims across the two budgets (`cross_epsilon_verdicts`)."""
+    then the claims across the two budgets (`cross_epsilon_verdicts`). ``mft`` / ``mft_val``: the
+    most-frequent-token test / validation accuracy (fractions)."""
     def at(eps):
         tag = f"eps {eps:g}]"
         return [v for v in public.verdicts(dataclasses.replace(cfg, epsilons=(eps,)), [], mft) if tag in v.claim]
-    return public.verdicts(cfg, runs, mft) + ablations.skipped_epsilon_verdicts(
+    return public.verdicts(cfg, runs, mft, mft_val) + ablations.skipped_epsilon_verdicts(
         at, cfg.epsilons, "each student's rows x seeds of DP-FTRL") + cross_epsilon_verdicts(cfg, runs, mft)
 
 
@@ -126,17 +127,23 @@ def cross_epsilon_verdicts(cfg, runs: list[dict], mft) -> list:
                 out.append(V.not_run(claim, missing if not both else f"rows {row} / none not run at both epsilons"))
                 continue
             gains = [{s: a[s] - b[s] for s in seeds} for a, b in sides]
+            # the paper's gain at each budget relative to its "none", applied to our "none" there
+            none_means = [sum(b[s] for s in seeds) / len(seeds) for _, b in sides]
+            rel = [(paper[row][i] - paper["none"][i]) / paper["none"][i] for i in (0, 1)]
+            effect = rel[0] * none_means[0] - rel[1] * none_means[1]
             v = V.compare(claim, gains[0], gains[1], higher_is_better=True, trivial=None,
-                          names=(f"gain at {lo:g}", f"gain at {hi:g}"))
-            if any(V.compare("", a, b, higher_is_better=True, trivial=trivial).status == V.BELOW_TRIVIAL
-                   for a, b in sides):
+                          names=(f"gain at {lo:g}", f"gain at {hi:g}"), paper_effect=effect,
+                          paper_scaling=(f"the paper's relative gains {100 * rel[0]:+.3g} % / {100 * rel[1]:+.3g} % "
+                                         f"applied to our none means {none_means[0]:.4g} / {none_means[1]:.4g}"))
+            if trivial is not None and any(sum(x.values()) / len(x) <= trivial for pair in sides for x in pair):
                 v = dataclasses.replace(v, status=V.BELOW_TRIVIAL, measured=v.measured + "; a model behind a "
                                         "gain is not above the trivial baseline")
             out.append(v)
         claim = (f"[{pre}eps {hi:g} vs {lo:g}] without public training, eps {hi:g} is more accurate than eps {lo:g} "
                  f"(Table 2: {paper['none'][1]:.2f} vs {paper['none'][0]:.2f})")
         a, b = acc("none", hi), acc("none", lo)
-        out.append(V.compare(claim, a, b, higher_is_better=True, trivial=trivial, names=(f"eps {hi:g}", f"eps {lo:g}"))
+        out.append(V.compare(claim, a, b, higher_is_better=True, trivial=trivial, names=(f"eps {hi:g}", f"eps {lo:g}"),
+                             paper=(paper["none"][1], paper["none"][0]))
                    if both and a and b else V.not_run(claim, missing if not both else "row none not run at both "
                                                        "epsilons"))
     return out
@@ -153,7 +160,7 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
     common.write_table(table, workdir, "public_training",
                        title="Public training for private FL (Wang et al. 2023, Table 2/3 rows)",
                        notes=public.table_notes(cfg, rr, seconds))
-    common.write_verdicts(verdicts(cfg, runs, rr.mft), workdir)
+    common.write_verdicts(verdicts(cfg, runs, rr.mft, rr.mft_val), workdir)
     common.write_table([{k: v for k, v in r.items() if k not in ("ledger", "curve", "shares",
                                                                  "spec", "public")}
                         for r in runs], workdir, "public_training_runs")

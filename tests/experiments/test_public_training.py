@@ -22,17 +22,19 @@ def test_smoke_config_writes_tables_and_resumes(tmp_path, capsys, monkeypatch):
                  f"curves_eps{cfg.epsilons[0]:g}.png", "public_training.png"):
         assert os.path.getsize(os.path.join(wd, name)) > 0, name
     assert [r["method"] for r in out["table"]] == [TITLES[r] for r in cfg.rows]
-    # nine per paper epsilon (claims of Tables 2/3; those at the budget this run skipped listed
-    # "not run yet" with the rerun command) + the Transformer column + three across the epsilons
+    # eleven per paper epsilon (claims of Tables 2/3 and the abstract's "comparable"; those at the
+    # budget this run skipped listed "not run yet" with the rerun command), the "> 7 points" claim
+    # at eps 1.77, the zero-shot claim, the Transformer column and three across the epsilons
     from fedpriv.recipes.ablations import PAPER_EPSILONS
     from fedpriv.report import read_verdicts
     vs = read_verdicts(wd)
     claims = [v.claim for v in vs]
-    assert len(claims) == 9 * len(PAPER_EPSILONS) + 1 + 3 and any("distribution matching" in c for c in claims)
+    assert len(claims) == 11 * len(PAPER_EPSILONS) + 1 + 1 + 1 + 3 and any("distribution matching" in c for c in claims)
+    assert sum("more than 7 points" in c for c in claims) == 1 and sum("zero-shot" in c for c in claims) == 1
     assert [v.status for v in vs if "eps 1.77 vs 18.71]" in v.claim or "eps 18.71 vs 1.77]" in v.claim] == [
         "not run yet"] * 3
     skipped = [v for v in vs if "eps 1.77]" in v.claim]
-    assert cfg.epsilons == (18.71,) and len(skipped) == 9
+    assert cfg.epsilons == (18.71,) and len(skipped) == 12
     assert all(v.status in ("not run yet", "not testable here") for v in skipped)
     assert all("rerun with epsilons=1.77/18.71" in v.measured for v in skipped if v.status == "not run yet")
     # every claim has a verdict or a stated reason; the weak-privacy Table 3 claim is an equivalence
