@@ -117,7 +117,8 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
              "paper takes checkpoints of one run); accuracy: validation (dev) in-vocabulary next-token "
              "accuracy (%), mean ± std over seeds",
              "public training after T' is post-processing of the DP checkpoint: each run's "
-             "ledger holds only the T-round DP-FTRL event (epsilon per run in runs.csv)"]
+             "ledger holds only the T-round DP-FTRL event (each run's epsilons: its summary.json, in the "
+             "run store for the published runs)"]
     if "t_prime" in cfg.ablations:
         tps = cfg.t_primes()
         runs = out["t_prime_runs"] = swept["t_prime"]
@@ -158,6 +159,9 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
                            f"pre-training w/ distillation (mean ± std, seeds {list(lm.seeds)})")
         verdicts += [v for e in eps for v in ablations.sweep_verdicts(
             runs, field, e, f"{claim} (eps~{e:g}; Figure 2/4)", metric=METRIC)]
+        if ab == "distill_steps":
+            verdicts += [v for e in eps for v in ablations.saturation_verdicts(
+                runs, e, pool_size=lm.pool_size, q=lm.q, metric=METRIC)]
         verdicts += ablations.skipped_epsilon_verdicts(
             lambda e: [V.not_run(f"{claim} (eps~{e:g}; Figure 2/4)", "not run")], eps,
             f"{len(grid)} {xlabel} points x seeds of DP-FTRL")
