@@ -32,6 +32,7 @@ from experiments import common
 from fedpriv.models import gguf
 from fedpriv.recipes import ablations, public
 
+__verdict_code__ = ("verdicts", "_test_accuracy", "cross_epsilon_verdicts")  # read-time code (results.verdict_code)
 
 def run_students(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print):
     """`public.run_rows` for each student of ``cfg.students`` (Table 2/3's LSTM and Transformer
@@ -160,7 +161,7 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
     common.write_table(table, workdir, "public_training",
                        title="Public training for private FL (Wang et al. 2023, Table 2/3 rows)",
                        notes=public.table_notes(cfg, rr, seconds))
-    common.write_verdicts(verdicts(cfg, runs, rr.mft, rr.mft_val), workdir)
+    common.write_verdicts(verdicts(cfg, runs, rr.mft), workdir)
     common.write_table([{k: v for k, v in r.items() if k not in ("ledger", "curve", "shares",
                                                                  "spec", "public")}
                         for r in runs], workdir, "public_training_runs")

@@ -106,6 +106,43 @@ def train(cfg, workdir: str) -> None:
     sweeps(cfg, workdir)
 
 
+__verdict_code__ = ("ablation_verdicts",)  # read-time code (experiments.results.verdict_code)
+
+
+def ablation_verdicts(cfg, swept: dict) -> list:
+    """The verdicts `run` writes, from the ablations' runs (``swept``: ``{ablation: rows}``,
+    `sweeps`): Tables 4/5 (T'=T/2 best, T'=T worst, matching vs random at each T'), Figures 2/4
+    (largest vs smallest, every consecutive pair, the saturation), and the claims at a paper budget
+    the run skipped, "not run yet". The results page rebuilds the committed verdicts with it
+    (``experiments.rejudge``); ``tests/experiments/test_rejudge.py`` checks it equals `run`'s."""
+    lm, eps, verdicts = cfg.lm, cfg.lm.epsilons, []
+    if "t_prime" in cfg.ablations and "t_prime" in swept:
+        tps, runs = cfg.t_primes(), swept["t_prime"]
+        verdicts += ablations.t_prime_verdicts(runs, lm.rounds, tps, eps, row="mid_dm",
+                                               metric=METRIC, table="Table 4")
+        verdicts += ablations.t_prime_verdicts(runs, lm.rounds, tps, eps, row="mid_random",
+                                               metric=METRIC, table="Table 5")
+        verdicts += ablations.dm_vs_random_verdicts(runs, lm.rounds, tps, eps, metric=METRIC)
+        verdicts += ablations.skipped_epsilon_verdicts(
+            lambda e: [v for row, table in (("mid_dm", "Table 4"), ("mid_random", "Table 5"))
+                       for v in ablations.t_prime_verdicts([], lm.rounds, tps, [e], row=row, metric=METRIC,
+                                                           table=table)]
+            + ablations.dm_vs_random_verdicts([], lm.rounds, tps, [e], metric=METRIC),
+            eps, f"{len(tps)} T' points x seeds of DP-FTRL")
+    for ab, field, grid, xlabel, claim in (
+            ("distill_steps", "distill_steps", cfg.distill_steps_grid, "distillation steps",
+             "more distillation steps help (up to a point)"),
+            ("topk", "topk", cfg.topk_grid, "top-k teacher logits", "larger top-k helps")):
+        if ab not in cfg.ablations or ab not in swept:
+            continue
+        verdicts += [v for e in eps for v in ablations.sweep_verdicts(
+            swept[ab], field, e, f"{claim} (eps~{e:g}; Figure 2/4)", metric=METRIC)]
+        verdicts += ablations.skipped_epsilon_verdicts(
+            lambda e, claim=claim: [V.not_run(f"{claim} (eps~{e:g}; Figure 2/4)", "not run")], eps,
+            f"{len(grid)} {xlabel} points x seeds of DP-FTRL")
+    return verdicts
+
+
 def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) -> dict:
     t0, lm, eps = time.time(), cfg.lm, cfg.lm.epsilons
     swept = sweeps(cfg, workdir, teacher=teacher, progress=progress, log=log)
@@ -117,8 +154,7 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
              "paper takes checkpoints of one run); accuracy: validation (dev) in-vocabulary next-token "
              "accuracy (%), mean ± std over seeds",
              "public training after T' is post-processing of the DP checkpoint: each run's "
-             "ledger holds only the T-round DP-FTRL event (each run's epsilons: its summary.json, in the "
-             "run store for the published runs)"]
+             "ledger holds only the T-round DP-FTRL event (epsilon per run in runs.csv)"]
     if "t_prime" in cfg.ablations:
         tps = cfg.t_primes()
         runs = out["t_prime_runs"] = swept["t_prime"]
@@ -159,9 +195,6 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
                            f"pre-training w/ distillation (mean ± std, seeds {list(lm.seeds)})")
         verdicts += [v for e in eps for v in ablations.sweep_verdicts(
             runs, field, e, f"{claim} (eps~{e:g}; Figure 2/4)", metric=METRIC)]
-        if ab == "distill_steps":
-            verdicts += [v for e in eps for v in ablations.saturation_verdicts(
-                runs, e, pool_size=lm.pool_size, q=lm.q, metric=METRIC)]
         verdicts += ablations.skipped_epsilon_verdicts(
             lambda e: [V.not_run(f"{claim} (eps~{e:g}; Figure 2/4)", "not run")], eps,
             f"{len(grid)} {xlabel} points x seeds of DP-FTRL")

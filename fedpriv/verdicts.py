@@ -89,6 +89,7 @@ __all__ = ["Verdict", "compare", "at_least", "equivalence", "noninferior", "mono
            "NOT_RUN", "LEGACY", "HOLM_INCONCLUSIVE", "LEVEL", "FAMILY_ALPHA", "FRAGILE_ABS",
            "FRAGILE_REL", "SOURCES"]
 
+__verdict_code__ = "*"  # read-time code: its changes do not make a run stale (experiments.results.verdict_code)
 LEVEL = 0.9
 FAMILY_ALPHA = 0.10   # Holm, family-wise error per paper
 FRAGILE_ABS = 0.1     # an edge this close to its boundary (metric units) ...

@@ -12,6 +12,7 @@ import numpy as np
 from fedpriv.expansion.datasets import DATASET_INFO
 from fedpriv.report import mean_std, pm
 
+__verdict_code__ = ("verdicts", "IWPT_BELOW_BASELINE")  # read-time code (experiments.results.verdict_code)
 __all__ = ["PAPER_TABLE1", "TABLE_COLUMNS", "aggregate", "table_columns", "table_notes", "verdicts",
            "run_rows", "chart_groups", "curve_series"]
 

@@ -37,6 +37,7 @@ from fedpriv.fred.distance import gaussian_stats, pca_basis
 from fedpriv.fred.embed import HELD_OUT, embed_all
 from fedpriv.fred.private import fred, private_stats
 
+__verdict_code__ = ("monotone_verdict", "separation_verdict")  # read-time code (experiments.results.verdict_code)
 PUBLIC = "wikipedia"
 RELEASE = "FreD release (mean + covariance)"
 
@@ -180,7 +181,7 @@ def trials_epsilon(epsilon: float, delta: float, trials: int, at_delta: float) -
 # ============================================================================================
 
 def monotone_verdict(claim: str, ys: Sequence[float], values: Sequence, *, decreasing: bool = True,
-                     exact: bool = False, digits: int = 4):
+                     exact: bool = False, digits: int = 4, source: str = "paper", fragile_abs: float = 0.1):
     """Verdict on "the values are monotone in Y" (:mod:`fedpriv.verdicts`).
 
     ``exact``: ``values[i]`` is one deterministic number per Y (e.g. non-private FreD of fixed
@@ -188,7 +189,8 @@ def monotone_verdict(claim: str, ys: Sequence[float], values: Sequence, *, decre
     ``values[i]`` holds per-trial/seed values (``{trial or seed: value}`` pairs them across Ys)
     and every consecutive pair is compared by its 90 % interval (:func:`fedpriv.verdicts.monotone`;
     no trivial baseline: FreD has none and the perplexity claims' unigram baseline is not
-    computed here).
+    computed here). ``source``: "paper" or "project" (our own diagnostic); ``fragile_abs``: the
+    absolute fragility tolerance in the values' units (FreD: 0, the relative rule only).
     """
     from fedpriv import verdicts as V
     if exact:
@@ -201,9 +203,9 @@ def monotone_verdict(claim: str, ys: Sequence[float], values: Sequence, *, decre
         gaps = [(a - b) if decreasing else (b - a) for a, b in zip(flat, flat[1:])]
         return V.check(claim, all(g > 0 for g in gaps),
                        ", ".join(f"Y={y:g}: {v:.{digits}g}" for y, v in zip(ys, flat)),
-                       basis="one deterministic value per Y (no sampling noise)")
+                       basis="one deterministic value per Y (no sampling noise)", source=source)
     return V.monotone(claim, list(ys), list(values), increasing=not decreasing, higher_is_better=False,
-                      trivial=None, label="Y", digits=digits)
+                      trivial=None, label="Y", digits=digits, source=source, fragile_abs=fragile_abs)
 
 
 def separation_verdict(claim: str, closer: Sequence[float], farther: Sequence[float],

@@ -10,6 +10,10 @@ from fractions import Fraction
 
 from fedpriv import report, verdicts as V
 
+__verdict_code__ = ("paper_t_prime", "_paper_pair", "t_prime_verdicts", "dm_vs_random_verdicts",
+                    "saturation_verdicts", "sweep_verdicts", "skipped_epsilon_verdicts", "TRIVIAL_KEY",
+                    "_per_seed", "_trivial")  # read-time code (experiments.results.verdict_code)
+
 # --------------------------------------------------------------------------------------------
 
 # Wang et al. 2023, dev accuracy (%) at T' = 0, T/4, T/2, 3T/4, T (T = 1600); Table 5 has no T
@@ -202,7 +206,7 @@ def saturation_verdicts(runs: list[dict], eps: float, *, pool_size: int | None =
         return []
     where = (f"{q:g} of a {pool_size}-sentence pool" if q is not None and pool_size else "a small q of the pool")
     claim = (f"distillation gains saturate: consistent improvement while distillation covers < 5% of C4, "
-             f"marginal beyond (eps~{eps:g}; Figure 2, §4.2)")
+             f"marginal beyond (eps~{eps:g}; Figure 2/4, §4.2)")
     out = [V.not_testable(claim, f"our distillation set is {where}: every grid point covers it more than once, "
                           "so '5 % of C4' has no counterpart; nearest contrast: the first increment of the "
                           "distill_steps grid vs its last (project check below); what would test it: a pool of "
@@ -211,7 +215,7 @@ def saturation_verdicts(runs: list[dict], eps: float, *, pool_size: int | None =
     first = {s: vals[xs[1]][s] - vals[xs[0]][s] for s in seeds}
     last = {s: vals[xs[-1]][s] - vals[xs[-2]][s] for s in seeds}
     c = (f"(nearest contrast) the first distill_steps increment ({xs[0]} -> {xs[1]}) gains more than the last "
-         f"({xs[-2]} -> {xs[-1]}) (eps~{eps:g}; Figure 2 saturation)")
+         f"({xs[-2]} -> {xs[-1]}) (eps~{eps:g}; Figure 2/4 saturation)")
     out.append(V.compare(c, first, last, higher_is_better=True, trivial=None,
                          names=(f"gain {xs[0]}->{xs[1]}", f"gain {xs[-2]}->{xs[-1]}"), source="project")
                if len(seeds) >= 1 else V.not_run(c, "no seed ran every grid point", source="project"))
@@ -236,4 +240,6 @@ def sweep_verdicts(runs: list[dict], x_key: str, eps: float, claim: str, *,
     if len(xs) > 2:
         out.append(V.monotone(f"{claim}: every consecutive {x_key} pair", xs, [vals[x] for x in xs],
                               increasing=True, higher_is_better=True, trivial=trivial, label=x_key))
+    if x_key == "distill_steps":  # Figure 2's saturation "beyond ~5 % of C4" (§4.2)
+        out += saturation_verdicts(runs, eps, row=row, metric=metric)
     return out

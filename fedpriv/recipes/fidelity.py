@@ -24,7 +24,8 @@ import os
 
 from fedpriv.data.errors import ConfigError
 
-__all__ = ["PAPER_SETTINGS", "FIELDS", "artefact_rows", "render", "gpu_estimate"]
+__all__ = ["PAPER_SETTINGS", "FIELDS", "SUBSTITUTIONS", "artefact_rows", "render", "gpu_estimate", "declare",
+           "declaration_text", "plan_declaration", "needs_executed"]
 
 # what the two GPU leases measured (issue 27; benchmarks/results/gpu_h100.md)
 MEASURED_GPU = ("Measured on one H100 (2026-11-25, jax 0.11.2): `lm_fl:paper` (chitchat, "
@@ -140,19 +141,119 @@ def gpu_estimate(params: int | None, cohort: int, examples: int, seq_len: int, r
             f"{seq_len} tokens x {rounds} rounds per run, at 2-40 % of 989 TFLOP/s)")
 
 
-def _epsilons(accounts) -> str:
-    """The distinct (simulated, spent) pairs of a plan's runs."""
-    seen = []
+NOISE_COHORT_POPULATION = ("a population scaled up so that the trained cohort is the noise cohort "
+                           "(noise_cohort_size; McMahan et al. 2018)")
+
+
+def needs_executed(plan) -> bool:
+    """Whether a plan charges a simulated population (a charge with an ``executed_event``): then
+    the epsilon SPENT on our users is the executed one (``account(plan, executed=True)``)."""
+    return any(c.executed_event is not None for r in plan.runs for c in r.charges)
+
+
+def declare(accounts) -> list[dict]:
+    """Per run of a plan (:func:`fedpriv.dp.plan.account`, ``executed=True`` where
+    :func:`needs_executed`): ``{"name", "copies", "simulated": [{"epsilon", "population"}],
+    "spent", "our_users", "nonprivate"}``. ``simulated``: each declared simulation -- the paper's
+    population (the paper-noise protocol) and/or the noise-cohort simulation (the ledger's budget
+    is then a simulated population's epsilon); ``spent``: the epsilon of the run executed on our
+    users (inf with a non-private choice such as a vocabulary of the users' words);
+    ``spent_if_public``: the DP charges alone where a choice was non-private. A run without a DP
+    claim: ``{"name", "copies", "nonprivate": True, "spent": None}``."""
+    import math
+    out = []
     for a in accounts:
         if a.budget is None:
+            out.append({"name": a.name, "copies": a.copies, "nonprivate": True, "spent": None, "simulated": []})
             continue
         pn = a.paper_noise
-        text = (f"{pn.epsilon_simulated:.3g} SIMULATED ({pn.population.split(' users')[0]} users) / "
-                f"{pn.epsilon_executed:.3g} SPENT on our users ({pn.our_users})"
-                if pn is not None else f"{a.epsilon_dp:.3g} spent on our users (no simulation)")
+        sims = []
+        if pn is not None and not pn.same_population:
+            sims.append({"epsilon": float(pn.epsilon_simulated), "population": pn.population})
+        exe = a.epsilon_executed
+        if exe is not None and math.isfinite(exe) and abs(exe - a.epsilon_dp) > 1e-3 * max(1.0, a.epsilon_dp):
+            sims.append({"epsilon": float(a.epsilon_dp), "population": NOISE_COHORT_POPULATION})
+        dp_spent = float(exe) if exe is not None and math.isfinite(exe) else float(a.epsilon_dp)
+        nonpriv = not math.isfinite(a.epsilon)
+        out.append({"name": a.name, "copies": a.copies, "simulated": sims, "nonprivate": nonpriv,
+                    "spent": math.inf if nonpriv else dp_spent, "spent_if_public": dp_spent if nonpriv else None,
+                    "our_users": pn.our_users if pn is not None else None})
+    return out
+
+
+def declaration_text(decl: list[dict]) -> str:
+    """One line per distinct (simulated, spent) of a plan's declarations."""
+    seen = []
+    for d in decl:
+        if d["spent"] is None:
+            continue
+        sims = "; ".join(f"{s['epsilon']:.3g} SIMULATED ({s['population']})" for s in d["simulated"])
+        spent = ("inf SPENT (a non-private choice" + (f"; {d['spent_if_public']:.3g} if it were public)"
+                                                      if d.get("spent_if_public") is not None else ")")
+                 if d["nonprivate"] else f"{d['spent']:.3g} SPENT on our users"
+                 + (f" ({d['our_users']})" if d.get("our_users") else ""))
+        text = (sims + " / " + spent) if sims else spent + " (no simulation)"
         if text not in seen:
             seen.append(text)
     return "; ".join(seen) or "no DP claim (non-private)"
+
+
+def _epsilons(accounts) -> str:
+    """The distinct (simulated, spent) of a plan's runs (:func:`declare`)."""
+    return declaration_text(declare(accounts))
+
+
+def plan_declaration(spec: str) -> list[dict] | None:
+    """:func:`declare` of the privacy plan of a config spec (``configs/<name>.py:<scale>[,...]``),
+    with the executed epsilons where the plan simulates a population; None without a plan."""
+    from experiments import common
+    from fedpriv.dp.plan import account
+    name = spec.split(":", 1)[0].rsplit("/", 1)[-1][:-3]
+    mod = importlib.import_module(f"configs.{name}")
+    if not hasattr(mod, "privacy_plan"):
+        return None
+    plan = mod.privacy_plan(common.load_config(spec))
+    return declare(account(plan, executed=needs_executed(plan)))
+
+
+#: where the published runs differ from the paper in what decides a claim: the unit of privacy,
+#: the data (private users, public pools), the models, the scale (shown on the results page and
+#: in docs/fidelity.md; the papers' settings are in PAPER_SETTINGS)
+SUBSTITUTIONS = {
+    "wang-table1": ["private data: chitchat (1,053 training users) for StackOverflow (342K); the epsilons are "
+                    "StackOverflow's under the paper-noise protocol (declared simulated)",
+                    "model: LSTM 96/128 and 800 rounds at `small` for 96/670 and 1,600 rounds",
+                    "'with pre-training' is wang-table2's pretrain_lm row: another pipeline (teacher-BPE "
+                    "vocabulary of 3,000 ids, ~20 % UNK targets), whose own no-public row is the baseline for it"],
+    "wang-figure1": ["word vocabularies of 625 / 2,000 words (chitchat's size) for 10K / 32K"],
+    "wang-table2": ["public data: the packaged pool (1,024 of 25,463 sentences at `small`) for C4 realnewslike: "
+                    "'1 %' and '0.08 %' are not real subsets (q = 1.0 / 0.125 of the pool)",
+                    "teacher: SmolLM2-135M (GGUF) for LaMDA 2B; student vocabulary: its BPE restricted to 3,000 "
+                    "ids (~20 % of targets UNK) for SentencePiece 32K",
+                    "student: LSTM 96/128 or a one-block Transformer, 800 rounds, cohort 16 with the noise of 100"],
+    "wang-table3": ["as wang-table2"],
+    "wang-table4-5": ["as wang-table2; T' on 800 rounds (T/4 = 200 ...) for 1,600; validation users as the dev set"],
+    "wang-figure2-4": ["as wang-table2; 'distillation steps' are epochs over the 128-sentence q (not a fraction "
+                       "of C4)"],
+    "wang-figure3": ["oracle: an LSTM fit without DP on chitchat; LLM: SmolLM2-135M; pools: chitchat vs the "
+                     "packaged public pool"],
+    "wang-appc-sweep": ["the App. C grid at one noise level on chitchat (cohort 16 with the noise of 100)"],
+    "hou-table1": ["unit of privacy: the paper's FreD is SAMPLE-level (one sample of one client); ours is "
+                   "USER-level (fred_unit=user)", "private: chitchat for Reddit; candidates: the packaged "
+                   "public sources for StackOverflow / Wikitext; model: our LSTM for DistilGPT-2; FL-finetuning "
+                   "is DP here (non-private in the paper's §4.1)"],
+    "hou-table1-fred": ["both units of privacy shown (sample level as in the paper, user level as ours); a "
+                        "public PCA basis besides the full 384-d embedding (MiniLM for ALBERT)"],
+    "hou-table2": ["unit of privacy: USER-level FreD (the paper: SAMPLE-level)", "mixtures of 2,000 sentences "
+                   "(the paper: 150,000): 99 % and 100 % differ by 20 sentences", "model: our LSTM for "
+                   "DistilGPT-2; private: chitchat for StackOverflow-train2"],
+    "hou-figure2": ["unit of privacy: USER-level FreD (the paper: SAMPLE-level), released in a 32-d public PCA "
+                    "basis (the paper: the full embedding)", "mixtures of 2,000 sentences (the paper: 150,000)"],
+    "koga-table1": ["datasets: Simpsons / chitchat (spoken vs typed) and Shakespeare comedies / histories for "
+                    "CV & Reddit and SubReddits; 52-76 target users", "40 rounds per scheme (the paper: 2,000); "
+                    "LSTM 32/64"],
+    "koga-iw-regime": ["our own study (not in the paper): chat_target, 680 target users"],
+}
 
 
 def _ours(artefact, account_plans: bool) -> dict:
@@ -190,7 +291,8 @@ def _ours(artefact, account_plans: bool) -> dict:
         row["GPU time"] = gpu_estimate(None, 0, 0, 0, 0)
     if account_plans and hasattr(mod, "privacy_plan"):
         try:
-            accounts = account(mod.privacy_plan(cfg))
+            plan = mod.privacy_plan(cfg)
+            accounts = account(plan, executed=needs_executed(plan))
         except ConfigError as err:
             row["epsilon"] = f"REFUSED: {err}"
         else:
@@ -225,7 +327,39 @@ def _cell(text) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def render(rows, commit: str | None = None) -> str:
+PRIVACY_FILE = os.path.join("experiments", "results", "privacy.json")
+SUMMARY_DIR = os.path.join("experiments", "results", "summaries")
+
+
+def published_declarations(summary_dir: str = SUMMARY_DIR, previous: dict | None = None, log=None) -> dict:
+    """``{module: {"config": spec, "runs": declare(...)}}`` of every committed compact summary's
+    published config (the results page's privacy line of each artefact reads it). A module whose
+    spec is unchanged in ``previous`` keeps its entry (the accounting of some plans takes
+    minutes)."""
+    import glob
+    import json
+    out = {}
+    for path in sorted(glob.glob(os.path.join(summary_dir, "*.json"))):
+        with open(path) as f:
+            spec = json.load(f).get("config")
+        module = os.path.basename(path)[:-5]
+        if not spec:
+            continue
+        if previous and previous.get(module, {}).get("config") == spec:
+            out[module] = previous[module]
+            continue
+        if log:
+            log(f"accounting the published run of {module}: {spec}")
+        try:
+            runs = plan_declaration(spec)
+        except ConfigError as err:
+            out[module] = {"config": spec, "refused": str(err)}
+            continue
+        out[module] = {"config": spec, "runs": runs}
+    return out
+
+
+def render(rows, commit: str | None = None, published: dict | None = None, power_block: str = "") -> str:
     """docs/fidelity.md's Markdown."""
     head = [
         "# Fidelity: the papers' settings beside our `paper` scales",
@@ -243,23 +377,49 @@ def render(rows, commit: str | None = None) -> str:
         "(`fedpriv.recipes.fidelity.gpu_estimate`), not measurements. " + MEASURED_GPU,
         "",
     ]
+    from experiments.__main__ import ARTEFACTS
+    modules = {a.name: a.module for a in ARTEFACTS}
     body = []
     for r in rows:
         body += [f"## {r['name']} ({r['paper']})", "", _cell(r["what"]), "",
                  "| | the paper | ours (`paper` scale) |", "|---|---|---|"]
         body += [f"| {f} | {_cell(r['theirs'][f])} | {_cell(r['ours'][f])} |" for f in FIELDS]
         body.append("")
-    return "\n".join(head + body)
+        pub = (published or {}).get(modules.get(r["name"]))
+        if pub:
+            body += [f"Published run (`{pub['config']}`): epsilon "
+                     + (f"REFUSED: {pub['refused']}" if "refused" in pub else declaration_text(pub["runs"])), ""]
+        if SUBSTITUTIONS.get(r["name"]):
+            body += ["Substitutions that decide its claims: " + "; ".join(SUBSTITUTIONS[r["name"]]) + ".", ""]
+    return "\n".join(head + body) + ("\n" + power_block if power_block else "")
 
 
-def write(path: str = "docs/fidelity.md", account_plans: bool = True) -> str:
+def write(path: str = "docs/fidelity.md", account_plans: bool = True, privacy_file: str = PRIVACY_FILE,
+          log=None) -> str:
+    """docs/fidelity.md (and, with ``account_plans``, the published runs' privacy declarations
+    ``privacy_file``, which the results page reads); the power table from the committed per-seed
+    values (``experiments.power``)."""
+    import json
     import subprocess
+
+    from experiments import power
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         commit = None
-    text = render(artefact_rows(account_plans), commit)
+    previous = None
+    if os.path.exists(privacy_file):
+        with open(privacy_file) as f:
+            previous = json.load(f)
+    published = published_declarations(previous=previous, log=log) if account_plans else previous
+    if account_plans:
+        tmp = privacy_file + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(published, f, indent=1, sort_keys=True, default=str)
+            f.write("\n")
+        os.replace(tmp, privacy_file)
+    text = render(artefact_rows(account_plans), commit, published, power.block())
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
