@@ -252,9 +252,9 @@ def simulated(module: str, declarations: dict) -> bool:
 CORRECTIONS = (
     (None, re.compile(r"(epsilon per run|epsilon_executed_run|executed-run epsilons) in runs\.csv"),
      r"\1 in each run's own summary (the run's workdir; not committed)",
-     "runs.csv is a file of the run's workdir, not of the repository"),
+     "the per-run table it named is a file of the run's workdir, not of the repository"),
     ("privacy_utility", "ours: see privacy_utility.md", "ours: see the privacy-utility table below",
-     "privacy_utility.md is inlined below, not a file of the repository"),
+     "the table's pointer named a file of the run's workdir; that table is inlined below"),
     ("privacy_utility", "- with pre-training: wang-table2's pretrain_lm row (experiments.public_training)",
      "- with pre-training: wang-table2's pretrain_lm row (experiments.public_training) -- ANOTHER PIPELINE "
      "(teacher-BPE vocabulary of 3,000 ids, ~20 % UNK targets): compare it with wang-table2's own no-public "

@@ -258,7 +258,7 @@ def staleness(commit: str | None, paths, repo: str | None = None, loaded=None) -
     behind = _git(["rev-list", "--count", f"{full}..HEAD"], repo)
     out["commits_behind"] = int(behind) if behind and behind.isdigit() else None
     files = code_changes(full, paths, repo, loaded)
-    changed = files and _git(["log", "-1", "--format=%h %s", f"{full}..HEAD", "--", *files], repo)
+    changed = files and _git(["log", "-1", "--format=%h", f"{full}..HEAD", "--", *files], repo)
     out["stale"] = bool(files)
     out["changed_by"] = changed or None
     out["changed_files"] = files
@@ -545,8 +545,10 @@ def _section(item: dict, runs: str, out_dir: str, holm: dict | None = None,
         target = os.path.join(out_dir, "results", figure)
         if item["workdir"] is not None and os.path.exists(os.path.join(item["workdir"], name)):
             shutil.copyfile(os.path.join(item["workdir"], name), target)
+        elif not os.path.exists(target) and os.path.exists(os.path.join(RESULTS_DIR, figure)):
+            shutil.copyfile(os.path.join(RESULTS_DIR, figure), target)  # the committed figure (a page elsewhere)
         if os.path.exists(target):
-            lines += [f"![{a.name}: {name}](results/{figure})", ""]
+            lines += [f"![{a.name}: {os.path.splitext(name)[0].replace('_', ' ')}](results/{figure})", ""]
         else:
             lines += [f"_(missing output: {name})_", ""]
     return "\n".join(lines), summary

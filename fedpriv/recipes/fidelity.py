@@ -141,8 +141,7 @@ def gpu_estimate(params: int | None, cohort: int, examples: int, seq_len: int, r
             f"{seq_len} tokens x {rounds} rounds per run, at 2-40 % of 989 TFLOP/s)")
 
 
-NOISE_COHORT_POPULATION = ("a population scaled up so that the trained cohort is the noise cohort "
-                           "(noise_cohort_size; McMahan et al. 2018)")
+NOISE_COHORT_POPULATION = "noise-cohort simulation: the population scaled up to the noise cohort"
 
 
 def needs_executed(plan) -> bool:
@@ -181,13 +180,20 @@ def declare(accounts) -> list[dict]:
     return out
 
 
+def _short_population(text: str) -> str:
+    """A declared population up to its user count ("TFF StackOverflow (train), 342,477 users")."""
+    head, sep, _ = text.partition(" users")
+    return head + sep if sep else text
+
+
 def declaration_text(decl: list[dict]) -> str:
     """One line per distinct (simulated, spent) of a plan's declarations."""
     seen = []
     for d in decl:
         if d["spent"] is None:
             continue
-        sims = "; ".join(f"{s['epsilon']:.3g} SIMULATED ({s['population']})" for s in d["simulated"])
+        sims = "; ".join(f"{s['epsilon']:.3g} SIMULATED ({_short_population(s['population'])})"
+                         for s in d["simulated"])
         spent = ("inf SPENT (a non-private choice" + (f"; {d['spent_if_public']:.3g} if it were public)"
                                                       if d.get("spent_if_public") is not None else ")")
                  if d["nonprivate"] else f"{d['spent']:.3g} SPENT on our users"
