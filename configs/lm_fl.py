@@ -85,7 +85,17 @@ class LMFLFields(LMModelFields):
     noise_multiplier: float | None = None # set z directly, or
     target_epsilon: float | None = None   # calibrate z to this epsilon for the whole run
     delta: float = 1e-6
-    clip_norm: float = 0.3
+    clip_norm: float = 0.3                # C (the initial C with adaptive_clip)
+    # the paper's adaptive clipping (Wang et al. App. C: Andrew et al. 2021, as in Xu et al. 2023):
+    # each round the noised count of clients whose update was not clipped, released on the same
+    # cohort as the sum, moves C geometrically toward the clip_quantile of the update norms
+    # (fedpriv.dp.adaptive). The count is part of the same subsampled release (docs/privacy.md):
+    # the accounting charges sum + count as one mechanism, and a calibrated z (target_epsilon, or
+    # the paper-noise protocol's simulated population) is raised so the pair meets the epsilon.
+    adaptive_clip: bool = False
+    clip_quantile: float = 0.5            # gamma, the target quantile of the update norms
+    clip_lr: float = 0.2                  # eta_C, the geometric step (Andrew et al.)
+    clip_count_stddev: float | None = None  # sigma_b; None: cohort_size / 20 (Andrew et al.)
     client_lr: float = 0.5
     server_optimizer: str = "sgdm"        # sgd | sgdm | adam
     server_lr: float = 1.0
@@ -120,6 +130,21 @@ class LMFLFields(LMModelFields):
                        "server_optimizer": SERVER_OPTIMIZERS, "batching": BATCHINGS + ("auto",)},
               fractions=("split",))
         check_lanes(self.lanes)
+        if not 0 < self.clip_quantile < 1:
+            raise ConfigError(f"clip_quantile must be in (0, 1), got {self.clip_quantile}")
+        if not self.clip_lr > 0:
+            raise ConfigError(f"clip_lr must be > 0, got {self.clip_lr}")
+        if self.clip_count_stddev is not None and not self.clip_count_stddev > 0:
+            raise ConfigError(f"clip_count_stddev must be > 0 (an exact count is not private), got "
+                              f"{self.clip_count_stddev}")
+        if self.adaptive_clip and self.algorithm == "fedavg":
+            raise ConfigError("adaptive_clip needs a DP algorithm (its count is a DP release); "
+                              "fedavg has no clipping to adapt")
+
+
+#: the adaptive-clipping fields: they identify a run only when adaptive_clip is on (a run from
+#: before them, or with them off, keeps its fingerprint and run key)
+ADAPTIVE_FIELDS = ("adaptive_clip", "clip_quantile", "clip_lr", "clip_count_stddev")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from configs.common import ConfigError, check, with_lm_config
-from configs.public_training import get_config as public_config
+from configs.public_training import PUBLISHED, get_config as public_config
 
 ABLATIONS = ("t_prime", "distill_steps", "topk")
 
@@ -56,8 +56,11 @@ SCALES = {
     "paper": dict(distill_steps_grid=(0, 2000, 4000, 8000, 16000), topk_grid=(1, 5, 10, 20)),
 }
 # rounds=4 at smoke so that T/4 is a whole round; small: T=60 (T/4 = 15)
+# paper: the LSTM only (Tables 4/5 and Figures 2/4 are the LSTM's), at its published server lr per
+# epsilon and clip (configs.public_training.PUBLISHED)
 LM_SCALE = {"smoke": "smoke,rounds=4,eval_every=4,checkpoint_every=4", "small": "small",
-            "paper": "paper"}
+            "paper": "paper,archs=none,student_server_lrs=none,epsilon_server_lrs="
+                     + "/".join(str(PUBLISHED["lstm"][e]) for e in (1.77, 18.71))}
 
 
 def get_config(arg: str = "small") -> WangAblationsConfig:

@@ -101,35 +101,50 @@ class SimulatedPopulation:
         return (f"{self.name}, {self.users:,} users, cohort {self.cohort}, {part}, {rounds:,} rounds "
                 f"({mech}; {self.source})")
 
-    def event(self, noise_multiplier: float, rounds: int | None = None) -> dpa.DpEvent:
+    def event(self, noise_multiplier: float, rounds: int | None = None,
+              count_noise: float | None = None) -> dpa.DpEvent:
         """The ``dp_accounting`` event of ``rounds`` (default: the paper's) rounds on this
         population at noise multiplier ``z`` (noise std on the cohort's sum / clip norm):
         ``dp_ftrl_event(z, T, users // cohort)`` for "once" + tree, one Gaussian per epoch for
-        "once" + gaussian, ``T`` x ``PoissonSampled(m / N, Gaussian(z))`` for "poisson"."""
+        "once" + gaussian, ``T`` x ``PoissonSampled(m / N, Gaussian(z))`` for "poisson".
+        ``count_noise``: the adaptive clip count's multiplier (``2 sigma_b``), released on the
+        same cohort as the sum (docs/privacy.md): one more Gaussian per participation -- inside
+        the sampled mechanism under Poisson, once per pass beside the tree or the per-epoch
+        Gaussian under "once"."""
         rounds = accounting.check_rounds(self.rounds if rounds is None else rounds)
         z = float(accounting.check_noise_multiplier(noise_multiplier))
+        count = None if count_noise is None else dpa.GaussianDpEvent(
+            float(accounting.check_noise_multiplier(count_noise)))
         if self.participation == "poisson":
             if self.mechanism == "tree":
                 raise ConfigError("a DP-FTRL tree under Poisson participation has no accounting here")
-            return accounting.dp_fedavg_poisson_event(z, self.cohort / self.users, rounds)
-        if self.mechanism == "tree":
-            return accounting.dp_ftrl_event(z, rounds, self.rounds_per_epoch)
+            if count is None:
+                return accounting.dp_fedavg_poisson_event(z, self.cohort / self.users, rounds)
+            return dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(
+                self.cohort / self.users, dpa.ComposedDpEvent([dpa.GaussianDpEvent(z), count])), rounds)
         epochs = len(accounting.epoch_lengths(rounds, self.rounds_per_epoch))
-        return dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(z), epochs)
+        base = (accounting.dp_ftrl_event(z, rounds, self.rounds_per_epoch) if self.mechanism == "tree"
+                else dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(z), epochs))
+        return base if count is None else dpa.ComposedDpEvent([base, dpa.SelfComposedDpEvent(count, epochs)])
 
     def epsilon(self, noise_multiplier: float, delta: float | None = None,
-                rounds: int | None = None) -> float:
+                rounds: int | None = None, count_noise: float | None = None) -> float:
         """Epsilon (add/remove one user) of :meth:`event` at ``delta`` (default: the paper's)."""
-        return accounting.compute_epsilon(self.event(noise_multiplier, rounds),
+        return accounting.compute_epsilon(self.event(noise_multiplier, rounds, count_noise),
                                           self.delta if delta is None else delta)[0]
 
     def noise_multiplier(self, epsilon: float, delta: float | None = None,
-                         rounds: int | None = None) -> float:
+                         rounds: int | None = None, count_noise: float | None = None) -> float:
         """The smallest z at which this population's epsilon is ``epsilon`` (e.g. Wang et al.'s
-        8.83 for 1.77 over 1,600 rounds): the paper's noise for the paper's epsilon."""
+        8.83 for 1.77 over 1,600 rounds): the paper's noise for the paper's epsilon. With an
+        adaptive clip count (``count_noise``) the sum's z is raised so that sum and count
+        together meet ``epsilon`` (refused when the count alone exceeds it)."""
+        delta = self.delta if delta is None else delta
+        if count_noise is not None and self.epsilon(1e6, delta, rounds, count_noise) > epsilon:
+            raise ConfigError(f"the adaptive clip count alone (multiplier {count_noise:g}) spends more than "
+                              f"epsilon {epsilon:g} on {self.name}: raise clip_count_stddev")
         return accounting.calibrate_noise_multiplier(
-            lambda z: self.event(z, rounds), epsilon, self.delta if delta is None else delta,
-            accountant="best")
+            lambda z: self.event(z, rounds, count_noise), epsilon, delta, accountant="best")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,12 +226,13 @@ def check_protocol(pop: SimulatedPopulation, *, algorithm: str, cohort_size: int
 
 def paper_noise(pop: SimulatedPopulation, noise_multiplier: float, rounds: int,
                 executed_event: dpa.DpEvent, our_users: str, num_users: int, delta: float,
-                neighboring: str = "add_remove") -> PaperNoise:
+                neighboring: str = "add_remove", count_noise: float | None = None) -> PaperNoise:
     """Both epsilons of a run of ``rounds`` rounds at ``noise_multiplier`` that simulates
     ``pop``: the population's (declared) and ``executed_event``'s on ``num_users`` of our
     users named ``our_users`` (the ledger's charge). ``same_population`` when ``num_users``
-    equals the population's size (the papers' own data)."""
-    sim = pop.epsilon(noise_multiplier, delta, rounds)
+    equals the population's size (the papers' own data). ``count_noise``: an adaptive clip
+    count's multiplier, charged to the simulated population with the sum."""
+    sim = pop.epsilon(noise_multiplier, delta, rounds, count_noise)
     exe = accounting.compute_epsilon(executed_event, delta, neighboring)[0]
     same = num_users == pop.users
     return PaperNoise(pop.describe(rounds), sim, f"{our_users} ({num_users:,} training users)", exe,

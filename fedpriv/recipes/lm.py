@@ -183,6 +183,18 @@ def simulated_population(cfg):
     return pop
 
 
+def adaptive_clipping(cfg):
+    """The :class:`~fedpriv.dp.adaptive.AdaptiveClipping` of ``cfg`` (``adaptive_clip``; the
+    initial C is ``clip_norm``, sigma_b defaults to ``cohort_size / 20`` as Andrew et al.
+    suggest), or None for a fixed clip norm."""
+    if not getattr(cfg, "adaptive_clip", False):
+        return None
+    from fedpriv.dp.adaptive import AdaptiveClipping
+    std = cfg.clip_count_stddev if cfg.clip_count_stddev is not None else cfg.cohort_size / 20
+    return AdaptiveClipping(initial_clip=cfg.clip_norm, target_quantile=cfg.clip_quantile,
+                            learning_rate=cfg.clip_lr, count_stddev=float(std))
+
+
 def paper_noise(cfg, z: float, alg, sampler, num_clients: int, rounds: int | None = None):
     """Both epsilons of ``cfg``'s run under the paper-noise protocol
     (:func:`fedpriv.dp.population.paper_noise`): the declared population's, and the one SPENT on
@@ -196,8 +208,10 @@ def paper_noise(cfg, z: float, alg, sampler, num_clients: int, rounds: int | Non
     rounds = cfg.rounds if rounds is None else rounds
     executed = algs.privacy_event(alg.dp, sampler, rounds, simulated=False)
     ours = cfg.corpus + (f" ({os.path.basename(str(cfg.corpus_path))})" if getattr(cfg, "corpus_path", None) else "")
+    adaptive = getattr(alg.dp, "adaptive", None)
     return population.paper_noise(pop, z, rounds, executed, ours, num_clients, cfg.delta,
-                                  algs.neighboring_for(sampler))
+                                  algs.neighboring_for(sampler),
+                                  count_noise=None if adaptive is None else adaptive.count_noise_multiplier)
 
 
 def client_compute_dtype(cfg_or_name):
@@ -241,6 +255,9 @@ def build_algorithm(cfg, num_clients: int, loss_fn, prior_events=(), num_params:
     options = {"mf_bands": getattr(cfg, "mf_bands", None), "ddg_bits": getattr(cfg, "ddg_bits", None),
                "num_params": num_params}  # (configs without MF or DDG lack the first two)
     fields = factory.run_fields(sampler, cfg.rounds, options)
+    adaptive = adaptive_clipping(cfg)
+    if adaptive is not None:
+        fields = {**fields, "adaptive": adaptive}
     dp_of = lambda z: factory(clip_norm=cfg.clip_norm, noise_multiplier=z,  # noqa: E731
                               noise_cohort_size=cfg.noise_cohort_size, **fields)
     make = lambda z: algs.privacy_event(dp_of(z), sampler, cfg.rounds)  # noqa: E731
@@ -254,8 +271,10 @@ def build_algorithm(cfg, num_clients: int, loss_fn, prior_events=(), num_params:
             raise ConfigError("a simulated population's epsilon cannot be targeted after earlier "
                               "releases on the same users (set noise_multiplier, or no simulated_population)")
         # calibrated over the paper's rounds (or the run's, if longer): the paper's per-round
-        # noise; a shorter run's simulated epsilon (reported) is then below the target
-        z = pop.noise_multiplier(cfg.target_epsilon, cfg.delta, max(cfg.rounds, pop.rounds))
+        # noise; a shorter run's simulated epsilon (reported) is then below the target. With
+        # adaptive clipping the count is charged to the population too (z raised to pay for it)
+        z = pop.noise_multiplier(cfg.target_epsilon, cfg.delta, max(cfg.rounds, pop.rounds),
+                                 count_noise=None if adaptive is None else adaptive.count_noise_multiplier)
     elif cfg.target_epsilon is not None:
         prior = list(prior_events)
         total = (lambda z: dpa.ComposedDpEvent(prior + [make(z)])) if prior else make
@@ -293,6 +312,9 @@ def run_fingerprint(cfg) -> dict:
         d.pop("batching")  # the same computation up to float order (and runs from before the field)
     if d.get("client_compute") == "float32":
         d.pop("client_compute")  # likewise
+    if not d.get("adaptive_clip"):  # a fixed clip norm: the adaptive fields do nothing (and older runs resume)
+        for k in ("adaptive_clip", "clip_quantile", "clip_lr", "clip_count_stddev"):
+            d.pop(k, None)
     return {k: v for k, v in d.items() if k not in _NOT_FINGERPRINTED}
 
 

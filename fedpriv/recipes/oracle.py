@@ -12,6 +12,7 @@ import numpy as np
 
 from fedpriv import report, verdicts as V
 from fedpriv.data import load_public_pool
+from fedpriv.data.errors import ConfigError
 from fedpriv.models import gguf
 from fedpriv.public import distill, pretrain
 from fedpriv.public.algorithm import private_logprob
@@ -62,7 +63,11 @@ def figure3_samples(cfg, workdir: str, *, teacher=None, progress: bool = True,
     tok = RestrictedTeacherTokenizer(teacher, restriction)
     text, train, _, test = private_splits(cfg, tok, progress)
     held = [m for c in test.client_ids for m in text[c] if m.strip()]
-    n_priv, n_pub = min(cfg.num_samples, len(held)), min(cfg.num_samples, len(pub))
+    for what, have in (("messages of held-out users", len(held)), ("public-pool sentences", len(pub))):
+        if cfg.num_samples > have:  # never fewer samples than asked, silently (as the FreD configs refuse)
+            raise ConfigError(f"num_samples={cfg.num_samples:,} but there are {have:,} {what}: set num_samples "
+                              f"<= {have:,} (the paper's 10,000 private samples need a larger held-out population)")
+    n_priv = n_pub = cfg.num_samples
     priv_sel = np.sort(np.random.default_rng([cfg.sample_seed, 1]).choice(len(held), n_priv,
                                                                            replace=False))
     pub_sel = np.sort(np.random.default_rng([cfg.sample_seed, 2]).choice(len(pub), n_pub,

@@ -226,6 +226,9 @@ def run_key(cfg, row: str, seed: int, eps: float) -> str:
     only choose which runs exist, and T' as the row uses it (0 for pre-training rows). Two runs
     with the same key are the same computation (the engine is deterministic given its seeds)."""
     fields = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in _NOT_IN_RUN_KEY}
+    if not fields.get("adaptive_clip"):  # a fixed clip norm: the adaptive fields do nothing (keys of
+        for k in ("adaptive_clip", "clip_quantile", "clip_lr", "clip_count_stddev"):  # earlier runs)
+            fields.pop(k, None)
     if fields.get("batching") in lm.SAME_NUMBERS_BATCHINGS:
         fields.pop("batching")  # the same computation up to float order (and keys from before it)
     fields.update(row=row, seed=seed, epsilon=float(eps),
