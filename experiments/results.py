@@ -1,13 +1,21 @@
 """The results page: ``experiments/RESULTS.md`` regenerated from the runs of the index's artefacts,
 or from their committed compact summaries where ``runs/`` lacks them.
 
-For every artefact of ``python -m experiments --list`` it shows the command that regenerates it,
-the command that produced the outputs found, the commit they ran at and how many commits old it
-is, whether the library code the artefact depends on changed since (STALE), the verdict on each
-of the paper's claims (``verdicts.json``, written by the experiment through
-``fedpriv.report.write_verdicts``; statistics of :mod:`fedpriv.verdicts`), the artefact's tables
-(inlined) and figures (copied next to the page, so the committed page shows them). An artefact
-that was not run says so with the command to run; one without a module says NOT YET IMPLEMENTED.
+The page opens with each paper's central claims (``experiments.page``: the paper's numbers,
+ours, the verdict and the verdict after Holm per paper) and the counts (the papers' claims apart
+from the project's checks; decided, fragile, after Holm). For every artefact of ``python -m
+experiments --list`` it shows the command its outputs were recorded with (``Regenerate:``), the
+commit they ran at (how many commits ago only in ``--json``: a committed age goes stale), whether
+the library code the artefact depends on changed since (STALE; verdict code declared in
+``__verdict_code__`` does not count: :func:`verdict_code`), its privacy line (every epsilon
+SIMULATED or SPENT, ``experiments/results/privacy.json``), the substitutions that decide its
+claims, the verdict on each of the paper's claims under the current rules (the stored
+``verdicts.json`` rebuilt or re-judged by ``experiments.rejudge``; statistics of
+:mod:`fedpriv.verdicts`), the artefact's tables (inlined, corrections listed) and figures (copied
+next to the page, so the committed page shows them). An artefact that was not run says so with
+the command to run; one without a module says NOT YET IMPLEMENTED. ``experiments.page.check_page``
+lists what a rendered page must not hold (a machine path, a dangling file reference, an
+undeclared simulated epsilon, a Regenerate line other than the published command).
 
 **Compact summaries.** ``runs/`` is not committed. After every successful run (``common.cli``)
 the run's ``<workdir>/compact.json`` holds what the page needs and nothing heavy: module,
@@ -26,6 +34,7 @@ docstrings, comments or layout only is not a change), or when the commit is unkn
 
     python -m experiments.results                    # runs/ (+ committed summaries) -> RESULTS.md
     python -m experiments.results --json             # every verdict with its numbers and commit
+    python -m experiments.results --counts           # the counts per paper (paper claims / project checks)
     python -m experiments.results --runs runs --out experiments/RESULTS.md
 
 The page is not rewritten when that would drop an artefact's results that the current page

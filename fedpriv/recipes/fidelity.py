@@ -285,8 +285,8 @@ def _ours(artefact, account_plans: bool) -> dict:
                  + ("; public: packaged pool (Wikipedia excerpt, Lee news, film quotes)"
                     if not getattr(lm, "public_pool_path", None) else f"; public: {lm.public_pool_path}"),
             population=f"{n:,} training users" if n else "-",
-            model=f"{lm.arch} (embed {lm.embed_dim}, hidden {lm.hidden_dim})"
-                  + (f", {params:,} parameters" if params else ""),
+            model=f"{' / '.join(getattr(lm, 'students', (lm.arch,)))} (embed {lm.embed_dim}, hidden {lm.hidden_dim})"
+                  + (f", {params:,} parameters ({lm.arch})" if params else ""),
             rounds=f"{lm.rounds:,}", cohort=str(lm.cohort_size) + (
                 f" (noise of {lm.noise_cohort_size})" if lm.noise_cohort_size else ""),
             noise=(f"{lm.algorithm}, z = {lm.noise_multiplier:g}" if lm.noise_multiplier is not None else

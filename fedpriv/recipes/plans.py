@@ -213,7 +213,8 @@ def public_training_plan(cfg) -> PrivacyPlan:
     n = lm_train_clients(cfg)
     runs = tuple(lm_run(dataclasses.replace(cfg, seed=cfg.seeds[0], target_epsilon=e,
                                             noise_multiplier=None), n, f"DP-FTRL eps~{e:g}{_sim(cfg)}",
-                        copies=len(cfg.seeds) * len(cfg.rows)) for e in cfg.epsilons)
+                        copies=len(cfg.seeds) * len(cfg.rows) * len(getattr(cfg, "students", (cfg.arch,))))
+                 for e in cfg.epsilons)  # each student (Table 2's columns) runs every row: the same event
     return PrivacyPlan(runs)
 
 
