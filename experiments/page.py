@@ -132,9 +132,21 @@ def counts(items) -> dict:
     out = {}
     for paper in sorted({p for p, _ in fams}):
         out[paper] = {src: V.tally([v for _, v in fams.get((paper, src), [])]) for src in V.SOURCES}
-    allp = [v for (p, s), m in fams.items() if p in PAPERS and s == "paper" for _, v in m]
-    out["all papers (their claims)"] = V.tally(allp)
+    out["all papers (their claims)"] = _summed([out[p]["paper"] for p in PAPERS if p in out])
     return out
+
+
+def _summed(tallies: list) -> dict:
+    """The per-paper tallies added up (Holm stays per paper: each paper is its own family)."""
+    def add(a, b):
+        if isinstance(a, dict):
+            return {k: add(a.get(k, 0 if not isinstance(b.get(k), dict) else {}), b[k]) for k in {*a, *b}
+                    if k in b} | {k: a[k] for k in a if k not in b}
+        return a + b
+    out: dict = {}
+    for t in tallies:
+        out = add(out, t) if out else t
+    return out or V.tally([])
 
 
 def _short_counts(t: dict) -> str:
@@ -201,11 +213,13 @@ def central_screen(items, holm: dict) -> list[str]:
               "each is one Holm family per paper.", "",
               "| paper | the papers' claims | the project's checks |", "|---|---|---|"]
     cs = counts(items)
+    def cell(t):
+        return _short_counts(t) if t["total"] else "-"
     for paper in (*PAPERS, "beyond the papers", "-"):
         if paper in cs:
-            lines.append(f"| {paper} | {_short_counts(cs[paper]['paper'])} | {_short_counts(cs[paper]['project'])} |")
+            lines.append(f"| {paper} | {cell(cs[paper]['paper'])} | {cell(cs[paper]['project'])} |")
     if "all papers (their claims)" in cs:
-        lines.append(f"| all three papers | {_short_counts(cs['all papers (their claims)'])} | |")
+        lines.append(f"| all three papers (Holm per paper, summed) | {cell(cs['all papers (their claims)'])} | |")
     return lines + [""]
 
 

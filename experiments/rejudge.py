@@ -127,7 +127,9 @@ def _public_training(record: dict, verdicts: list) -> tuple[list, str] | None:
         mft_val = None if t is None else t / 100
     out = public_training.verdicts(cfg, runs, None if mft is None else mft / 100, mft_val)
     return out, (f"rebuilt by experiments.public_training.verdicts from the {len(runs)} runs of the committed run "
-                 f"store `{store}` (found by run key from the published config)")
+                 f"store `{store}` (found by run key from the published config; trivial baselines: the "
+                 "most-frequent-token test accuracy these verdicts recorded and, for the zero-shot claim, the "
+                 "validation one wang_ablations recorded on the same users)")
 
 
 _SIDE = re.compile(r"^T'=[^(]*\((\d+)\)$")

@@ -169,6 +169,7 @@ def test_end_to_end_tables_and_privacy(e2e, smoke_cfg):
     table = open(os.path.join(workdir, "table.md")).read()
     for scheme in smoke_cfg.schemes:
         assert f"| topics | {scheme} |" in table
+    assert "| topics | unigram (trivial baseline) |" in table  # the baseline as a row (issue 50)
     assert "executed" in table and "noise cohort" in table
     with open(os.path.join(workdir, "summary.json")) as f:
         saved = json.load(f)
