@@ -95,7 +95,7 @@ def main(argv=None):
     rows = run(cfg, workdir)
     c = cfg.lm
     notes = [common.lm_setting_note(c, "fixed-size cohorts of", "simulated: the central row's population and "
-                                    "DDG's shares scaled alike; executed-run epsilons in runs.csv")
+                                    "DDG's shares scaled alike; executed-run epsilons in each run's summary")
              + f", z = {c.noise_multiplier} for every row, clip {c.clip_norm}, delta {c.delta:g}, unit: user",
              "epsilon: central Gaussian with amplification by fixed-size sampling (replace-one); DDG without "
              "amplification (Kairouz et al. 2021 Prop. 14 with the rounding-inflated sensitivity, composed "

@@ -82,7 +82,10 @@ def run(cfg, workdir: str, *, scale: str = "small", progress: bool = True, log=p
     c = cfg.lm
     privacy = (f"{c.algorithm}: each point one run at "
                + (f"z={c.noise_multiplier:g}" if c.noise_multiplier is not None
-                  else f"target epsilon {c.target_epsilon:g}") + f", delta={c.delta:g} (user-level); "
+                  else f"target epsilon {c.target_epsilon:g}")
+               + (f" of a SIMULATED population (the noise of a cohort of {c.noise_cohort_size} while training "
+                  f"{c.cohort_size}; the epsilon each run SPENDS on our users is larger, in its summary)"
+                  if c.noise_cohort_size else "") + f", delta={c.delta:g} (user-level); "
                f"the sweep ({len(table)} points x {len(cfg.seeds)} seeds on the same users) and the "
                "selection are NOT covered by that epsilon")
     common.write_table(table, workdir, "lm_sweep", notes=[

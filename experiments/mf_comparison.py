@@ -52,7 +52,8 @@ def main(argv=None):
     common.run_slices(run, cfg, workdir, common.product(cfg, "seeds", "algorithms"))
     rows = run(cfg, workdir)
     c = cfg.lm
-    notes = [common.lm_setting_note(c, "cohort", "simulated population; epsilon_executed_run in runs.csv")
+    notes = [common.lm_setting_note(c, "cohort", "simulated population; each run's executed epsilon in its "
+                                                 "workdir summary")
              + f", target epsilon {c.target_epsilon} at delta {c.delta:g}, unit: user",
              f"most-frequent-token val accuracy: {100 * rows[0]['baseline']:.2f}%",
              "not covered by the ledger: the accuracies (exact evaluation on held-out users)",

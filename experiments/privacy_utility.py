@@ -150,8 +150,11 @@ def main(argv=None):
     common.write_table(table1(cfg, rows, variants(cfg)), workdir, "table1",
                        title=f"Table 1 (without pre-training; tokenizer {cfg.tokenizers[0]}): validation "
                              "next-token accuracy, mean ± std over seeds",
-                       notes=["with pre-training: wang-table2's pretrain_lm row (experiments.public_training)",
-                              "paper: StackOverflow, 1600 rounds, cohort 100; ours: see privacy_utility.md"])
+                       notes=["with pre-training: wang-table2's pretrain_lm row (experiments.public_training) -- "
+                              "another pipeline (teacher-BPE student vocabulary, its own rounds): compare it with "
+                              "that table's own no-public-training row, not with this table",
+                              "paper: StackOverflow, 1600 rounds, cohort 100; ours: the privacy-utility table of "
+                              "this run"])
     if len(cfg.tokenizers) > 1:
         figure1(cfg, rows, variants(cfg), os.path.join(workdir, "figure1.png"))
     common.write_verdicts(verdicts(cfg, rows, variants(cfg)), workdir)

@@ -154,7 +154,7 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
              "paper takes checkpoints of one run); accuracy: validation (dev) in-vocabulary next-token "
              "accuracy (%), mean ± std over seeds",
              "public training after T' is post-processing of the DP checkpoint: each run's "
-             "ledger holds only the T-round DP-FTRL event (epsilon per run in runs.csv)"]
+             "ledger holds only the T-round DP-FTRL event (each run's epsilons in its summary)"]
     if "t_prime" in cfg.ablations:
         tps = cfg.t_primes()
         runs = out["t_prime_runs"] = swept["t_prime"]
