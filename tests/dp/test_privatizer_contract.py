@@ -14,6 +14,9 @@ contract checks, for every case:
 * **fresh noise per step**: no two steps release the same noise, and every step pair's sample
   correlation is within ``5 / sqrt(D)`` of the prescribed one (0 for Gaussian and DDG, the
   tree's and ``C^{-1} C^{-T}``'s for tree, banded and BLT);
+* **independent leaves** (issue 54): the noise of two same-shaped parameter leaves, and of a
+  leaf and the same-shaped prefix of a larger leaf, is uncorrelated at every pair of steps
+  (each within ``5 / sqrt(d / 4)``; a leaf keyed like another gives 1);
 * **state and keys**: the state is a pytree that ``jax.lax.scan`` carries (type-stable) under
   ``jit`` with the same result as stepping the jitted ``update``; ``update`` is pure and the
   state advances; the same key gives the same noise, a different key different, uncorrelated
@@ -23,7 +26,7 @@ contract checks, for every case:
   ``gamma sqrt(D)`` per round).
 
 ``test_broken_privatizers_fail_the_contract`` shows the contract catches broken privatizers
-(noise reused across steps, wrong scale, key ignored, a bias), and
+(noise reused across steps, wrong scale, key ignored, a bias, one key for every leaf), and
 ``test_every_fedpriv_privatizer_is_under_contract`` that no privatizer of ``fedpriv.dp``
 escapes it.
 """
@@ -189,8 +192,12 @@ CASES = [
 
 # ----------------------------------------------------------------------------- helpers
 def _zeros(d: int):
-    """A zero update pytree with ``d`` coordinates in two leaves (``[d - 6]`` and ``[2, 3]``)."""
-    return {"a": jnp.zeros((d - 6,), jnp.float32), "b": jnp.zeros((2, 3), jnp.float32)}
+    """A zero update pytree with ``d`` coordinates (``d % 4 == 0``) in four leaves, flattened in
+    this order: two of one shape (``a``, ``b``: ``[d / 4]``), a larger one (``c``:
+    ``[d / 2 - 6]``, whose prefix ``[:d / 4]`` has ``a``'s shape) and a 2-D one (``e``: ``[2, 3]``)."""
+    q = d // 4
+    return {"a": jnp.zeros((q,), jnp.float32), "b": jnp.zeros((q,), jnp.float32),
+            "c": jnp.zeros((d - 2 * q - 6,), jnp.float32), "e": jnp.zeros((2, 3), jnp.float32)}
 
 
 def _flat(tree) -> np.ndarray:
@@ -259,6 +266,26 @@ def check_fresh_noise(case: Case):
                                   f"at {np.unravel_index(err.argmax(), err.shape)}")
 
 
+def check_leaf_independence(case: Case):
+    """The noise of different parameter leaves is independent: between two same-shaped leaves
+    (``a``, ``b``) and between a leaf and the same-shaped prefix of a larger one (``a``/``b`` and
+    ``c[:d/4]``), every correlation of step ``t`` of one with step ``s`` of the other (``N x N``
+    of them: a lagged reuse counts too) is within ``5 / sqrt(d / 4)`` of 0. A leaf drawn from
+    another leaf's key gives a correlation of 1 (JAX's counter-based threefry: the same key
+    draws the same numbers for a leaf and the prefix of a larger one). False-alarm rate: 5 sd
+    of a sample correlation, two-sided 5.7e-7 per entry, 3 N^2 = 192 entries per case (< 1.1e-4
+    per case by the union bound; the key is fixed, so the outcome is too)."""
+    w, q = stream(case, 0), case.dim // 4
+    leaves = {"a": w[:, :q], "b": w[:, q:2 * q], "c[:d/4]": w[:, 2 * q:3 * q]}
+    tol = 5 / np.sqrt(q)
+    for x, y in (("a", "b"), ("a", "c[:d/4]"), ("b", "c[:d/4]")):
+        cross = np.corrcoef(leaves[x], leaves[y])[:N, N:]  # [N, N]: step t of x vs step s of y
+        worst = np.unravel_index(np.abs(cross).argmax(), cross.shape)
+        assert np.abs(cross).max() < tol, (
+            f"{case.name}: the noise of leaves {x} and {y} is correlated: {cross[worst]:.3g} "
+            f"between steps {worst} (tolerance {tol:.3g})")
+
+
 def check_keys(case: Case):
     a, b = stream(case, 0), stream(case, 1)
     again = _flat(_stream_fn(case, STD, N, case.dim)(jax.random.key(0)))
@@ -312,6 +339,7 @@ def check_zero_noise_prefix_sums(case: Case):
 
 CHECKS = {"noise_scale": check_noise_scale, "fresh_noise": check_fresh_noise,
           "keys": check_keys, "state_and_jit": check_state_and_jit,
+          "leaf_independence": check_leaf_independence,
           "zero_noise_prefix_sums": check_zero_noise_prefix_sums}
 
 
@@ -370,7 +398,32 @@ def _biased(std, key):
                                                         jax.tree_util.tree_map(lambda v: v + 1e-3, u), s)))
 
 
+def _one_key_for_every_leaf(std, key):
+    """Gaussian noise drawn with the round's key for every leaf (no per-leaf ``split``): leaves
+    of one shape get the same noise, a larger leaf the same noise in its prefix."""
+    def noise_fn(key, step, like, buffers):
+        k = noise.release_key(key, step)
+        return jax.tree_util.tree_map(lambda x: std * jax.random.normal(k, x.shape, jnp.float32),
+                                      like), buffers
+    return noise.streaming_privatizer(noise_fn, key)
+
+
+def _leaf_index_folded_into_the_step(std, key):
+    """Leaf ``i`` drawn from ``release_key(key, step + i)``: leaf ``b`` at step t repeats leaf
+    ``a``'s noise of step t + 1 (no two leaves share a step's noise: a lagged reuse)."""
+    def noise_fn(key, step, like, buffers):
+        leaves, treedef = jax.tree_util.tree_flatten(like)
+        return treedef.unflatten([std * jax.random.normal(noise.release_key(key, step + i),
+                                                          x.shape, jnp.float32)
+                                  for i, x in enumerate(leaves)]), buffers
+    return noise.streaming_privatizer(noise_fn, key)
+
+
 BROKEN = [  # (broken privatizer, the check it fails, what that check says)
+    (Case("one_key_for_every_leaf", _one_key_for_every_leaf, np.eye), "leaf_independence",
+     "leaves a and b is correlated"),
+    (Case("leaf_index_in_step", _leaf_index_folded_into_the_step, np.eye), "leaf_independence",
+     "leaves a and b is correlated"),
     (Case("reuses_noise", _reuses_noise, np.eye), "fresh_noise", "released the same noise"),
     (Case("reuses_noise", _reuses_noise, np.eye), "state_and_jit", "state did not advance"),
     (Case("banded_reuses_z", _reuses_z_in_banded, lambda n: mf_covariance(BANDED, n)),
