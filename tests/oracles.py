@@ -29,11 +29,22 @@ library function). Each names the library code it checks:
 * ``executed_noise_cohort_event``: the event of a run that trains ``m`` clients per round at
   the noise of ``M`` (``noise_cohort_size``, ``fedpriv.dp.mechanisms``);
 * ``observed_min_separation``: the smallest gap between two rounds of one client, read off a
-  sampler's cohorts (``fedpriv.fl.samplers``' declared ``min_separation``).
+  sampler's cohorts (``fedpriv.fl.samplers``' declared ``min_separation``);
+* ``discrete_gaussian_sum_renyi``: the exact Renyi divergence of a sum of discrete Gaussians
+  against its shift by an integer vector, by brute-force convolution, and
+  ``prop14_rdp_closed_form``: Kairouz et al. 2021's Prop. 14 bound as the paper states it
+  (``fedpriv.dp.ddg.prop14_rdp`` must equal the second and bound the first);
+* ``float32_norm_error_bound``: a rigorous bound on the relative error of a float32 norm
+  computed as ``sqrt(fn(x))``, from the summations ``fn`` actually traces
+  (``fedpriv.dp.ddg.norm_error`` must not be below it);
+* ``geometric_composition_epsilon``: the exact epsilon of k Geometric (discrete Laplace)
+  releases at delta, from their privacy loss distribution by exact convolution
+  (``fedpriv.dp.accounting``'s paths must not be below it).
 """
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import Any, Callable, Iterable, Mapping
 
 import dp_accounting as dpa
@@ -42,6 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from scipy import optimize, special
+from scipy.special import logsumexp
 
 from fedpriv.dp.clipping import clip_update
 from fedpriv.dp.ddg import DDGConfig, DDGRound
@@ -335,3 +347,137 @@ def observed_min_separation(sampler, rounds: int) -> float:
                 gap = min(gap, t - last[c])
             last[c] = t
     return gap
+# ----------------------------------------------------------------------------- DDG (Kairouz et al. 2021)
+def _log_discrete_gaussian(sigma: float) -> tuple[int, np.ndarray]:
+    """``(K, log pmf [2K + 1])`` of ``N_Z(0, sigma^2)`` on ``[-K, K]`` (``K = 40 sigma + 40``:
+    the mass left out is below ``exp(-800)``)."""
+    K = int(math.ceil(40 * sigma)) + 40
+    lw = -np.arange(-K, K + 1, dtype=np.float64) ** 2 / (2 * sigma ** 2)
+    return K, lw - logsumexp(lw)
+
+
+def discrete_gaussian_sum_log_pmf(sigma: float, n: int) -> np.ndarray:
+    """Log pmf ``[2 n K + 1]`` (support ``-nK .. nK``) of the sum of ``n`` i.i.d.
+    ``N_Z(0, sigma^2)``, by ``n - 1`` exact convolutions in log space (no tail is lost to
+    float64 underflow)."""
+    _, lp = _log_discrete_gaussian(sigma)
+    out = lp
+    for _ in range(int(n) - 1):
+        conv = np.full(len(out) + len(lp) - 1, -np.inf)
+        for i, v in enumerate(out):
+            conv[i:i + len(lp)] = np.logaddexp(conv[i:i + len(lp)], v + lp)
+        out = conv
+    return out
+
+
+def discrete_gaussian_sum_renyi(alpha: float, sigma: float, n: int, shift) -> float:
+    """Exact ``D_alpha(Z_n + shift || Z_n)`` for ``Z_n`` the sum of ``n`` i.i.d. discrete
+    Gaussians ``N_Z(0, sigma^2)`` per coordinate and ``shift`` an integer vector (the coordinates
+    are independent, so the divergence is the sum of the 1-D ones; each one symmetric in the
+    sign of its shift). What Prop. 14 of Kairouz et al. 2021 bounds: ``prop14_rdp`` must not be
+    below it."""
+    lp = discrete_gaussian_sum_log_pmf(sigma, n)
+    total = 0.0
+    for s in np.abs(np.asarray(shift, np.int64)).ravel():
+        s = int(s)
+        if s == 0:
+            continue
+        if s >= len(lp):
+            return math.inf
+        shifted, base = lp[:-s], lp[s:]  # P(x - s) and P(x) on the common support
+        total += float(logsumexp(alpha * shifted + (1 - alpha) * base)) / (alpha - 1)
+    return total
+
+
+def prop14_rdp_closed_form(alpha: float, sigma: float, l2: float, l1: float, dim: int,
+                           n: int) -> float:
+    """Kairouz, Liu & Steinke 2021, Prop. 14, as stated there: for ``sigma >= 1/2`` and ``n``
+    i.i.d. ``N_Z(0, sigma^2)^dim`` summed, shifted by an integer vector of L2 norm ``l2`` and L1
+    norm ``l1``, ``D_alpha <= min(alpha l2^2 / (2 n sigma^2) + tau dim, alpha/2 (l2^2 /
+    (n sigma^2) + 2 l1 tau / (sqrt(n) sigma) + tau^2 dim), alpha/2 (l2 / (sqrt(n) sigma) +
+    tau sqrt(dim))^2)`` with ``tau = 10 sum_{k=1}^{n-1} exp(-2 pi^2 sigma^2 k / (k + 1))``."""
+    tau = 10.0 * math.fsum(math.exp(-2.0 * math.pi ** 2 * sigma ** 2 * k / (k + 1))
+                           for k in range(1, int(n)))
+    rn = math.sqrt(n) * sigma
+    return min(alpha * l2 ** 2 / (2.0 * n * sigma ** 2) + tau * dim,
+               alpha / 2.0 * (l2 ** 2 / (n * sigma ** 2) + 2.0 * l1 * tau / rn + tau ** 2 * dim),
+               alpha / 2.0 * (l2 / rn + tau * math.sqrt(dim)) ** 2)
+
+
+def _summation_depth(jaxpr) -> int:
+    """Roundings a term of ``jaxpr``'s summations can go through: ``m - 1`` per ``reduce_sum``
+    over ``m`` terms (any order of adding ``m`` numbers), 1 per binary ``add``, the
+    contraction size minus 1 per ``dot_general``; nested jaxprs (``jit``) included. All of them
+    are counted as if nested (an upper bound)."""
+    depth = 0
+    for eqn in jaxpr.eqns:
+        name = eqn.primitive.name
+        if name == "reduce_sum":
+            shape = eqn.invars[0].aval.shape
+            depth += int(np.prod([shape[a] for a in eqn.params["axes"]], dtype=np.int64)) - 1
+        elif name in ("add", "add_any"):
+            depth += 1
+        elif name == "dot_general":
+            (contract, _), _ = eqn.params["dimension_numbers"]
+            shape = eqn.invars[0].aval.shape
+            depth += int(np.prod([shape[a] for a in contract], dtype=np.int64)) - 1
+        elif name in ("cumsum", "reduce_precision", "reduce_max", "reduce_min", "scan", "while"):
+            raise NotImplementedError(f"no rounding model for {name} in a sum of squares")
+        for v in eqn.params.values():
+            inner = getattr(v, "jaxpr", None)
+            if inner is not None:
+                depth += _summation_depth(getattr(inner, "jaxpr", inner))
+    return depth
+
+
+def float32_norm_error_bound(sum_of_squares: Callable, dim: int) -> float:
+    """A rigorous bound ``e'`` with ``||x|| <= sqrt(computed) (1 + e')`` for any ``x`` ``[dim]``
+    of integers (< 2^24, exact in float32), where ``computed = sum_of_squares(x)`` in float32:
+    ``k = 1`` rounding per square plus the summations ``sum_of_squares`` traces
+    (``_summation_depth``), so ``computed = ||x||^2 (1 + t)`` with ``|t| <= gamma_k = k u / (1 -
+    k u)`` (Higham 2002, Lemma 3.1 and §4.2; non-negative terms), and the square root adds one
+    more rounding: ``sqrt(computed) = ||x|| (1 + e)``, ``|e| <= max(sqrt(1 + gamma_k) (1 + u) - 1,
+    1 - sqrt(1 - gamma_k) (1 - u))``; hence ``e' = e / (1 - e)`` (u = 2^-24)."""
+    u = 2.0 ** -24
+    jaxpr = jax.make_jaxpr(sum_of_squares)(jax.ShapeDtypeStruct((int(dim),), jnp.float32))
+    k = 1 + _summation_depth(jaxpr.jaxpr)
+    gamma = k * u / (1 - k * u)
+    e = max(math.sqrt(1 + gamma) * (1 + u) - 1, 1 - math.sqrt(1 - gamma) * (1 - u))
+    return e / (1 - e)
+
+
+# ----------------------------------------------------------------------------- Geometric composition
+def geometric_composition_epsilon(epsilon0: float, sensitivity: int, k: int, delta: float) -> float:
+    """The exact (tight) epsilon at ``delta`` of ``k`` releases of the two-sided Geometric
+    mechanism (``fedpriv.dp.geometric``: ``P(z) ~ exp(-t |z|)``, ``t = epsilon0 / sensitivity``)
+    on an integer query of L1 sensitivity ``sensitivity`` (worst-case pair: a shift by
+    ``sensitivity``). The privacy loss of one release at output ``x`` is ``t (|x - Delta| - |x|)``,
+    a multiple of ``t`` in ``[-Delta t, Delta t]``: its distribution is exact on that grid
+    (``x < 0`` and ``x > Delta`` summed in closed form), the k-fold composition is its k-fold
+    convolution, and ``delta(eps) = E[(1 - exp(eps - L))_+]`` is inverted by bisection. For
+    ``k`` pure ``epsilon0``-DP releases this is at most ``k epsilon0`` (basic composition) and
+    equal to it as ``delta -> 0``."""
+    D, t = int(sensitivity), float(epsilon0) / int(sensitivity)
+    a = math.exp(-t)
+    c = (1 - a) / (1 + a)                                   # P(z) = c a^|z|
+    # loss index j: L = j t, j in [-D, D] step 2 (|x - D| - |x| for x in 0..D is D - 2x)
+    pmf = np.zeros(2 * D + 1)                               # index j + D
+    pmf[2 * D] += c / (1 - a)                               # x <= 0: L = D t (sum_{x<=0} c a^-x)
+    pmf[0] += c * a ** (D + 1) / (1 - a)                    # x >= D + 1: L = -D t
+    for x in range(1, D + 1):
+        pmf[D - 2 * x + D] += c * a ** x                    # 0 < x <= D: L = (D - 2x) t
+    total = np.array([1.0])
+    for _ in range(int(k)):
+        total = np.convolve(total, pmf)
+    losses = (np.arange(len(total)) - k * D) * t
+
+    def delta_of(eps):
+        return float(np.sum(total * np.maximum(0.0, 1.0 - np.exp(eps - losses))))
+
+    lo, hi = 0.0, k * float(epsilon0)
+    if delta_of(lo) <= delta:
+        return 0.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if delta_of(mid) <= delta else (mid, hi)
+    return hi
