@@ -3,6 +3,7 @@ to the clipped sum, the ledger charges the DDG event (replace-one, no amplificat
 rounds change nothing, and a run resumes bit-identically."""
 import dp_accounting as dpa
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -13,6 +14,7 @@ from fedpriv.dp.ledger import PrivacyLedger, event_from_json, event_to_json
 from fedpriv.fl.algorithms import DDGDPConfig, DPConfig, build_algorithm, privacy_event, server_optimizer
 from fedpriv.fl.loop import train
 from fedpriv.fl.samplers import PoissonSampler, UniformSampler
+from tests import oracles
 from tests.fl.helpers import init_params, loss_fn, make_dataset
 
 N, COHORT, DIM = 24, 6, 6  # the linear task has 5 weights + 1 bias
@@ -154,3 +156,74 @@ def test_engine_ddg_noise_is_fresh_every_round(tmp_path):
     cos = (noise @ noise.T) / np.outer(norms, norms)
     off = cos[~np.eye(6, dtype=bool)]
     assert np.all(np.abs(off) < 0.6), np.round(cos, 3)
+
+
+# ----------------------------------------------------------------------------- issue 54: shares
+M_SHARES, D_SHARES, ROUNDS_SHARES = 6, 4096, 4
+
+
+def _codec_round(dp, m, d):
+    """jit of ``(key, real[m]) -> (decoded [d], released, raw [m, D])``: one round of the
+    engine's DDG codec (``DDGDPConfig.codec``: the clients' ``encode``, the secure sum of their
+    messages as the engine's lanes add them -- uint32, wrapping -- and the server's ``decode``)
+    on all-zero updates, so the decoded sum is the noise alone and each client's raw message is
+    its share alone; ``real`` marks the clients that take part (the others send nothing)."""
+    codec = dp.codec(m)
+
+    def one(key, real):
+        ctx = codec.begin(key, jnp.int32(0), d)
+        (msgs, raw), stats = jax.vmap(lambda s, r: codec.encode(ctx, jnp.zeros(d, jnp.float32), s, r))(
+            jnp.arange(m), real)
+        summed = (jnp.sum(msgs, axis=0, dtype=msgs.dtype), jnp.sum(raw, axis=0, dtype=raw.dtype))
+        noised, stats, released = codec.decode(ctx, summed, jax.tree_util.tree_map(jnp.sum, stats))
+        return noised, released, raw
+    return jax.jit(one)
+
+
+def test_a_released_round_carries_the_noise_its_event_assumes_for_every_share_count():
+    """For every number of shares n a round can have (1..m), the engine's DDG codec releases
+    the round iff the run's event (``privacy_event(..., simulated=False)``, what the ledger
+    charges for the executed run) allows n shares (``min_shares <= n <= max_shares``), and a
+    released round's decoded noise, in integer units (over the granularity gamma), has the
+    variance of n of the event's shares: ``n Var N_Z(0, local_sigma^2)``
+    (``oracles.discrete_gaussian_variance``) per coordinate. Over 4 rounds of 4096 coordinates
+    the sample variance is within 5 sd (``5 sqrt(2 / 16384)`` = 5.5 %, the noise being
+    near-Gaussian: local_sigma ~ 1.7e3) of it; one share fewer than assumed at n = 6 is 17 % less."""
+    dp = DDGDPConfig(clip_norm=0.5, noise_multiplier=1.0, dim=D_SHARES, bits=16, min_survivors=3)
+    ev = dp.privacy_event(UniformSampler(4 * M_SHARES, M_SHARES), 1, simulated=False).event
+    gamma = dp.secure_sum(M_SHARES).gamma
+    run = _codec_round(dp, M_SHARES, D_SHARES)
+    tol = 5 * np.sqrt(2 / (ROUNDS_SHARES * D_SHARES))
+    released_at = []
+    for n in range(1, M_SHARES + 1):
+        real = jnp.asarray([1.0] * n + [0.0] * (M_SHARES - n))
+        noise, released = [], []
+        for r in range(ROUNDS_SHARES):
+            out, rel, _ = run(jax.random.fold_in(jax.random.key(11), 100 * n + r), real)
+            noise.append(np.asarray(out, np.float64) / gamma)
+            released.append(bool(rel))
+        assert len(set(released)) == 1
+        if released[0]:
+            released_at.append(n)
+            assert ev.min_shares <= n <= ev.max_shares, (
+                f"a round with {n} shares was released; the event assumes >= {ev.min_shares}")
+            ratio = np.concatenate(noise).var() / (n * oracles.discrete_gaussian_variance(ev.local_sigma))
+            assert abs(ratio - 1) < tol, (n, ratio)
+    assert released_at == list(range(ev.min_shares, M_SHARES + 1)) and ev.max_shares == M_SHARES
+
+
+def test_clients_shares_are_independent_across_clients():
+    """The discrete Gaussian shares the engine's DDG clients add are independent across clients:
+    at zero updates each client's message is its share alone, and every pair of clients' shares
+    over 4 x 4096 coordinates has a sample correlation within ``5 / sqrt(16384)`` of 0 (15 pairs;
+    two-sided 5.7e-7 each). Shares from one key (a client key not folded with the slot) are
+    equal: correlation 1, and their sum's variance m^2 instead of m times a share's."""
+    dp = DDGDPConfig(clip_norm=0.5, noise_multiplier=1.0, dim=D_SHARES, bits=16)
+    run = _codec_round(dp, M_SHARES, D_SHARES)
+    raw = np.concatenate([np.asarray(run(jax.random.fold_in(jax.random.key(5), r),
+                                         jnp.ones(M_SHARES))[2], np.float64)
+                          for r in range(ROUNDS_SHARES)], axis=1)   # [m, rounds * D]
+    corr = np.corrcoef(raw)
+    off = np.abs(corr[~np.eye(M_SHARES, dtype=bool)])
+    assert np.all(raw.std(axis=1) > 0)
+    assert off.max() < 5 / np.sqrt(raw.shape[1]), np.round(corr, 3)
