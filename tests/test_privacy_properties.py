@@ -5,7 +5,9 @@
   groups, and otherwise is exactly ``ceil(T / b)`` Poisson-sampled Gaussians at the multiplier
   over the first column norm of ``C``;
 * a user's contribution to the private unigram counts (Koga et al. 2023, Sec. 4.2) never exceeds
-  the per-user L1 bound the Geometric noise is calibrated to.
+  the per-user L1 bound the Geometric noise is calibrated to;
+* (issue 54) the adaptive clip count (Andrew et al. 2021) moves by at most its stated
+  sensitivity 1/2 when one user is added or removed, whatever the padded slots hold.
 
 (The DDG properties are in tests/dp/test_ddg.py and tests/fl/test_ddg_engine.py; the plans' charges
 in tests/experiments/test_plan_charges.py.)
@@ -15,11 +17,14 @@ from __future__ import annotations
 import math
 
 import dp_accounting as dpa
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 from hypothesis.extra import numpy as hnp
 
+from fedpriv.dp.adaptive import AdaptiveClipping
 from fedpriv.dp.matrix import BandedStrategy, MinSeparationError, toeplitz_matrix
 from fedpriv.expansion import unigrams as U
 from fedpriv.fl.samplers import AmplifiedCyclicSampler, amplified_banded_event
@@ -101,3 +106,38 @@ def test_a_users_unigram_contribution_is_within_its_bound(vt, max_sequences, max
             for tok in row[m][:max_tokens]:
                 want[tok] += 1
         np.testing.assert_array_equal(c, want)
+
+
+_K = 12  # cohort slots (one compiled shape)
+_count_update = jax.jit(lambda clip, norms, mask: AdaptiveClipping(count_stddev=0.0).update(
+    AdaptiveClipping(count_stddev=0.0).init(jax.random.key(0)).replace(clip_norm=clip),
+    norms, mask, 1.0, jnp.int32(0))[1])
+_NORM = st.one_of(st.floats(0.0, 10.0, width=32), st.sampled_from([0.0, np.inf, np.nan, 1e30, -1.0]))
+
+
+def _count(clip, norms, mask) -> float:
+    """The centred clip count ``sum_i (1[norm_i <= C] - 1/2)`` the update releases (noise 0,
+    public denominator 1: ``unclipped_estimate = count + 1/2``, exact in float32)."""
+    return float(_count_update(jnp.float32(clip), jnp.asarray(norms, jnp.float32),
+                               jnp.asarray(mask, jnp.float32))) - 0.5
+
+
+@PROPS
+@given(clip=st.floats(0.01, 5.0), norms=st.lists(_NORM, min_size=_K, max_size=_K),
+       real=st.lists(st.booleans(), min_size=_K, max_size=_K),
+       junk=st.lists(_NORM, min_size=_K, max_size=_K), who=st.integers(0, _K - 1))
+def test_the_clip_count_moves_by_at_most_half_when_one_user_is_added_or_removed(clip, norms, real, junk, who):
+    """Andrew et al. 2021's clip count, as ``AdaptiveClipping.update`` releases it, has L2
+    sensitivity 1/2 under add/remove-one-user (what its event, ``Gaussian(2 sigma_b)``, assumes),
+    with padded slots present: (1) the padded slots never count -- whatever norm they hold (0, a
+    huge one, inf, NaN), the count is that of the real slots; (2) removing one real user (its
+    slot becomes padding) moves the count by exactly 1/2; (3) |count| <= (real users) / 2."""
+    mask = np.asarray(real, np.float32)
+    c = _count(clip, norms, mask)
+    junked = np.where(mask > 0, np.asarray(norms, np.float32), np.asarray(junk, np.float32))
+    assert _count(clip, junked, mask) == c
+    assert abs(c) <= mask.sum() / 2
+    if mask[who] > 0:
+        removed = mask.copy()
+        removed[who] = 0.0
+        assert abs(_count(clip, norms, removed) - c) == 0.5

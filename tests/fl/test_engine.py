@@ -7,6 +7,7 @@ import numpy as np
 import optax
 import pytest
 
+from fedpriv.dp.adaptive import AdaptiveClipping
 from fedpriv.dp.clipping import global_norm
 from fedpriv.fl.algorithms import DPConfig, build_algorithm, dp_fedavg, server_optimizer
 from fedpriv.fl.cohort import build_cohort
@@ -133,6 +134,51 @@ def test_server_noise_std_and_noise_cohort_scaling():
         st, _ = alg.apply(alg.init(params, jax.random.key(0)), cohort.batches, cohort.client_mask, jax.random.key(1))
         std = float(np.std(np.asarray(st.params["w"])))
         assert std == pytest.approx(2.0 * 0.5 * scale / 4, rel=0.03)
+
+
+def _zero_loss(p, b, r):
+    return 0.0 * jnp.sum(p["w"]), {"n": jnp.sum(b["mask"])}
+
+
+def test_adaptive_clipping_noise_std_is_z_times_the_current_clip_every_round():
+    """Adaptive clipping (Andrew et al. 2021) with the Gaussian mechanism: the noise released in
+    round t has std ``z C_t`` on the sum (the clip of that round, ``metrics['clip_norm']``), not
+    ``z C_0``. Zero-update clients make the server step pure noise, ``N(0, (z C_t / m)^2)`` per
+    coordinate; every client is below C, so C_t shrinks by ~``exp(-eta / 2)`` a round (to below
+    a fifth of C_0 in 6 rounds). Each round's sample std over 16384 coordinates is within
+    5 sd (``5 / sqrt(2 * 16384)`` = 2.8 %) of ``z C_t / m``."""
+    data = make_dataset(seed=5)
+    cohort = build_cohort(data, list(data)[:4], B, 4, max_steps=8)
+    ac = AdaptiveClipping(initial_clip=1.0, target_quantile=0.5, learning_rate=1.0, count_stddev=0.5)
+    alg = dp_fedavg(_zero_loss, optax.sgd(0.1), optax.sgd(1.0), clip_norm=1.0, noise_multiplier=2.0,
+                    expected_cohort_size=4, adaptive=ac)
+    state = alg.init({"w": jnp.zeros((16384,))}, jax.random.key(0))
+    clips = []
+    for t in range(6):
+        before = np.asarray(state.params["w"], np.float64)
+        state, metrics = alg.apply(state, cohort.batches, cohort.client_mask, jax.random.key(1 + t))
+        clip = float(metrics["clip_norm"])
+        std = float(np.std(np.asarray(state.params["w"], np.float64) - before))
+        assert abs(std / (2.0 * clip / 4) - 1) < 5 / np.sqrt(2 * 16384), (t, clip, std)
+        clips.append(clip)
+    assert clips[0] == 1.0 and clips[-1] < 0.2 and np.all(np.diff(clips) < 0), clips
+
+
+def test_adaptive_clip_count_counts_the_real_clients_only():
+    """The clip count the engine releases (``AdaptiveClipping.update``: ``sum_i (b_i - 1/2)``
+    over the cohort's real clients) ignores padded slots: 5 real clients of 8 slots, every real
+    client below C, count noise 0, give ``unclipped_estimate = 2.5 / m + 1/2`` (3 padded slots
+    counted would give 4 / m + 1/2), with the update ``C_1 = C_0 exp(-eta (b - gamma))``."""
+    data = make_dataset(seed=5)
+    cohort = build_cohort(data, list(data)[:5], B, 8, max_steps=8)
+    ac = AdaptiveClipping(initial_clip=1.0, target_quantile=0.5, learning_rate=0.2, count_stddev=0.0)
+    alg = dp_fedavg(_zero_loss, optax.sgd(0.1), optax.sgd(1.0), clip_norm=1.0, noise_multiplier=1.0,
+                    expected_cohort_size=6, adaptive=ac)
+    state = alg.init({"w": jnp.zeros((8,))}, jax.random.key(0))
+    state, metrics = alg.apply(state, cohort.batches, cohort.client_mask, jax.random.key(1))
+    assert float(metrics["num_clients"]) == 5
+    assert float(metrics["unclipped_estimate"]) == pytest.approx(2.5 / 6 + 0.5, rel=1e-6)
+    assert float(state.clip_state.clip_norm) == pytest.approx(math.exp(-0.2 * (2.5 / 6)), rel=1e-6)
 
 
 def test_fedadam_and_momentum_servers_build_and_learn():
