@@ -6,7 +6,7 @@ import optax
 import pytest
 
 from fedpriv.fl.aggregate import packed_sum
-from fedpriv.fl.algorithms import dp_fedavg, server_optimizer
+from fedpriv.fl.algorithms import DPConfig, build_algorithm, dp_fedavg, server_optimizer
 from fedpriv.fl.client import make_local_step
 from fedpriv.fl.cohort import assign_lanes, build_cohort, pack_cohort
 from fedpriv.fl.execution import CohortExecutor, balanced_lanes, lpt_depth
@@ -340,3 +340,77 @@ def test_unk_free_loss_takes_packed_batches():
     tokens = {name: float(t.loss_fn(params, packed, rng)[1]["num_tokens"])
               for name, t in (("free", free), ("plain", task))}
     assert tokens["free"] < tokens["plain"]
+
+
+# ----------------------------------------------------------------------------- issue 54: the clip on every path
+_CLIP, _E = 0.5, 3
+# (lanes, batched first steps, batching, lane chunk): one sequential lane (the CPU path), vmapped
+# lanes, vmapped lanes in chunks, batched first steps (clients whose only step is the first are
+# finished there), packed rows (sentences end to end), and the padded cohort's one lane per client
+PATHS = [(1, False, "padded", None), (3, False, "padded", None), (4, False, "padded", 2),
+         (1, True, "padded", None), (3, True, "padded", None), (1, False, "packed", None),
+         (1, True, "packed", None), ("padded_cohort", False, "padded", None)]
+
+
+def _marked_clients(sizes, width=6, seed=0):
+    """Client i's sentences are all made of token ``i + 1`` (PAD = 0), of random lengths 2..width."""
+    rng = np.random.default_rng(seed)
+    data = {}
+    for i, n in enumerate(sizes):
+        tok = np.zeros((n, width), np.int32)
+        for j in range(n):
+            tok[j, :int(rng.integers(2, width + 1))] = i + 1
+        data[f"m{i}"] = {"tokens": tok}
+    return data
+
+
+def _marking_loss(params, batch, rng):
+    """``-100 sum_{real target positions} sum_e w[input token, e]``, padded (``tokens``, ``mask``)
+    or packed (``inputs``, ``segments``) batches: the gradient touches only the rows of the
+    tokens seen, so one SGD step at lr 1 moves client i's row ``i + 1`` only, by ``100 x``
+    (its token count): a delta of norm >= 100 sqrt(E), far above the clip."""
+    if "tokens" in batch:
+        inputs = batch["tokens"][:, :-1]
+        real = (batch["tokens"][:, 1:] > 0) * batch["mask"][:, None]
+    else:
+        inputs, real = batch["inputs"], (batch["segments"] > 0).astype(jnp.float32)
+    score = jnp.sum(params["w"][inputs], axis=-1)
+    return -100.0 * jnp.sum(real * score), {"num_tokens": jnp.sum(real)}
+
+
+@pytest.mark.parametrize("lanes,first,batching,chunk", PATHS,
+                         ids=[f"{p[0]}lanes-first{int(p[1])}-{p[2]}-chunk{p[3]}" for p in PATHS])
+def test_every_delta_that_reaches_the_sum_is_within_the_clip(lanes, first, batching, chunk):
+    """On every execution path of the engine's round (``algorithms.apply_packed`` on
+    ``cohort.pack_cohort`` lanes, or ``apply`` on a padded cohort), each client's contribution
+    to the released sum has norm <= C. Client i's delta lives in row ``i + 1`` of the model only
+    (``_marking_loss``) and is >= 340 C before clipping, so the sum (noise 0: the server step
+    is the sum over m) shows every client's contribution on its own: each has norm C up to
+    float32 rounding, for one-step clients (finished by the batched first steps) and multi-step
+    ones, on one lane, vmapped lanes, lane chunks and packed rows; nothing else moves."""
+    sizes = [1, 2, 3, 5, 8, 1, 4]                         # batch 2: clients 0, 1, 5 take one step
+    k, data = len(sizes), _marked_clients(sizes)
+    ids = list(data)
+    alg = build_algorithm(_marking_loss, optax.sgd(1.0), server_optimizer("sgd", 1.0),
+                          DPConfig(clip_norm=_CLIP, noise_multiplier=0.0), expected_cohort_size=k,
+                          chunk_size=chunk)
+    params = {"w": jnp.zeros((k + 3, _E), jnp.float32)}
+    state = alg.init(params, jax.random.key(0))
+    if lanes == "padded_cohort":
+        cohort = build_cohort(data, ids, 2, capacity=8)
+        new, metrics = alg.apply(state, cohort.batches, cohort.client_mask, jax.random.key(1))
+    else:
+        packed = pack_cohort(data, ids, 2, lanes=lanes, capacity=8, first_steps=first,
+                             batching=batching)
+        assert (packed.first is not None) == first
+        if first:
+            assert float(packed.first.single.sum()) == 3
+        new, metrics = alg.apply_packed(state, packed.lanes, packed.client_mask, jax.random.key(1),
+                                        packed.first)
+    contrib = np.asarray(new.params["w"], np.float64) * k     # the sum (server lr 1, over m = k)
+    norms = np.linalg.norm(contrib, axis=1)
+    assert float(metrics["num_clients"]) == k and float(metrics["frac_clipped"]) == 1.0
+    assert float(metrics["mean_update_norm"]) > 340 * _CLIP
+    np.testing.assert_allclose(norms[1:k + 1], _CLIP, rtol=1e-5, err_msg="a client's contribution "
+                               "to the sum is not its delta clipped to C")
+    assert norms[0] == 0 and np.all(norms[k + 1:] == 0)
