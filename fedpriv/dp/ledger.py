@@ -250,7 +250,7 @@ class PrivacyLedger:
             raise PrivacyBudgetExceeded(
                 f"cannot account for step {name!r} under {self.neighboring} neighbouring: {err}"
             ) from err
-        if not eps <= self.epsilon * (1 + 1e-9):
+        if not eps <= self.epsilon:  # no slack: an amount over the budget, however small, is refused
             raise PrivacyBudgetExceeded(
                 f"step {name!r} would raise epsilon to {eps:.4g} > budget {self.epsilon:g} "
                 f"(delta={self.delta:g}; already spent {self.spent_if_public():.4g}); nothing was run")

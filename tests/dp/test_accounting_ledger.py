@@ -5,9 +5,12 @@ import math
 import dp_accounting as dpa
 import pytest
 from dp_accounting import pld, rdp
+from hypothesis import given, settings, strategies as st
 
 from fedpriv.dp import accounting as acc
+from fedpriv.dp.geometric import geometric_dp_event
 from fedpriv.dp.ledger import PrivacyBudgetExceeded, PrivacyLedger, event_from_json, event_to_json
+from tests import oracles
 
 
 @pytest.mark.parametrize("z, eps", [(8.83, 1.77), (1.13, 18.71)])
@@ -139,3 +142,123 @@ def test_best_calibration_brackets_from_rdp_and_meets_the_target():
     tree = lambda z: accounting.dp_ftrl_event(z, 64, 64)
     assert accounting.calibrate_noise_multiplier(tree, 5.0, 1e-6, accountant="best") == \
         accounting.calibrate_noise_multiplier(tree, 5.0, 1e-6, accountant="rdp")
+
+
+# ----------------------------------------------------------------------------- issue 54
+_GEO = [(0.8, 1), (0.8, 50), (0.1, 1)]  # (epsilon0, L1 sensitivity): Koga et al.'s 0.8, a small one
+
+
+def _geometric_forms(geo, k):
+    """k releases of ``geo`` written every way a caller can: self-composed, composed, a list,
+    and nested."""
+    forms = {"self_composed": dpa.SelfComposedDpEvent(geo, k), "composed": dpa.ComposedDpEvent([geo] * k),
+             "list": [geo] * k}
+    if k > 1:
+        forms["nested"] = [dpa.ComposedDpEvent([dpa.SelfComposedDpEvent(geo, k - 1)]), geo]
+    return forms
+
+
+@pytest.mark.parametrize("eps0,sens", _GEO)
+@pytest.mark.parametrize("k", [1, 2, 5, 30])
+def test_k_geometric_releases_cost_their_composition_on_every_accountant_path(eps0, sens, k):
+    """k pure-DP Geometric releases (``geometric.geometric_dp_event``, Koga et al. 2023's unigram
+    counts) are charged their composition on every path of ``compute_epsilon``, whichever way
+    the k releases are written: RDP (basic composition of pure DP) exactly ``k eps0``; PLD, and
+    "best" (the smaller), never below the exact epsilon of k releases at delta
+    (``oracles.geometric_composition_epsilon``: the privacy loss distribution by exact
+    convolution) and never above ``k eps0``. A path that charged the k releases as one would give
+    ``eps0``, below the exact value for k >= 2 -- and "best" would take it."""
+    geo = geometric_dp_event(eps0, sens)
+    exact = oracles.geometric_composition_epsilon(eps0, sens, k, 1e-6)
+    assert exact > 0.99 * eps0 * min(k, 2)  # k >= 2 releases cost more than one
+    for name, ev in _geometric_forms(geo, k).items():
+        rdp = acc.compute_epsilon(ev, 1e-6, accountant="rdp")
+        pld = acc.compute_epsilon(ev, 1e-6, accountant="pld")
+        best = acc.compute_epsilon(ev, 1e-6, accountant="best")
+        assert rdp == (pytest.approx(k * eps0, rel=1e-12), "rdp"), name
+        assert exact * (1 - 1e-9) <= pld[0] <= k * eps0 * (1 + 1e-6), (name, pld, exact)
+        assert best == min(rdp, pld), name
+    led = PrivacyLedger(100.0, 1e-6)
+    for i in range(k):
+        led.spend(f"unigrams {i}", geo)
+    assert exact * (1 - 1e-9) <= led.spent() <= k * eps0 * (1 + 1e-6)
+
+
+def test_geometric_releases_beside_a_gaussian_run_are_each_charged():
+    """With a release PLD cannot account (DP-FTRL's tree), "best" is the RDP path: the tree's
+    epsilon plus ``k eps0`` (pure DP added by basic composition), for k = 1 and 3."""
+    tree = acc.dp_ftrl_event(8.83, 1600)
+    alone = acc.compute_epsilon(tree, 1e-6, accountant="rdp")[0]
+    for k in (1, 3):
+        geo = geometric_dp_event(0.8, 50)
+        got = acc.compute_epsilon([tree, dpa.SelfComposedDpEvent(geo, k)], 1e-6)
+        assert got == (pytest.approx(alone + 0.8 * k, rel=1e-12), "rdp")
+
+
+_LEDGER_EVENTS = {
+    "geometric": geometric_dp_event(0.8, 50),
+    "dp_ftrl": acc.dp_ftrl_event(8.83, 100),
+    "dp_fedavg_poisson": acc.dp_fedavg_poisson_event(1.1, 0.05, 40),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_LEDGER_EVENTS))
+def test_the_ledger_refuses_any_amount_over_its_budget(name):
+    """``spend``, ``replace`` and ``absorb`` refuse a pipeline whose epsilon exceeds the budget by
+    any amount -- one float64 ulp included -- and record nothing; a pipeline at exactly the
+    budget is accepted. The budgets are the ledger's own epsilon of the step(s) (so the
+    comparison is of equal computations), then the next float below it."""
+    ev = _LEDGER_EVENTS[name]
+    one = PrivacyLedger(1e6, 1e-6).epsilon_if_spent(ev)
+    exact = PrivacyLedger(one, 1e-6)
+    assert exact.spend("step", ev) == one                  # exactly at the budget: accepted
+    for under in (math.nextafter(one, 0.0), one * (1 - 1e-12), one * (1 - 1e-9)):
+        led = PrivacyLedger(under, 1e-6)
+        with pytest.raises(PrivacyBudgetExceeded, match="budget"):
+            led.spend("step", ev)
+        assert led.entries == []
+    two = PrivacyLedger(1e6, 1e-6)
+    two.spend("a", ev)
+    both = two.epsilon_if_spent(ev)
+    tight = PrivacyLedger(math.nextafter(both, 0.0), 1e-6)
+    tight.spend("a", ev)
+    with pytest.raises(PrivacyBudgetExceeded):              # the second step, by one ulp
+        tight.spend("b", ev)
+    assert [e.name for e in tight.entries] == ["a"]
+    bigger = dpa.SelfComposedDpEvent(ev, 2)
+    with pytest.raises(PrivacyBudgetExceeded):              # replace by a costlier step
+        tight.replace("a", bigger)
+    assert tight.entries[0].event == ev
+    recorded = PrivacyLedger(1e6, 1e-6)
+    recorded.spend("b", ev)
+    with pytest.raises(PrivacyBudgetExceeded):              # a checkpoint's entries on top of ours
+        tight.absorb(recorded)
+    assert [e.name for e in tight.entries] == ["a"]
+
+
+_RELATIONS = ("add_remove", "replace_one")
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(delta=st.sampled_from([1e-6, 1e-5, 1e-7, 2e-6, 1e-6 * (1 + 1e-12)]),
+       rel=st.sampled_from(_RELATIONS), mine_rel=st.sampled_from(_RELATIONS),
+       round_trip=st.booleans())
+def test_the_ledger_absorbs_only_a_ledger_at_its_own_delta_and_relation(delta, rel, mine_rel, round_trip):
+    """A recorded ledger (e.g. a checkpoint's, optionally through its JSON form) is merged into
+    this one only if both account at the same delta and the same neighbouring relation: costs at
+    another delta, or stated for other neighbours, are not this ledger's and are refused (nothing
+    changes); otherwise the merged ledger holds the recorded entries first."""
+    geo = geometric_dp_event(0.5, 1)
+    recorded = PrivacyLedger(10.0, delta, neighboring=rel)
+    recorded.spend("recorded", geo)
+    if round_trip:
+        recorded = PrivacyLedger.from_dict(json.loads(json.dumps(recorded.to_dict())))
+    mine = PrivacyLedger(10.0, 1e-6, neighboring=mine_rel)
+    mine.spend("mine", geo)
+    if delta == 1e-6 and rel == mine_rel:
+        mine.absorb(recorded)
+        assert [e.name for e in mine.entries] == ["recorded", "mine"]
+    else:
+        with pytest.raises(PrivacyBudgetExceeded, match="delta|neighboring"):
+            mine.absorb(recorded)
+        assert [e.name for e in mine.entries] == ["mine"]
