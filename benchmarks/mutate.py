@@ -147,12 +147,13 @@ def restore(m: Mutant, tree: str, text: str) -> None:
         f.write(text)
 
 
-def scratch_copy(rev: str, dest: str) -> str:
-    """The committed tree at ``rev`` extracted into ``dest`` (``git archive``)."""
-    archive = subprocess.run(["git", "-C", ROOT, "archive", "--format=tar", rev],
+def scratch_copy(repo: str, rev: str, dest: str) -> str:
+    """The committed tree of ``repo`` at ``rev`` extracted into ``dest`` (``git archive``);
+    returns the commit's short hash."""
+    archive = subprocess.run(["git", "-C", repo, "archive", "--format=tar", rev],
                              capture_output=True, check=True).stdout
     subprocess.run(["tar", "-x", "-C", dest], input=archive, check=True)
-    return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", rev], capture_output=True,
+    return subprocess.run(["git", "-C", repo, "rev-parse", "--short", rev], capture_output=True,
                           text=True, check=True).stdout.strip()
 
 
@@ -192,14 +193,15 @@ def run_pytest(tree: str, tests, timeout: float, python: str) -> tuple[str, str,
 
 
 def run(mutants: list[Mutant], rev: str = "HEAD", timeout: float = 900.0, baseline: bool = True,
-        python: str = sys.executable, log=print) -> tuple[list[Outcome], dict]:
-    """Apply and test every mutant in a scratch copy of ``rev``; ``(outcomes, meta)``."""
+        python: str = sys.executable, log=print, repo: str = ROOT) -> tuple[list[Outcome], dict]:
+    """Apply and test every mutant in a scratch copy of ``repo`` at ``rev`` (the repository's
+    files are never touched); ``(outcomes, meta)``, one outcome per mutant, in order."""
     tree = tempfile.mkdtemp(prefix="fedpriv-mutate-")
     outcomes: dict[str, Outcome] = {}
     base: dict[tuple, tuple] = {}
     t_start = time.monotonic()
     try:
-        commit = scratch_copy(rev, tree)
+        commit = scratch_copy(repo, rev, tree)
         todo = []
         for m in mutants:
             problem = check_applies(m, tree)

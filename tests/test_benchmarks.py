@@ -1,14 +1,17 @@
 """benchmarks.ceiling's "accuracy by argmax" engine path computes what the engine computes
 (``argmax_loss`` gives the loss, gradient and metric sums of ``task.loss_fn``, whose accuracy is
 ``fedpriv.models.metrics.top1_correct``, on padded and packed batches); benchmarks.profile_phases'
-buckets partition a profile; benchmarks.regeneration counts a run store's runs once."""
+buckets partition a profile; benchmarks.regeneration counts a run store's runs once;
+benchmarks.mutate applies mutants to a scratch copy and classifies them (on a toy repository)."""
 import os
+import subprocess
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import mutate
 from benchmarks.ceiling import argmax_loss
 from fedpriv.models import bucketing
 from fedpriv.models.lm import LMConfig, make_lm, make_lm_task
@@ -95,3 +98,46 @@ def test_regeneration_counts_the_runs_a_store_published_module_read(tmp_path):
     md = regeneration.markdown(table)
     assert "2 (abcdef0): 150" in md and "total wall 15 s, CPU 13 s" in md
     assert "1 store(s), each counted once): 2 runs, 150 s" in md  # two modules, one store: not doubled
+
+
+def test_mutate_applies_each_mutant_to_a_scratch_copy_and_classifies_it(tmp_path):
+    """benchmarks.mutate (issue 54) on a toy repository: a mutant the toy's test notices is
+    killed, an equivalent one survives, a ``find`` that is not unique, a duplicated id and a
+    malformed entry are invalid; the mutants are applied to the committed tree (an uncommitted
+    edit of the working tree is neither used nor touched), and the report says 1 of 2."""
+    repo = tmp_path / "toy"
+    (repo / "toy").mkdir(parents=True)
+    (repo / "toy" / "__init__.py").write_text("")
+    calc = repo / "toy" / "calc.py"
+    calc.write_text("def add(a, b):\n    return a + b\n\n\ndef double(x):\n    return x + x  # twice\n")
+    (repo / "test_calc.py").write_text("from toy.calc import add, double\n\n\ndef test_add():\n"
+                                       "    assert add(2, 3) == 5 and double(4) == 8\n")
+    (repo / "pytest.ini").write_text("[pytest]\npythonpath = .\n")
+    git = ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(git[:3] + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", "."], check=True)
+    subprocess.run(git + ["commit", "-qm", "toy"], check=True)
+    calc.write_text(calc.read_text().replace("a + b", "b + a"))   # uncommitted
+    lst = tmp_path / "toy.toml"
+    entry = ('[[mutant]]\nid = "{id}"\nclass = "c"\nfile = "toy/calc.py"\nfind = "{find}"\n'
+             'replace = "{replace}"\ntests = ["test_calc.py"]\nwhy = "w"\n\n')
+    lst.write_text(entry.format(id="sub", find="a + b", replace="a - b")
+                   + entry.format(id="equivalent", find="x + x", replace="2 * x")
+                   + entry.format(id="twice", find="return", replace="return -")
+                   + entry.format(id="dup", find="a + b", replace="a * b")
+                   + entry.format(id="dup", find="x + x", replace="x * x")
+                   + '[[mutant]]\nid = "no-tests"\nclass = "c"\nfile = "toy/calc.py"\nfind = "x"\n'
+                     'replace = "y"\nwhy = "w"\n')
+    mutants = mutate.load_lists([str(lst)])
+    outcomes, meta = mutate.run(mutants, timeout=120, log=lambda *_: None, repo=str(repo))
+    assert [(o.id, o.status) for o in outcomes] == [
+        ("sub", "killed"), ("equivalent", "survived"), ("twice", "invalid"), ("dup", "invalid"),
+        ("dup", "invalid"), ("no-tests", "invalid")]
+    assert "test_add" in outcomes[0].detail and "2 times in toy/calc.py" in outcomes[2].detail
+    assert "used 2 times" in outcomes[3].detail and "tests" in outcomes[5].detail
+    assert list(meta["baseline"].values()) and all(v["status"] == "passed" for v in meta["baseline"].values())
+    assert "b + a" in calc.read_text()                              # the working tree is untouched
+    report = mutate.to_json(mutants, outcomes, meta, {"equivalent": "2 * x == x + x"})
+    assert report["summary"]["kill_rate"] == 0.5 and report["summary"]["invalid"] == 4
+    md = mutate.to_markdown(report)
+    assert "50.0 % killed" in md and "2 * x == x + x" in md
