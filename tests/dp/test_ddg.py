@@ -235,6 +235,29 @@ def test_encode_sends_a_vector_within_the_accounted_bound(dim, clip, bits):
         _within_accounted_bound(cfg, raw)
 
 
+def test_encode_stays_within_the_accounted_bound_where_the_bound_binds():
+    """Issue 54 (a survivor of benchmarks/mutants/dp.toml: ``encode`` rounding to a bound 5 %
+    looser than ``l2_bound`` passed the tests above, whose inputs never reach the bound). An
+    input built to round near the bound: its scaled rotation is 15.5 in each of 16 coordinates
+    (norm 62 <= c / gamma = 62.5), so each coordinate rounds up or down with probability 1/2
+    and ~1 % of plain stochastic roundings exceed ``l2_sensitivity``. Every vector ``encode``
+    sends (noise 0: the rounded vector itself) over 2,000 keys is within it: the conditional
+    rounding really rejects at the accounted bound (a looser bound lets ~20 of them through)."""
+    cfg = ddg.DDGConfig(dim=16, num_clients=2, clip=1.0, noise_multiplier=0.0, bits=8)
+    y = np.full(16, 15.5)
+    assert np.linalg.norm(y) <= cfg.clip / cfg.gamma
+    signs = ddg.round_signs(cfg, jax.random.key(0))
+    x = jax.numpy.asarray(np.asarray(signs) * np.asarray(ddg.fwht(jax.numpy.asarray(cfg.gamma * y))),
+                          jax.numpy.float32)
+    assert float(np.linalg.norm(np.asarray(x, np.float64))) <= cfg.clip
+    plain = np.floor(y) + (np.random.default_rng(0).random((20_000, 16)) < 0.5)
+    assert (np.linalg.norm(plain, axis=1) > cfg.l2_sensitivity).mean() > 0.005  # the bound binds
+    raw, ok = jax.jit(jax.vmap(lambda k: ddg.encode(cfg, x, k, signs)))(
+        jax.random.split(jax.random.key(1), 2000))
+    norms = np.linalg.norm(np.asarray(raw, np.float64), axis=1)
+    assert bool(np.all(ok)) and norms.max() <= cfg.l2_sensitivity, norms.max()
+
+
 # ----------------------------------------------------------------------------- issue 54: oracles
 # sigma >= 1/2 (Prop. 14's premise): at 0.5-0.55 the discreteness of the shares is visible (the
 # exact divergence exceeds the Gaussian term alpha ||Delta||^2 / (2 n sigma^2) by up to ~0.3 per
