@@ -164,6 +164,36 @@ def test_adaptive_clipping_noise_std_is_z_times_the_current_clip_every_round():
     assert clips[0] == 1.0 and clips[-1] < 0.2 and np.all(np.diff(clips) < 0), clips
 
 
+def test_adaptive_clipping_releases_the_sum_clipped_to_the_current_clip():
+    """Issue 54 (a survivor of benchmarks/mutants/dp.toml: the sum normalised by C_0 before the
+    noise and scaled back by C_t). With adaptive clipping the engine's release in round t is
+    the cohort's sum clipped to C_t (noise 0 here): ``m`` times the server step equals the
+    oracle's ``cohort_sum`` at ``C_t`` (``tests/oracles.py``), in round 0 and in round 1, after C
+    grew by ~exp(eta gamma) (most clients above C_0: their sum moves with C; normalising by
+    C_0 would scale it by C_1 / C_0 ~ 1.6)."""
+    data = make_dataset(seed=3)
+    ids = list(data)[:6]
+    cohort = build_cohort(data, ids, B, 8, max_steps=4)
+    ac = AdaptiveClipping(initial_clip=0.05, target_quantile=0.5, learning_rate=1.0, count_stddev=0.0)
+    alg = build_algorithm(loss_fn, optax.sgd(0.05), optax.sgd(1.0),
+                          DPConfig(clip_norm=0.05, noise_multiplier=0.0, adaptive=ac), expected_cohort_size=6)
+    oracle = jax.jit(lambda p, c: cohort_sum(make_client_update(loss_fn, optax.sgd(0.05)), p,
+                                             cohort.batches, cohort.client_mask, jax.random.key(1), c)[0])
+    state = alg.init(init_params(), jax.random.key(0))
+    clips = []
+    for _ in range(2):
+        clip = float(state.clip_state.clip_norm)
+        want = oracle(state.params, clip)
+        new, metrics = alg.apply(state, cohort.batches, cohort.client_mask, jax.random.key(1))
+        assert float(metrics["clip_norm"]) == clip and float(metrics["frac_clipped"]) > 0.5
+        for k in want:
+            np.testing.assert_allclose(6 * (np.asarray(new.params[k]) - np.asarray(state.params[k])),
+                                       np.asarray(want[k]), rtol=1e-4, atol=1e-7)
+        clips.append(clip)
+        state = new
+    assert clips[1] > 1.5 * clips[0], clips
+
+
 def test_adaptive_clip_count_counts_the_real_clients_only():
     """The clip count the engine releases (``AdaptiveClipping.update``: ``sum_i (b_i - 1/2)``
     over the cohort's real clients) ignores padded slots: 5 real clients of 8 slots, every real
