@@ -35,10 +35,11 @@ def test_dp_ftrl_equals_raw_dp_accounting_and_restarts_cost_more():
 
 def test_dp_fedavg_poisson_is_min_of_rdp_and_pld():
     ev = acc.dp_fedavg_poisson_event(1.1, 0.02, 300)
+    raw = dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(0.02, dpa.GaussianDpEvent(1.1)), 300)
     a = rdp.RdpAccountant()
-    a.compose(ev)
+    a.compose(raw)  # the event as the paper states it, built here (not by the function under test)
     p = pld.PLDAccountant()
-    p.compose(ev)
+    p.compose(raw)
     got, name = acc.compute_epsilon(ev, 1e-6)
     assert got == pytest.approx(min(a.get_epsilon(1e-6), p.get_epsilon(1e-6)), rel=1e-9)
     assert acc.compute_epsilon(ev, 1e-6, accountant="rdp")[0] == pytest.approx(a.get_epsilon(1e-6))
@@ -262,3 +263,19 @@ def test_the_ledger_absorbs_only_a_ledger_at_its_own_delta_and_relation(delta, r
         with pytest.raises(PrivacyBudgetExceeded, match="delta|neighboring"):
             mine.absorb(recorded)
         assert [e.name for e in mine.entries] == ["mine"]
+
+
+def test_a_step_on_several_populations_is_checked_on_each_of_them():
+    """A step charged to several user populations counts against the budget of every one of
+    them, not only the first it names: two steps on (S, T) and (U, T) cost T both (1.6 > 1)
+    though S and U each carry one (0.8); the second is refused, and ``spent`` is T's."""
+    geo = geometric_dp_event(0.8, 1)
+    led = PrivacyLedger(1.0, 1e-6)
+    led.spend("S and T", geo, ("S", "T"))
+    with pytest.raises(PrivacyBudgetExceeded, match="budget"):
+        led.spend("U and T", geo, ("U", "T"))
+    assert [e.name for e in led.entries] == ["S and T"]
+    big = PrivacyLedger(2.0, 1e-6)
+    big.spend("S and T", geo, ("S", "T"))
+    big.spend("U and T", geo, ("U", "T"))
+    assert big.spent() == pytest.approx(1.6, rel=1e-5) == big.epsilon_by_population()["T"]

@@ -131,6 +131,27 @@ def test_engine_epsilon_equals_raw_dp_accounting(sampler_kind, mechanism, adapti
                                                          rel=1e-9)
 
 
+@pytest.mark.parametrize("mechanism,sampler_kind", [("gaussian", "poisson"), ("gaussian", "uniform"),
+                                                    ("gaussian", "shuffled"), ("tree", "shuffled")])
+def test_the_executed_run_is_charged_the_noise_it_adds(mechanism, sampler_kind):
+    """Issue 54 (a survivor of benchmarks/mutants/dp.toml: the executed run charged the simulated
+    multiplier). With ``noise_cohort_size`` (a simulation of a larger noise cohort, McMahan et al.
+    2018) the engine adds noise at ``z s``, ``s = m / noise_cohort_size`` (tests/fl/test_engine.py
+    measures it): the executed run's event (``simulated=False``, what ``spent_executed`` reports)
+    has the epsilon of the same mechanism at ``z s`` without simulation, above the simulated
+    run's (the event at ``z``)."""
+    s = SAMPLERS[sampler_kind]()
+    r = 10 if mechanism == "tree" else 1
+    sim = DPConfig(1.0, Z, mechanism, r, noise_cohort_size=4 * M)
+    scale = s.expected_cohort_size / (4 * M)
+    executed = _engine_eps(DPConfig(1.0, Z * scale, mechanism, r), s, T, DELTA)
+    simulated = _engine_eps(DPConfig(1.0, Z, mechanism, r), s, T, DELTA)
+    got = {flag: acc.compute_epsilon(privacy_event(sim, s, T, simulated=flag), DELTA,
+                                     neighboring_for(s))[0] for flag in (False, True)}
+    assert got[False] == pytest.approx(executed, rel=1e-9) and got[True] == pytest.approx(simulated, rel=1e-9)
+    assert got[False] > 1.5 * got[True]
+
+
 def test_noise_free_count_and_unknown_samplers_fail_closed():
     s = PoissonSampler(100, 0.1)
     assert privacy_event(DPConfig(1.0, 1.0, adaptive=AdaptiveClipping(count_stddev=0.0)), s, 5) == \

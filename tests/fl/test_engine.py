@@ -143,25 +143,30 @@ def _zero_loss(p, b, r):
 def test_adaptive_clipping_noise_std_is_z_times_the_current_clip_every_round():
     """Adaptive clipping (Andrew et al. 2021) with the Gaussian mechanism: the noise released in
     round t has std ``z C_t`` on the sum (the clip of that round, ``metrics['clip_norm']``), not
-    ``z C_0``. Zero-update clients make the server step pure noise, ``N(0, (z C_t / m)^2)`` per
-    coordinate; every client is below C, so C_t shrinks by ~``exp(-eta / 2)`` a round (to below
-    a fifth of C_0 in 6 rounds). Each round's sample std over 16384 coordinates is within
-    5 sd (``5 / sqrt(2 * 16384)`` = 2.8 %) of ``z C_t / m``."""
+    ``z C_0``, and is fresh every round. Zero-update clients make the server step pure noise,
+    ``N(0, (z C_t / m)^2)`` per coordinate; every client is below C, so C_t shrinks by
+    ~``exp(-eta / 2)`` a round (to below a fifth of C_0 in 6 rounds). Each round's sample std
+    over 16384 coordinates is within 5 sd (``5 / sqrt(2 * 16384)`` = 2.8 %) of ``z C_t / m``,
+    and any two rounds' noise has a sample correlation within ``5 / sqrt(16384)`` of 0 (an
+    engine that does not advance its noise state repeats one draw: correlation 1)."""
     data = make_dataset(seed=5)
     cohort = build_cohort(data, list(data)[:4], B, 4, max_steps=8)
     ac = AdaptiveClipping(initial_clip=1.0, target_quantile=0.5, learning_rate=1.0, count_stddev=0.5)
     alg = dp_fedavg(_zero_loss, optax.sgd(0.1), optax.sgd(1.0), clip_norm=1.0, noise_multiplier=2.0,
                     expected_cohort_size=4, adaptive=ac)
     state = alg.init({"w": jnp.zeros((16384,))}, jax.random.key(0))
-    clips = []
+    clips, noise = [], []
     for t in range(6):
         before = np.asarray(state.params["w"], np.float64)
         state, metrics = alg.apply(state, cohort.batches, cohort.client_mask, jax.random.key(1 + t))
         clip = float(metrics["clip_norm"])
-        std = float(np.std(np.asarray(state.params["w"], np.float64) - before))
+        noise.append(np.asarray(state.params["w"], np.float64) - before)
+        std = float(np.std(noise[-1]))
         assert abs(std / (2.0 * clip / 4) - 1) < 5 / np.sqrt(2 * 16384), (t, clip, std)
         clips.append(clip)
     assert clips[0] == 1.0 and clips[-1] < 0.2 and np.all(np.diff(clips) < 0), clips
+    corr = np.corrcoef(np.stack(noise))[~np.eye(6, dtype=bool)]
+    assert np.abs(corr).max() < 5 / np.sqrt(16384), np.abs(corr).max()
 
 
 def test_adaptive_clipping_releases_the_sum_clipped_to_the_current_clip():
