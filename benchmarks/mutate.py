@@ -197,6 +197,8 @@ def run(mutants: list[Mutant], rev: str = "HEAD", timeout: float = 900.0, baseli
     """Apply and test every mutant in a scratch copy of ``repo`` at ``rev`` (the repository's
     files are never touched); ``(outcomes, meta)``, one outcome per mutant, in order."""
     tree = tempfile.mkdtemp(prefix="fedpriv-mutate-")
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # a terminated run removes its scratch copy
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     outcomes: dict[str, Outcome] = {}
     base: dict[tuple, tuple] = {}
     t_start = time.monotonic()
