@@ -120,7 +120,7 @@ def main(argv=None):
     ap.add_argument("--before-commit", default="025f75c")
     ap.add_argument("--out", help="write OUT.json and OUT.md")
     args = ap.parse_args(argv)
-    from experiments.__main__ import ARTEFACTS
+    from experiments.index import ARTEFACTS
     by_name = {a.name: a for a in ARTEFACTS}
     todo = [(n.partition("@")[0], n.partition("@")[2] or args.before_commit) for n in args.artefacts]
     unknown = [n for n, _ in todo if n not in by_name or by_name[n].module is None]

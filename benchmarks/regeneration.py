@@ -22,7 +22,7 @@ import os
 
 from configs.common import split_spec
 from experiments import results, runstore
-from experiments.__main__ import ARTEFACTS, available
+from experiments.index import ARTEFACTS, available
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

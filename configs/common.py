@@ -52,8 +52,8 @@ import re
 
 import numpy as np
 
-from fedpriv.data.errors import ConfigError
 from fedpriv.dp.accounting import check_delta
+from fedpriv.errors import ConfigError
 
 __all__ = ["ConfigError", "DP_FIELDS", "EXCLUSIVE", "LIMITS", "NONPRIVATE_ALGORITHMS",
            "SIGNED", "apply_overrides", "check", "check_conflicts", "check_limits", "check_signs", "check_types",

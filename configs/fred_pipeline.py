@@ -76,7 +76,7 @@ def get_config(arg: str = "small") -> FredPipelineConfig:
     refuse_nonprivate(cfg.lm.algorithm, "total_epsilon")
     from fedpriv.recipes import plans
     plans.check_fred_pools(cfg, ("wikipedia", "simpsons"))  # the paper's 150K: refused, not shrunk
-    from fedpriv.fred.pipeline import fred_release_event
+    from fedpriv.recipes.fred_pipeline import fred_release_event
     plans.check_fred_budget(cfg, fred_release_event(cfg))  # something left for FL-finetuning
     return dataclasses.replace(cfg, lm=dataclasses.replace(cfg.lm, target_epsilon=cfg.total_epsilon,
                                                            noise_multiplier=None))

@@ -318,8 +318,8 @@ def record_invocation(wall_s: float | None = None, cpu_s: float | None = None) -
            "wall_clock_s": None if wall_s is None else round(wall_s, 1),
            "cpu_s": None if cpu_s is None else round(cpu_s, 1)}
     save_json(inv, os.path.join(_LAST_RUN["workdir"], INVOCATION_FILE))
-    from experiments import results  # here: results imports this module
-    results.record_compact(inv, _LAST_RUN["workdir"], publish=_LAST_RUN.get("publish", True))
+    from experiments import compact
+    compact.record_compact(inv, _LAST_RUN["workdir"], publish=_LAST_RUN.get("publish", True))
 
 
 def printing_main(run, doc: str, name: str, *shown: str, slices=None):

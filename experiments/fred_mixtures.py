@@ -4,7 +4,7 @@ Mixtures of Y% private-distribution text (held-out chitchat senders) and (100-Y)
 fixed total size, nested (99% and 100% share 99% of their sentences). FreD to the private
 users (non-private; private over several Algorithm-1 releases, each reused for every Y), then
 for each (Y, seed): prefinetune the LM, test perplexity, DP-FTRL FL-finetune, test perplexity.
-The stages are ``fedpriv.fred.mixtures`` (resumable per stage); this writes ``summary.json``,
+The stages are ``fedpriv.recipes.fred_mixtures`` (resumable per stage); this writes ``summary.json``,
 ``fred_mixtures.{md,csv}`` (Table 2 layout), ``fred_vs_y.png`` (Figure 2) and ``verdicts.json``.
 
     python -m experiments.fred_mixtures --config configs/fred_mixtures.py:small --workdir runs/fred_mixtures
@@ -19,7 +19,8 @@ import numpy as np
 
 from experiments import common
 from fedpriv import verdicts as V
-from fedpriv.fred.mixtures import monotone_verdict, plot_fred_vs_y, run_mixtures, separation_verdict, trials_epsilon
+from fedpriv.fred.mixtures import monotone_verdict, plot_fred_vs_y, separation_verdict, trials_epsilon
+from fedpriv.recipes.fred_mixtures import run_mixtures
 from fedpriv.report import write_verdicts
 
 # Hou et al. Table 2: Y% -> (test perplexity before, after DP FL-finetuning)

@@ -4,7 +4,7 @@
 and the users' data, (2) prefinetune the on-device LM on it (central, public data), (3) DP
 FL-finetune on the users — one privacy ledger for the whole pipeline (FreD's two Gaussian
 releases + DP-FTRL, composed; z of stage 3 is calibrated to what FreD left of the budget).
-The stages are ``fedpriv.fred.pipeline`` (resumable per stage); this writes the artefacts:
+The stages are ``fedpriv.recipes.fred_pipeline`` (resumable per stage); this writes the artefacts:
 ``summary.json``, ``fred_pipeline.{md,csv}`` (one row per prefinetuning choice, mean ± std over
 ``seeds``; rows other than FreD's choice are counterfactual runs under copies of the ledger; with
 the paper's Table 1 for comparison), ``fred_pipeline_runs.{md,csv}`` (every seed's rows),
@@ -23,7 +23,7 @@ import numpy as np
 from experiments import common
 from fedpriv import report, verdicts as V
 from fedpriv.fl.loop import NONPRIVATE
-from fedpriv.fred.pipeline import NONE, NOT_COVERED_NOTE, outputs, run_pipeline
+from fedpriv.recipes.fred_pipeline import NONE, NOT_COVERED_NOTE, outputs, run_pipeline
 
 __all__ = ["NONE", "PAPER_TABLE1", "CLAIM_PERPLEXITY", "CLAIM_RANKING", "verdicts", "plot", "run", "main"]
 

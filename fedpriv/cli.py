@@ -32,45 +32,8 @@ import sys
 
 import dp_accounting as dpa
 
+from fedpriv.argparsing import Parser, one_line
 from fedpriv.dp import accounting
-
-
-def one_line(message: str) -> str:
-    """``message`` on one printable line: whitespace runs become one space, other unprintable
-    characters (a user's ``\x1e`` or ``\u2028`` splits lines too) are escaped."""
-    text = " ".join(str(message).split())
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
-
-
-def _once(base):
-    """``base`` action that refuses its option given twice (``--noise-multiplier 1 ...
-    --noise-multiplier 100`` is two conflicting settings, never the last one silently)."""
-    class Once(base):
-        def __call__(self, parser, namespace, values, option_string=None):
-            seen = namespace.__dict__.setdefault("_options_given", set())
-            if self.dest in seen:
-                parser.error(f"{'/'.join(self.option_strings)} is given twice")
-            seen.add(self.dest)
-            super().__call__(parser, namespace, values, option_string)
-    return Once
-
-
-class _Parser(argparse.ArgumentParser):
-    """One-line errors (status 2); every option at most once."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.register("action", None, _once(argparse._StoreAction))
-        self.register("action", "store", _once(argparse._StoreAction))
-        self.register("action", "store_true", _once(argparse._StoreTrueAction))
-
-    def error(self, message):  # one line, status 2
-        self.exit(2, f"error: {one_line(message)}\n")
-
-    def parse_args(self, args=None, namespace=None):
-        ns = super().parse_args(args, namespace)
-        ns.__dict__.pop("_options_given", None)
-        return ns
 
 
 def _common(p, calibrate: bool, fedavg: bool):
@@ -92,17 +55,17 @@ def _common(p, calibrate: bool, fedavg: bool):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="python -m fedpriv", description="fedpriv command line")
-    sub = ap.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    ap = Parser(prog="python -m fedpriv", description="fedpriv command line")
+    sub = ap.add_subparsers(dest="command", required=True, parser_class=Parser)
     # dispatched by main() before parsing (its own parser: fedpriv.audit.cli); listed for --help
     sub.add_parser("audit", help="empirical privacy audit of the FL engine with canary clients "
                                  "(python -m fedpriv audit --help)", add_help=False)
     priv = sub.add_parser("privacy", help="privacy accounting")
-    psub = priv.add_subparsers(dest="what", required=True, parser_class=_Parser)
+    psub = priv.add_subparsers(dest="what", required=True, parser_class=Parser)
     _common(psub.add_parser("dp-ftrl", help="epsilon of DP-FTRL (tree aggregation)"), False, False)
     _common(psub.add_parser("dp-fedavg", help="epsilon of DP-FedAvg (Poisson sampling)"), False, True)
     cal = psub.add_parser("calibrate", help="noise multiplier for a target epsilon")
-    csub = cal.add_subparsers(dest="mechanism", required=True, parser_class=_Parser)
+    csub = cal.add_subparsers(dest="mechanism", required=True, parser_class=Parser)
     _common(csub.add_parser("dp-ftrl"), True, False)
     _common(csub.add_parser("dp-fedavg"), True, True)
     return ap

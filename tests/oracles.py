@@ -19,7 +19,7 @@ library function). Each names the library code it checks:
 * ``student_batches``: shuffled, padded distillation batches (``fedpriv.public.distill``);
 * ``format_source_report``: ``fedpriv.public.select.source_shares`` as a Markdown table;
 * ``pipeline_events``: the FreD pipeline ledger's events without running it
-  (``fedpriv.fred.pipeline``);
+  (``fedpriv.recipes.fred_pipeline``);
 * ``rdp_epsilon`` / ``pld_epsilon``: raw ``dp_accounting`` accountants on a list of events (the
   ledger's and the plans' accountant choice, ``fedpriv.dp.accounting.compute_epsilon``);
 * ``gaussian_epsilon``: the exact epsilon of one Gaussian mechanism (Balle & Wang 2018, Thm. 8),
@@ -59,9 +59,9 @@ from fedpriv.dp.clipping import clip_update
 from fedpriv.dp.ddg import DDGConfig, DDGRound
 from fedpriv.dp.noise import node_noise, noise_like
 from fedpriv.fl.aggregate import client_weight
-from fedpriv.fred.pipeline import fred_release_event
 from fedpriv.models.llama import Teacher, _forward_jit
 from fedpriv.recipes import lm as lm_recipe
+from fedpriv.recipes.fred_pipeline import fred_release_event
 
 
 def tree_prefix_noise(key, t, like, std, num_levels: int):

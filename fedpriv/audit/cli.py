@@ -6,9 +6,9 @@ import json
 import os
 import sys
 
+from fedpriv.argparsing import Parser, one_line  # one-line errors (status 2), every option at most once
 from fedpriv.audit.core import BREAKS, MECHANISMS, PRESETS, AuditSettings, run_audit
 from fedpriv.audit.epsilon import AuditError
-from fedpriv.cli import _Parser, one_line  # one-line errors (status 2), every option at most once
 
 
 # ----------------------------------------------------------------------------- report
@@ -69,7 +69,7 @@ def report_markdown(rows: list[dict], command: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = _Parser(prog="python -m fedpriv audit",
+    ap = Parser(prog="python -m fedpriv audit",
                  description="Empirical privacy audit of the FL engine with canary clients "
                              "(one-shot estimation, Andrew et al. ICLR 2024).")
     ap.add_argument("--mechanism", default="all", help="dp-fedavg, dp-ftrl or all (default)")

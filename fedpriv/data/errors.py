@@ -27,16 +27,11 @@ __all__ = [
     "PathKindError",
 ]
 
-from fedpriv.errors import FedprivError  # noqa: E402  (re-exported)
+from fedpriv.errors import ConfigError, FedprivError  # noqa: E402  (re-exported)
 
 logger = logging.getLogger("fedpriv.data")
 
 SETUP_HINT = "run `make setup` in the fedpriv checkout (it installs the data packages into .venv)"
-
-
-class ConfigError(FedprivError, ValueError):
-    """A config, a ``--config`` spec or a ``field=value`` override is invalid (wrong type, out of
-    range, unknown field, fractions that do not sum to 1, ...)."""
 
 
 class DataError(FedprivError):

@@ -21,6 +21,11 @@ import numpy as np
 
 from fedpriv.errors import FedprivError
 
+# how a client's clipped update is weighted in the sum (w_i in [0, 1], so the sensitivity stays C):
+# the same for every client, or by its example count capped at ``weight_cap``
+# (``fedpriv.fl.aggregate.client_weight``; ``DPConfig.weighting``)
+WEIGHTINGS = ("uniform", "num_examples")
+
 
 class ClipNormError(FedprivError, ValueError):
     """The clip norm is not a positive number (zero, negative or NaN)."""

@@ -12,7 +12,7 @@ A mechanism binds (docs/design.md, principle 10; jax_privacy's privatizers and
 * its **release** per round for the accounting (``release_event(sampler, rounds, z, fresh)``):
   the ``dp_accounting`` event of ``rounds`` rounds under the sampler, built by the existing
   accounting code (``accounting.RoundRelease`` handed to ``sampler.amplified_event`` for fresh
-  and tree noise, ``samplers.matrix_privacy_event`` for matrix noise, ``ddg.ddg_event``
+  and tree noise, ``matrix_events.matrix_privacy_event`` for matrix noise, ``ddg.ddg_event``
   for distributed noise); ``privacy_event(sampler, rounds, simulated)`` is the whole event of a
   run (non-private cases, the noise-cohort scaling, the adaptive clip count);
 * its **neighbouring relations** (``neighboring``: those its accounting holds under);
@@ -55,6 +55,8 @@ import optax
 
 from fedpriv.dp import accounting, ddg, matrix
 from fedpriv.dp.adaptive import AdaptiveClipping
+from fedpriv.dp.clipping import WEIGHTINGS
+from fedpriv.dp.matrix_events import matrix_privacy_event
 from fedpriv.dp.noise import tree_privatizer
 from fedpriv.errors import FedprivError
 
@@ -151,7 +153,6 @@ class DPConfig:
         return obj
 
     def __post_init__(self):
-        from fedpriv.fl.aggregate import WEIGHTINGS  # (fl imports this module)
         own = type(self).__dataclass_fields__["mechanism"].default
         if type(self) not in _CONSTRUCTORS and self.mechanism != own:
             raise ValueError(f"{type(self).__name__} is mechanism {own!r}, got {self.mechanism!r}")
@@ -324,9 +325,8 @@ class MatrixDPConfig(DPConfig):
         return matrix.privatizer(self.strategy, noise_multiplier, key)
 
     def release_event(self, sampler, rounds, noise_multiplier, fresh=None):
-        """``samplers.matrix_privacy_event``: a Gaussian at ``z / sens`` under the
+        """``matrix_events.matrix_privacy_event``: a Gaussian at ``z / sens`` under the
         sampler's guaranteed min-separation (``MinSeparationError`` without one)."""
-        from fedpriv.fl.samplers import matrix_privacy_event  # (fl imports this module)
         return matrix_privacy_event(self, sampler, rounds, noise_multiplier, fresh)
 
 

@@ -4,7 +4,7 @@ An experiment's :class:`PrivacyPlan` lists the ledgers it opens (:class:`Planned
 pipeline / table row / counterfactual run, each with the (epsilon, delta) budget it claims) and,
 in order, the privacy events it would spend in each (:class:`Charge`) -- the very
 ``dp_accounting`` events the run builds (``fedpriv.recipes.lm.build_algorithm``,
-``fedpriv.fred.pipeline.fred_release_event``, the expansion schemes' stages ...), built from the
+``fedpriv.recipes.fred_pipeline.fred_release_event``, the expansion schemes' stages ...), built from the
 config alone, no data and no training. :func:`account` replays every charge through a fresh
 :class:`~fedpriv.dp.ledger.PrivacyLedger` -- the ledger the run uses, same budget, delta and
 accountant -- and raises :class:`~fedpriv.dp.ledger.PrivacyBudgetExceeded` on the first charge

@@ -19,11 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh
 
-from fedpriv.dp.clipping import clip_update
+from fedpriv.dp.clipping import WEIGHTINGS, clip_update
 from fedpriv.fl.client import ClientHooks, ServerView, step_hooks
 from fedpriv.fl.cohort import FirstSteps, Lanes
-
-WEIGHTINGS = ("uniform", "num_examples")
 
 
 def client_weight(num_examples, weighting: str, weight_cap: float):

@@ -11,8 +11,13 @@ Modules, by concern:
 - :mod:`fedpriv.fred.embed`: the candidate datasets and their embedding with the BERT embedder
   (``fedpriv.models.bert``), cached;
 - :mod:`fedpriv.fred.compare`: private vs non-private FreD over seeds (Table 1 analogue);
-- :mod:`fedpriv.fred.pipeline`: FreD release -> central prefinetuning -> DP FL-finetuning as
-  ``fedpriv.fl.stages`` stages under one ledger (imported on its own: it pulls in the LM recipe).
+- :mod:`fedpriv.fred.mixtures`: Y% prefinetuning mixtures, FreD vs Y and their verdicts
+  (Table 2 / Figure 2; functions of arrays).
+
+The pipelines built on them are recipes (they run the LM recipe): FreD release -> central
+prefinetuning -> DP FL-finetuning as ``fedpriv.fl.stages`` stages under one ledger is
+:mod:`fedpriv.recipes.fred_pipeline`, the mixtures experiment's stages
+:mod:`fedpriv.recipes.fred_mixtures`.
 
 Calibration, sensitivities, events and the jitted secure sums are in :mod:`fedpriv.dp.moments`.
 """

@@ -111,11 +111,11 @@ def embed_all(embedder, private: Mapping[str, Sequence[str]],
 def table_declared_counts(max_per_user: int) -> dict[str, int]:
     """The FreD table's declared denominators (``fedpriv.fred.compare.table_rows``'s
     ``n_public``), from public facts alone: ``user`` = the private half of chitchat's published
-    sender count (``fedpriv.recipes.plans.CORPUS_CLIENTS``, split as :func:`table_datasets`
+    sender count (``fedpriv.data.populations.CORPUS_CLIENTS``, split as :func:`table_datasets`
     splits it); ``sample`` = that times ``max_per_user``, the most sentences the protocol
     collects. Under add/remove the exact counts are private; a sender with fewer than
     ``max_per_user`` messages makes the sample-level estimate a fixed-denominator one, scaled by
     (sentences used) / (declared)."""
-    from fedpriv.recipes.plans import corpus_clients, split_sizes
+    from fedpriv.data.populations import corpus_clients, split_sizes
     users = split_sizes(corpus_clients("chitchat"), (0.5, 0.5))[0]
     return {"user": users, "sample": users * int(max_per_user)}

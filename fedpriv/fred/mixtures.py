@@ -6,7 +6,7 @@ and ``100 - Y%`` Wikitext, at a fixed total size. FreD (non-private and private)
 for every ``Y``; each mixture is then prefinetuned on and DP FL-finetuned, test perplexity
 before and after (Table 2). Here: private-distribution text = messages of held-out chitchat
 senders (:data:`fedpriv.fred.embed.HELD_OUT`), public = Wikipedia sentences, private users =
-the training split of the other chitchat senders (as in :mod:`fedpriv.fred.pipeline`).
+the training split of the other chitchat senders (as in :mod:`fedpriv.recipes.fred_pipeline`).
 
 Mixtures are *nested*: each pool is shuffled once and a mixture at ``Y`` is the first
 ``k = round(Y * total / 100)`` sentences of the private-distribution pool plus the first
@@ -14,7 +14,8 @@ Mixtures are *nested*: each pool is shuffled once and a mixture at ``Y`` is the 
 the pools are embedded once: a mixture's embeddings are the same prefixes of the pools'
 embeddings (FreD for every ``Y`` is post-processing of one release per trial).
 
-Stages (``fedpriv.fl.stages.run_stages``, resumable; ``workdir/<i>-<name>``): ``FreD`` (embed
+This module holds the mixtures, FreD vs Y and the verdicts (functions of arrays); the experiment's
+stages (``run_mixtures``) are a recipe, :mod:`fedpriv.recipes.fred_mixtures`: ``FreD`` (embed
 the pools and users once, non-private FreD per Y, one Algorithm-1 release per trial reused for
 every Y; trial 0's release is charged to the pipeline ledger, the other trials are replicates
 of the experiment, each of which would cost the same), then one stage per (Y, seed):
@@ -23,18 +24,15 @@ after FreD (z calibrated to what FreD left of the budget), test perplexity.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
-import os
-import time
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import jax
 import numpy as np
 
 from fedpriv import report
 from fedpriv.fred.distance import gaussian_stats, pca_basis
-from fedpriv.fred.embed import HELD_OUT, embed_all
+from fedpriv.fred.embed import HELD_OUT
 from fedpriv.fred.private import fred, private_stats
 
 __verdict_code__ = ("monotone_verdict", "separation_verdict")  # read-time code (experiments.results.verdict_code)
@@ -265,131 +263,3 @@ def plot_fred_vs_y(fr: dict, path: str, pair: tuple[float, float] = (99, 100),
     b.set_ylabel("private FreD (trials; bars: min-max)")
     b.grid(alpha=0.3)
     return report.save_figure(fig, path, title)
-
-
-# ============================================================================================
-# The experiment's stages
-# ============================================================================================
-
-def build_data(cfg, progress: bool = True):
-    """``(train, val, test, pools, fred_private)``: the private users' splits, the two pools
-    (``{HELD_OUT: [str], PUBLIC: [str]}``, ``num_sentences`` each, shuffled) and each training
-    user's FreD sentences. Same draws as :func:`fedpriv.fred.pipeline.build_data` (the Simpsons
-    candidate is dropped)."""
-    from fedpriv.fred.pipeline import build_data as pipeline_data
-    tr, va, te, candidates, fred_private = pipeline_data(cfg, progress)
-    pools = shuffled_pools({HELD_OUT: candidates[HELD_OUT], PUBLIC: candidates[PUBLIC]}, cfg.seed)
-    for name, texts in pools.items():
-        if len(texts) < cfg.num_sentences:
-            raise ValueError(f"pool {name!r} has {len(texts)} sentences < num_sentences "
-                             f"{cfg.num_sentences}")
-    return tr, va, te, pools, fred_private
-
-
-def stage_name(y: float, seed: int) -> str:
-    return f"Y={y:g}% seed={seed}"
-
-
-def _fred_stage(cfg, pools, fred_private, progress) -> Callable:
-    from fedpriv.fred.pipeline import fred_declared_users
-    from fedpriv.models import bert
-
-    def run(ctx) -> dict:
-        t0 = time.time()
-        embedder = bert.load_embedder(max_length=cfg.embed_max_length)
-        priv_emb, pool_emb, throughput = embed_all(embedder, fred_private, pools, cfg.embed_batch,
-                                                   os.path.join(ctx.workdir, "embeddings.npz"),
-                                                   progress=progress)
-        fr = fred_vs_y(priv_emb, pool_emb, cfg.y_percents, cfg.num_sentences,
-                       trials=cfg.fred_trials, clip=cfg.fred_clip, epsilon=cfg.fred_epsilon,
-                       delta=cfg.fred_delta, unit="user", seed=cfg.seed, pca_dims=cfg.pca_dims,
-                       n_public=fred_declared_users(cfg), ledger=ctx.ledger, name=RELEASE)
-        return {**fr, "embedder_sentences_per_s": throughput,
-                "embedded_sentences": int(sum(len(v) for v in priv_emb.values())
-                                          + sum(len(v) for v in pool_emb.values())),
-                # the declared count (the exact one is private under the add/remove ledger)
-                "private_users": fred_declared_users(cfg), "ledger_after_fred": ctx.ledger.to_dict(),
-                "wall_s": time.time() - t0}
-    return run
-
-
-def _finetune_stage(cfg, y: float, seed: int, lm_data: Callable, pools, progress) -> Callable:
-    from fedpriv.data import encode_examples
-    from fedpriv.dp.ledger import PrivacyLedger
-    from fedpriv.models.metrics import evaluate
-    from fedpriv.public.pretrain import adam_with_clipping, train_central
-    from fedpriv.recipes import lm as lm_recipe
-
-    def run(ctx) -> dict:
-        t0 = time.time()
-        lm = dataclasses.replace(cfg.lm, seed=seed)
-        prepared, task, test_tokens = lm_data()
-        texts = mixture(pools[HELD_OUT], pools[PUBLIC], y, cfg.num_sentences)
-        data = {"tokens": encode_examples(prepared.tokenizer.encode(texts), lm.seq_len)}
-        params = task.init(jax.random.key(seed))
-        params, _ = train_central(task.loss_fn, params, data, steps=cfg.prefinetune_steps,
-                                  batch_size=cfg.prefinetune_batch, seed=seed,
-                                  optimizer=adam_with_clipping(cfg.prefinetune_lr),
-                                  workdir=os.path.join(ctx.workdir, "prefinetune"),
-                                  progress=progress, desc=f"prefinetune Y={y:g}%",
-                                  log=ctx.log if progress else None)
-        before = evaluate(task, params, test_tokens, lm.eval_batch_size)
-        # counterfactual: every (Y, seed) run starts from the ledger after FreD (trial 0)
-        led = PrivacyLedger.from_dict(ctx.results["FreD"]["ledger_after_fred"])
-        s = lm_recipe.run_lm_fl(lm, os.path.join(ctx.workdir, "fl"), prepared=prepared,
-                                init_params=params, ledger=led, progress=progress,
-                                log=ctx.log if progress else (lambda _: None),
-                                stage=f"DP-FTRL FL-finetune (Y={y:g}%)")
-        return {"y": y, "seed": seed, "prefinetune_examples": int(len(data["tokens"])),
-                "test_ppl_before_fl": before["perplexity"],
-                "test_ppl_after_fl": float(math.exp(s["test_loss"])),
-                "test_acc_before_fl": before["accuracy"], "test_acc_after_fl": s["test_accuracy"],
-                "fl_noise_multiplier": s["noise_multiplier"], "fl_epsilon_alone": s["epsilon"],
-                "pipeline_epsilon": led.spent(), "ledger": led.report(), "wall_s": time.time() - t0}
-    return run
-
-
-def run_mixtures(cfg, workdir: str, progress: bool = True) -> dict:
-    """Run (or resume) the mixture experiment of ``cfg`` (``configs/fred_mixtures.py``).
-
-    Returns ``{"fred": FreD stage result, "runs": [(Y, seed) results], "ledger", "resumed"}``.
-    """
-    from fedpriv.data import load_public_pool, train_sentencepiece
-    from fedpriv.dp.ledger import PrivacyLedger
-    from fedpriv.fl.stages import Stage, run_stages, stage_dir
-    from fedpriv.recipes import lm as lm_recipe
-
-    lm = cfg.lm
-    os.makedirs(workdir, exist_ok=True)
-    tr, va, te, pools, fred_private = build_data(cfg, progress)
-    cache = {}
-
-    def lm_data():
-        """(prepared data, task, test tokens), built once on first use."""
-        if not cache:
-            tok = train_sentencepiece(load_public_pool(progress=progress).texts,
-                                      vocab_size=lm.vocab_size)
-            kw = dict(seq_len=lm.seq_len, max_examples_per_client=lm.max_examples_per_client,
-                      batch_size=lm.batch_size, seed=cfg.seed)
-            datasets = [t.to_dataset(tok, **kw) for t in (tr, va, te)]
-            stats = {"corpus": "chitchat (private half)", "vocab_size": tok.vocab_size,
-                     "train_clients": len(datasets[0]), "test_clients": len(datasets[2])}
-            cache["v"] = (lm_recipe.Prepared(*datasets, tok, stats),
-                          lm_recipe.build_task(lm, tok.vocab_size),
-                          datasets[2].concat_examples()["tokens"][: lm.max_eval_examples])
-        return cache["v"]
-
-    stages = [Stage("FreD", _fred_stage(cfg, pools, fred_private, progress))]
-    stages += [Stage(stage_name(y, s), _finetune_stage(cfg, y, s, lm_data, pools, progress))
-               for s in cfg.seeds for y in cfg.fl_y_percents]  # seed-major: each seed a full table
-    ledger = PrivacyLedger(cfg.total_epsilon, lm.delta, unit="user")
-    out = run_stages(stages, workdir, ledger, fingerprint=dataclasses.asdict(cfg),
-                     log=print if progress else (lambda _: None))
-    fr = out.results["FreD"]
-    if "nonprivate_user" not in fr:  # a FreD stage recorded before this column existed
-        priv_emb, pool_emb, _ = embed_all(None, {}, {}, cfg.embed_batch,
-                                          os.path.join(stage_dir(workdir, 0, "FreD"), "embeddings.npz"))
-        fr = {**fr, **nonprivate_fred_vs_y(priv_emb, pool_emb, cfg.y_percents, cfg.num_sentences,
-                                           cfg.pca_dims)}
-    return {"fred": fr, "runs": [out.results[s.name] for s in stages[1:]],
-            "ledger": out.ledger, "resumed": out.resumed}

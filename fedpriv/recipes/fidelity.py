@@ -1,7 +1,7 @@
 """docs/fidelity.md: per artefact, the paper's setting beside our ``paper`` scale, generated from
 the configs (``python -m experiments.fidelity``), so a reader sees every substitution.
 
-For each artefact of ``experiments.__main__.ARTEFACTS`` the row pairs the paper's stated setting
+For each artefact of ``experiments.index.ARTEFACTS`` the row pairs the paper's stated setting
 (:data:`PAPER_SETTINGS`, transcribed from the papers in papers/) with what our ``paper`` scale
 does: data, population (training users, from the privacy plans' population table or the
 papers' own files), model (parameters from ``jax.eval_shape``, nothing trained), rounds,
@@ -317,7 +317,7 @@ def _ours(artefact, account_plans: bool) -> dict:
 
 def artefact_rows(account_plans: bool = True, names=None) -> list[dict]:
     """One dict per artefact: ``name``, ``paper``, ``what``, ``theirs`` and ``ours`` (FIELDS)."""
-    from experiments.__main__ import ARTEFACTS
+    from experiments.index import ARTEFACTS
     out = []
     for a in ARTEFACTS:
         if names is not None and a.name not in names:

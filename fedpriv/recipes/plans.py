@@ -3,7 +3,7 @@ the events it would charge, built from its config alone -- no data loaded, nothi
 
 Each builder constructs the events with the functions the run itself calls
 (``fedpriv.recipes.lm.build_algorithm`` with the pipeline's prior events,
-``fedpriv.fred.pipeline.fred_release_event``, ``fedpriv.expansion.pipeline.calibrate_stage`` and
+``fedpriv.recipes.fred_pipeline.fred_release_event``, ``fedpriv.expansion.pipeline.calibrate_stage`` and
 ``fl.algorithms.privacy_event``, the schemes' budgets and unigram releases), so a config the
 run's ledger would refuse is refused here, before anything runs. ``configs/<experiment>.py``
 exposes ``privacy_plan(cfg)`` returning one of these; ``tests/experiments/test_configs.py``
@@ -29,7 +29,13 @@ import dp_accounting as dpa
 import jax
 
 from fedpriv.data.errors import ConfigError
-from fedpriv.data.sampling import split_client_ids
+from fedpriv.data.populations import (  # noqa: F401 (re-exported: the populations plans account)
+    CORPUS_CLIENTS,
+    corpus_clients,
+    fred_train_clients,
+    lm_train_clients,
+    split_sizes,
+)
 from fedpriv.dp import accounting, geometric, moments
 from fedpriv.dp.plan import Charge, PlannedRun, PrivacyPlan
 from fedpriv.fl import algorithms as algs
@@ -41,9 +47,6 @@ __all__ = ["CORPUS_CLIENTS", "EXPANSION_ACTIVE_USERS", "corpus_clients", "split_
            "fred_table_plan", "fred_mixtures_plan", "population_expansion_plan", "wang_ablations_plan", "lm_sweep_plan",
            "oracle_plan", "iw_regime_plan", "pre_text_plan", "nothing"]
 
-# Clients (users) of the packaged corpora with the loaders' defaults (`fedpriv.data.load_*`;
-# chitchat's per-sender cap of 1000 messages keeps every sender).
-CORPUS_CLIENTS = {"chitchat": 1315, "shakespeare": 1341, "simpsons": 1702}
 # Koga et al. datasets (`fedpriv.expansion.datasets.load_domains`): (source, target) users with
 # >= min_words_per_client words, keyed (dataset, min_words_per_client, max_chitchat_messages);
 # "topics" has no chitchat side (None).
@@ -83,35 +86,6 @@ def check_fred_budget(cfg, event) -> None:
             f"total_epsilon={cfg.total_epsilon:g} leaves nothing for FL-finetuning: FreD's release alone "
             f"costs epsilon {eps:.4g} at delta {cfg.lm.delta:g} (fred_epsilon={cfg.fred_epsilon:g} per "
             "release); raise total_epsilon or lower fred_epsilon")
-
-
-def corpus_clients(corpus: str, path=None) -> int:
-    """Users of ``corpus``: the packaged corpora's measured counts, or -- for the papers' own
-    data (``corpus_path``, ``fedpriv.data.paper_corpora``) -- counted in the file, so the plan
-    accounts the real population (e.g. StackOverflow's 342,477 training users)."""
-    from fedpriv.data import paper_corpora
-    if corpus in paper_corpora.PATH_LOADERS:
-        if not path:
-            raise ConfigError(f"corpus={corpus} needs corpus_path (the plan counts its users)")
-        return paper_corpora.count_users(corpus, path)
-    if corpus not in CORPUS_CLIENTS:
-        raise ConfigError(f"no known client count for corpus {corpus!r}: add it to "
-                          "fedpriv.recipes.plans.CORPUS_CLIENTS (the plan never guesses a population)")
-    return CORPUS_CLIENTS[corpus]
-
-
-def split_sizes(n: int, fractions) -> tuple[int, ...]:
-    """Group sizes of ``split_client_ids`` on ``n`` clients (the runs' split; seed-independent)."""
-    return tuple(len(g) for g in split_client_ids([f"{i:09d}" for i in range(n)], fractions, 0))
-
-
-def lm_train_clients(cfg, total: int | None = None) -> int:
-    """Training clients of an LM run (``recipes.lm.prepare_data`` / ``recipes.public.prepare``):
-    ``max_clients`` of the corpus (or of ``total``), the first part of ``split``."""
-    n = corpus_clients(cfg.corpus, getattr(cfg, "corpus_path", None)) if total is None else total
-    if cfg.max_clients is not None and cfg.max_clients < n:
-        n = cfg.max_clients
-    return split_sizes(n, cfg.split)[0]
 
 
 def _nonprivate_vocabulary(cfg) -> tuple:
@@ -247,19 +221,12 @@ def pre_text_plan(cfg) -> PrivacyPlan:
     return PrivacyPlan(tuple(runs))
 
 
-def fred_train_clients(cfg) -> int:
-    """FL users of the FreD pipeline (``fedpriv.fred.pipeline.build_data``): the private
-    fraction of the chitchat senders, at most ``lm.max_clients``, the training split."""
-    private = split_sizes(corpus_clients("chitchat"), (cfg.private_fraction, 1 - cfg.private_fraction))[0]
-    return lm_train_clients(cfg.lm, total=private)
-
-
 def fred_pipeline_plan(cfg) -> PrivacyPlan:
-    """``fedpriv.fred.pipeline.run_pipeline``: the pipeline ledger (FreD release, then the
+    """``fedpriv.recipes.fred_pipeline.run_pipeline``: the pipeline ledger (FreD release, then the
     FL-finetuning of FreD's choice, z calibrated to what FreD left), the no-prefinetuning row
     (a fresh ledger of the same budget) and, with ``compare_all``, the other candidates'
     counterfactual rows (copies of the pipeline ledger after FreD); each once per seed."""
-    from fedpriv.fred.pipeline import NONE, RELEASE, fred_release_event
+    from fedpriv.recipes.fred_pipeline import NONE, RELEASE, fred_release_event
     check_fred_pools(cfg, ("wikipedia", "simpsons"))
     if cfg.fred_unit == "sample":  # as private_stats refuses it on the pipeline's ledger
         raise ValueError("a sample-level FreD release cannot be charged to the pipeline's "
@@ -285,7 +252,7 @@ def mixtures_release_event(cfg) -> dpa.DpEvent:
 
 
 def fred_mixtures_plan(cfg) -> PrivacyPlan:
-    """``fedpriv.fred.mixtures.run_mixtures``: FreD's trial-0 release (user level, ``(fred_epsilon,
+    """``fedpriv.recipes.fred_mixtures.run_mixtures``: FreD's trial-0 release (user level, ``(fred_epsilon,
     fred_delta)`` per Gaussian release) on the pipeline ledger, then one FL-finetuning per
     (Y, seed) on its own copy of the ledger after FreD, z calibrated to what FreD left. FreD's
     other trials are replicate releases, not charged (``fedpriv.fred.mixtures.trials_epsilon``

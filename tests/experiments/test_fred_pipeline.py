@@ -13,8 +13,8 @@ from fedpriv import report
 from fedpriv.data.errors import ConfigError
 from fedpriv.dp.ledger import PrivacyBudgetExceeded, PrivacyLedger
 from fedpriv.fred.embed import HELD_OUT
-from fedpriv.fred.pipeline import RELEASE, TEST_COLUMNS, run_pipeline
 from fedpriv.recipes import plans
+from fedpriv.recipes.fred_pipeline import RELEASE, TEST_COLUMNS, run_pipeline
 from tests.oracles import pipeline_events
 
 

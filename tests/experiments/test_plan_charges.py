@@ -114,8 +114,8 @@ def _run_smoke(name: str, workdir: pathlib.Path, monkeypatch):
     cfg = common.load_config(f"configs/{name}.py:smoke")
     plan = importlib.import_module(f"configs.{name}").privacy_plan(cfg)
     mod = importlib.import_module(f"experiments.{name}")
-    import fedpriv.fred.mixtures as mixtures
-    import fedpriv.fred.pipeline as pipeline
+    import fedpriv.recipes.fred_mixtures as mixtures
+    import fedpriv.recipes.fred_pipeline as pipeline
     for m in (pipeline, mixtures, mod):
         if hasattr(m, "embed_all"):
             monkeypatch.setattr(m, "embed_all", _random_embeddings)

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from experiments import __main__ as index, common, latency_figure, results
+from experiments import common, compact as compact_mod, index, latency_figure, results
 from fedpriv import verdicts as V
 from fedpriv.report import Verdict, read_verdicts, write_verdicts
 
@@ -37,8 +37,8 @@ def test_results_page_shows_a_finished_run_and_names_the_rest(tmp_path):
     assert isinstance(compact["git_dirty"], bool) and compact["artefacts"] == ["koga-figure1"]
     assert "Monte Carlo vs exact vs bounds" in compact["outputs"]["latency.md"]
     assert compact["figures"] == ["latency.png"]
-    assert not os.path.exists(os.path.join(results.SUMMARY_DIR, "latency_figure.json")) or \
-        json.load(open(os.path.join(results.SUMMARY_DIR, "latency_figure.json")))["config"] != inv["config"]
+    assert not os.path.exists(os.path.join(compact_mod.SUMMARY_DIR, "latency_figure.json")) or \
+        json.load(open(os.path.join(compact_mod.SUMMARY_DIR, "latency_figure.json")))["config"] != inv["config"]
 
     out = tmp_path / "page" / "RESULTS.md"
     common.cli(results.main, ["--runs", str(runs), "--out", str(out), "--summaries", str(tmp_path / "none")])
@@ -87,7 +87,7 @@ def test_artefacts_sharing_a_run_show_their_own_claims(tmp_path, monkeypatch):
                     Verdict("B wins (Figure 1)", "inconclusive (interval contains 0)", "0 vs 0.1")], str(wd))
     arts = (index.Artefact("t1", "P", "table", "shared", "demo", claims=("(Table 1)",)),
             index.Artefact("f1", "P", "figure", "shared", "demo", claims=("(Figure 1)",)))
-    monkeypatch.setattr(results, "ARTEFACTS", arts)
+    monkeypatch.setattr(index, "ARTEFACTS", arts)
     page = results.build(str(runs), str(tmp_path / "R.md"), summary_dir=str(tmp_path / "none"))
     t1, f1 = page.split("## t1 ")[1].split("\n## ")[0], page.split("## f1 ")[1]
     assert "A wins" in t1 and "B wins" not in t1
@@ -131,7 +131,7 @@ def test_page_from_a_committed_compact_summary_with_staleness_and_json(tmp_path,
     _commit(repo, "README.md", "docs\n", "docs only")
     arts = (index.Artefact("fig1", "P", "a figure", "latency_figure", "latency_figure",
                            outputs=("latency.md", "latency.png")),)
-    monkeypatch.setattr(results, "ARTEFACTS", arts)
+    monkeypatch.setattr(index, "ARTEFACTS", arts)
     deps = results.dependencies(arts[0], str(repo))
     assert deps == ["fedpriv", "configs/latency_figure.py", "experiments/latency_figure.py"]
     st = results.staleness(ran_at, deps, str(repo))
@@ -228,7 +228,7 @@ def test_an_artefact_is_dated_by_the_commit_its_runs_trained_at(tmp_path, monkey
     written = _commit(repo, "fedpriv/core.py", "x = 2\n", "change the library")
     arts = (index.Artefact("fig1", "P", "a figure", "latency_figure", "latency_figure",
                            outputs=("latency.md",)),)
-    monkeypatch.setattr(results, "ARTEFACTS", arts)
+    monkeypatch.setattr(index, "ARTEFACTS", arts)
     wd = tmp_path / "run"
     for seed, commit in ((0, trained), (1, written)):
         (wd / f"seed{seed}").mkdir(parents=True)
@@ -290,8 +290,8 @@ def test_no_publish_keeps_a_small_run_out_of_the_repository(tmp_path, monkeypatc
     it the same run publishes (into a stand-in for experiments/results/)."""
     summaries, figs = tmp_path / "summaries", tmp_path / "figs"
     figs.mkdir()
-    monkeypatch.setattr(results, "SUMMARY_DIR", str(summaries))
-    monkeypatch.setattr(results, "RESULTS_DIR", str(figs))
+    monkeypatch.setattr(compact_mod, "SUMMARY_DIR", str(summaries))
+    monkeypatch.setattr(compact_mod, "RESULTS_DIR", str(figs))
 
     def main(argv):  # an experiment that writes nothing: what the CLI records is under test
         common.config_and_workdir(argv, "stand-in", "latency_figure")

@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from fedpriv.data import encode_examples, load_chitchat, load_public_pool, split_client_ids, train_sentencepiece
+from fedpriv.data.populations import fred_train_clients
 from fedpriv.dp import moments
 from fedpriv.dp.ledger import PrivacyLedger
 from fedpriv.fl.checkpoint import ResumeMismatch
@@ -90,9 +91,8 @@ def fred_declared_users(cfg) -> int:
     """FreD's declared denominator ``n_public`` (user level, the pipeline's add/remove ledger:
     the exact count is private, ``fedpriv.fred.private`` module doc): the FL training users the
     config declares, from the config and the corpus' published size alone
-    (``fedpriv.recipes.plans.fred_train_clients``, the population the plans account with); no
-    private data is read. Also used by ``fedpriv.fred.mixtures``."""
-    from fedpriv.recipes.plans import fred_train_clients
+    (``fedpriv.data.populations.fred_train_clients``, the population the plans account with); no
+    private data is read. Also used by ``fedpriv.recipes.fred_mixtures``."""
     return fred_train_clients(cfg)
 
 
