@@ -228,7 +228,7 @@ def test_full_disk_is_one_line_and_keeps_what_was_written(setup, tmp_path, capsy
     commit and rows stay, and the run resumes from them once there is room."""
     import orbax.checkpoint as ocp
 
-    from fedpriv.fl import loop
+    from fedpriv.fl import metrics_log
     d, ids, s, alg = setup
     wd = tmp_path / "wd"
     full = {"on": False}
@@ -242,7 +242,7 @@ def test_full_disk_is_one_line_and_keeps_what_was_written(setup, tmp_path, capsy
             if full["on"] and str(path).endswith(METRICS) and "a" in mode:
                 raise OSError(errno.ENOSPC, "No space left on device", str(path))
             return real_open(path, mode, *a, **k)
-        monkeypatch.setattr(loop, "open", fake_open, raising=False)
+        monkeypatch.setattr(metrics_log, "open", fake_open, raising=False)
     else:
         handler = (ocp.handlers.JsonCheckpointHandler if where == "checkpoint-json"
                    else ocp.handlers.StandardCheckpointHandler)
