@@ -10,7 +10,7 @@ padding (L = 20); 3% of words are UNK; batch 16; one local epoch; client SGD 0.1
 
 "Loop" is how a per-client simulator runs (FedJAX's default backend): a Python loop over the
 cohort's clients and over each client's real batches, one jitted (grad + SGD) step per batch,
-then clip, sum and noise. "Engine" is ``CohortExecutor`` + ``apply_packed`` with the backend's
+then clip, sum and noise. "Engine" is ``CohortExecutor`` + ``apply`` with the backend's
 default lanes. Both see the same cohorts (the same sampled clients and shuffled batches) and
 their resulting parameters are compared. Engine and loop are timed interleaved, round after
 round, so machine load affects both alike. Tokens are real (non-PAD) target tokens.

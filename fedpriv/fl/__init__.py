@@ -25,7 +25,18 @@ from fedpriv.fl.algorithms import (
                                    server_optimizer,
 )
 from fedpriv.fl.checkpoint import Checkpointer, CheckpointError, ResumeMismatch
-from fedpriv.fl.client import ClientHooks, ServerView, default_client, make_local_step
+from fedpriv.fl.client import (
+                                   ClientHooks,
+                                   ServerHooks,
+                                   ServerView,
+                                   default_client,
+                                   make_local_step,
+                                   optimizer_server,
+                                   params_delta,
+                                   step_hooks,
+                                   value_and_grad,
+)
+from fedpriv.fl.client_state import ClientStateStore
 from fedpriv.fl.cohort import Lanes, PackedCohort, assign_lanes, build_cohort, pack_cohort
 from fedpriv.fl.execution import CohortExecutor, balanced_lanes, default_lanes, replicate
 from fedpriv.fl.loop import (
@@ -69,5 +80,6 @@ __all__ = [
     "ShuffledPassSampler", "UniformSampler", "PipelineResult", "Stage", "StageContext",
     "run_stages", "CyclicSampler", "matrix_privacy_event", "MatrixDPConfig",
     "AmplifiedCyclicSampler", "AmplificationError", "amplified_banded_event", "DDGDPConfig",
-    "PUBLIC_METRICS", "ClientHooks", "ServerView", "default_client",
+    "PUBLIC_METRICS", "ClientHooks", "ServerView", "default_client", "ServerHooks",
+    "optimizer_server", "params_delta", "step_hooks", "value_and_grad", "ClientStateStore",
 ]

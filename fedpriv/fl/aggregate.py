@@ -75,24 +75,28 @@ def _trimmed_step(step_fn, width: int, fields, axis: int = 1):
 
 
 def _lane_sum(hooks: ClientHooks, starting_point, server: ServerView, lane: Lanes, rng, clip_norm,
-              weighting, weight_cap, capacity, aux_template, carry0, encode=None):
-    """One lane (arrays without the lane axis): ``(sum, aux, stats, norms[capacity])``.
+              weighting, weight_cap, capacity, aux_template, carry0, encode=None, states=None):
+    """One lane (arrays without the lane axis): ``(sum, aux, stats, norms[capacity])``, plus
+    ``((states, written[capacity]),)`` for stateful hooks (``states``: the cohort's client states
+    by slot, ``[capacity, ...]``; each client finishing here writes its new state at its slot).
 
     ``starting_point``: None (every client starts from ``carry0 = hooks.init(server)``: the lane
     resets at each client's last step, inside the ``cond`` that finishes it) or ``slot ->
-    carry`` (batched first steps: selected at each client's first lane step).
+    carry`` (batched first steps, or a client's own state: selected at its first lane step).
     """
     tmap = jax.tree_util.tree_map
-    delta0 = jax.eval_shape(lambda: hooks.final(server, carry0))
+    stateful = states is not None
+    delta0 = jax.eval_shape(lambda: _release(hooks, server, carry0)[0])
     acc0, stats0, _ = jax.eval_shape(lambda: _finish_client(
         tmap(lambda d: jnp.zeros(d.shape, d.dtype), delta0), jnp.zeros((), jnp.int32), clip_norm,
         weighting, weight_cap, 1.0, jnp.zeros((), jnp.int32), encode))
     acc0, stats0 = tmap(lambda s: jnp.zeros(s.shape, s.dtype), (acc0, stats0))
     aux0 = tmap(lambda a: jnp.zeros(a.shape, a.dtype), aux_template)
     norms0 = jnp.zeros((capacity,), jnp.float32)
+    cs0 = (states, jnp.zeros((capacity,), bool)) if stateful else ()
 
     def body(t, loop_carry):
-        c, acc, aux, stats, norms = loop_carry
+        c, acc, aux, stats, norms, cs = loop_carry
         slot = lane.slot[t]
         if starting_point is not None:
             c = tmap(lambda a, b: jnp.where(lane.start[t], a, b), starting_point(slot), c)
@@ -107,21 +111,43 @@ def _lane_sum(hooks: ClientHooks, starting_point, server: ServerView, lane: Lane
         aux = tmap(jnp.add, aux, step_aux)
 
         def finish(fc):
-            c, acc, stats, norms = fc
-            contrib, st, norm = _finish_client(hooks.final(server, c), lane.num_examples[t],
+            c, acc, stats, norms, cs = fc
+            release, new_state = _release(hooks, server, c)
+            contrib, st, norm = _finish_client(release, lane.num_examples[t],
                                                clip_norm, weighting, weight_cap, 1.0, slot, encode)
+            if stateful:  # the client's own state, kept at its slot (never summed)
+                table, written = cs
+                cs = (tmap(lambda a, v: a.at[slot].set(v), table, new_state), written.at[slot].set(True))
             if starting_point is None:
                 c = carry0
             return (c, tmap(jnp.add, acc, contrib), tmap(jnp.add, stats, st),
-                    norms.at[slot].set(norm))
+                    norms.at[slot].set(norm), cs)
 
-        c, acc, stats, norms = jax.lax.cond(lane.last[t], finish, lambda fc: fc,
-                                            (c, acc, stats, norms))
-        return c, acc, aux, stats, norms
+        c, acc, stats, norms, cs = jax.lax.cond(lane.last[t], finish, lambda fc: fc,
+                                                (c, acc, stats, norms, cs))
+        return c, acc, aux, stats, norms, cs
 
-    _, acc, aux, stats, norms = jax.lax.fori_loop(0, lane.length, body,
-                                                  (carry0, acc0, aux0, stats0, norms0))
-    return acc, aux, stats, norms
+    _, acc, aux, stats, norms, cs = jax.lax.fori_loop(0, lane.length, body,
+                                                      (carry0, acc0, aux0, stats0, norms0, cs0))
+    return (acc, aux, stats, norms) + ((cs,) if stateful else ())
+
+
+def _release(hooks: ClientHooks, server: ServerView, carry):
+    """``(release, new client state or None)`` of a client's ``final`` hook."""
+    out = hooks.final(server, carry)
+    return out if hooks.stateful else (out, None)
+
+
+def _merge_states(states, written):
+    """One ``[K, ...]`` table from lanes' ``[W, K, ...]`` tables: each slot from the lane that
+    wrote it (at most one lane runs a given client), else from ``states[0]``."""
+    any_written = jnp.any(written, axis=0)
+    merged = jax.tree_util.tree_map(
+        lambda a: jnp.sum(jnp.where(written.reshape(written.shape + (1,) * (a.ndim - 2)), a, 0),
+                          axis=0).astype(a.dtype), states)
+    return jax.tree_util.tree_map(
+        lambda m, a: jnp.where(any_written.reshape(any_written.shape + (1,) * (a.ndim - 2)), m, a[0]),
+        merged, states), any_written
 
 
 def _divisor_at_most(n: int, cap: int) -> int:
@@ -167,9 +193,42 @@ def _first_steps_sum(hooks, server, carry0, first, rng, first_chunk, clip_norm, 
     return starting_point, extra
 
 
+def _run_lanes(run, lanes: Lanes, lane0, W: int, lane_chunk, states, capacity: int):
+    """``run`` on every lane (one, vmapped, or vmapped in chunks of ``lane_chunk`` under a
+    ``lax.scan``), their sums added and -- for stateful hooks -- their client states merged by slot."""
+    tmap = jax.tree_util.tree_map
+
+    def combine(parts):  # lanes' results [W, ...]: sums added, client states merged by slot
+        out = _sum0(parts[:4])
+        return out if states is None else out + (_merge_states(*parts[4]),)
+
+    if W == 1:
+        return run(lane0)
+    if lane_chunk is None or lane_chunk >= W:
+        return combine(jax.vmap(run)(lanes))
+    if W % lane_chunk:
+        raise ValueError(f"{W} lanes are not a multiple of lane_chunk {lane_chunk}")
+    chunked = tmap(lambda a: a.reshape((W // lane_chunk, lane_chunk) + a.shape[1:]), lanes)
+
+    def body(carry, chunk):
+        part = combine(jax.vmap(run)(chunk))
+        out = tmap(jnp.add, carry[:4], part[:4])
+        if states is not None:
+            (ca, wa), (pa, wp) = carry[4], part[4]
+            out = out + ((tmap(lambda a, b: jnp.where(
+                wp.reshape(wp.shape + (1,) * (a.ndim - 1)), b, a), ca, pa), wa | wp),)
+        return out, None
+
+    zero = tmap(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(run, lane0))
+    if states is not None:
+        zero = zero[:4] + ((states, jnp.zeros((capacity,), bool)),)
+    return jax.lax.scan(body, zero, chunked)[0]
+
+
 def packed_sum(local_step, opt_init, params, lanes: Lanes, capacity: int, rng, clip_norm,
                weighting: str = "uniform", weight_cap: float = 256.0, lane_chunk: int | None = None,
-               first: FirstSteps | None = None, first_chunk: int = 16, encode=None):
+               first: FirstSteps | None = None, first_chunk: int = 16, encode=None,
+               client_states=None):
     """Sum of clipped, weighted client updates over a packed cohort (see module docstring).
 
     Args:
@@ -188,16 +247,30 @@ def packed_sum(local_step, opt_init, params, lanes: Lanes, capacity: int, rng, c
         start each client from its first step's result. ``None``: lanes run every step.
       encode: ``(contrib, slot, real) -> (message, stats)`` (``_finish_client``): sum what the
         clients send instead of their clipped deltas (DDG under secure aggregation).
+      client_states: for hooks that keep client state (``ClientHooks.stateful``): the cohort's
+        states by slot, a pytree of ``[K, ...]`` arrays (slot k = the k-th sampled client).
 
     Returns:
-      ``(sum_tree, stats)``: ``sum_tree = sum_k w_k clip(delta_k)`` over real clients (float32);
-      ``stats`` has ``aux`` (summed metrics), ``weight_sum``, ``norm_sum``, ``num_clipped``,
-      ``num_nonfinite``, ``num_clients`` and ``norms: float32[K]`` (pre-clip norms by slot).
+      ``(sum_tree, stats)``: ``sum_tree = sum_k w_k clip(release_k)`` over real clients
+      (float32); ``stats`` has ``aux`` (summed metrics), ``weight_sum``, ``norm_sum``,
+      ``num_clipped``, ``num_nonfinite``, ``num_clients`` and ``norms: float32[K]`` (pre-clip
+      norms by slot). Stateful hooks: ``(sum_tree, stats, client_states)``, the cohort's new
+      states by slot (unchanged at empty slots).
     """
     tmap = jax.tree_util.tree_map
     hooks, server = _as_hooks(local_step, opt_init, params)
     W = lanes.length.shape[0]
-    carry0 = hooks.init(server)
+    states = None
+    if hooks.stateful:
+        if client_states is None:
+            raise ValueError("these client hooks keep client state (state_init): pass client_states")
+        if first is not None:
+            raise ValueError("client hooks that keep client state cannot batch the first steps "
+                             "(each client starts from its own state)")
+        states = client_states
+        carry0 = hooks.init(server, tmap(lambda a: a[0], states))
+    else:
+        carry0 = hooks.init(server)
     lane0 = tmap(lambda a: a[0], lanes)
     batch0 = {k: v[0] for k, v in lane0.data.items()}
     aux_template = jax.eval_shape(lambda: hooks.step(server, carry0, batch0, rng)[1])
@@ -205,30 +278,24 @@ def packed_sum(local_step, opt_init, params, lanes: Lanes, capacity: int, rng, c
     if first is not None:
         starting_point, extra = _first_steps_sum(hooks, server, carry0, first, rng, first_chunk,
                                                  clip_norm, weighting, weight_cap, encode)
+    elif states is not None:  # each client starts from its own state
+        def starting_point(slot):
+            return hooks.init(server, tmap(lambda a: a[slot], states))
 
     def run(lane):
         return _lane_sum(hooks, starting_point, server, lane, rng, clip_norm, weighting, weight_cap,
-                         capacity, aux_template, carry0, encode)
+                         capacity, aux_template, carry0, encode, states)
 
-    if W == 1:
-        total = run(lane0)
-    elif lane_chunk is None or lane_chunk >= W:
-        total = _sum0(jax.vmap(run)(lanes))
-    else:
-        if W % lane_chunk:
-            raise ValueError(f"{W} lanes are not a multiple of lane_chunk {lane_chunk}")
-        chunked = tmap(lambda a: a.reshape((W // lane_chunk, lane_chunk) + a.shape[1:]), lanes)
-
-        def body(carry, chunk):
-            part = _sum0(jax.vmap(run)(chunk))
-            return tmap(jnp.add, carry, part), None
-
-        zero = tmap(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(run, lane0))
-        total, _ = jax.lax.scan(body, zero, chunked)
+    total = _run_lanes(run, lanes, lane0, W, lane_chunk, states, capacity)
     if extra is not None:
         total = tmap(jnp.add, total, extra)
-    acc, aux, stats, norms = total
-    return acc, dict(stats, norms=norms, aux=aux)
+    acc, aux, stats, norms = total[:4]
+    if states is None:
+        return acc, dict(stats, norms=norms, aux=aux)
+    table, written = total[4]
+    new = tmap(lambda t, a: jnp.where(written.reshape(written.shape + (1,) * (a.ndim - 1)), t, a),
+               table, states)
+    return acc, dict(stats, norms=norms, aux=aux), new
 
 
 def client_mesh(devices=None) -> Mesh:

@@ -3,9 +3,11 @@
 One round (McMahan et al. 2018 DP-FedAvg; Kairouz et al. 2021 DP-FTRL):
 
 1. every sampled client runs its hooks (``client.ClientHooks``: init from the server's
-   broadcast, local steps, final delta; default local SGD from the server model,
-   ``client.default_client``), over packed lanes of real steps;
-2. its delta is clipped to C_t (``dp.clipping``), weighted by w_i in [0, 1] and masked;
+   broadcast -- and, for a client that keeps state across rounds, from its own state, which
+   stays on it --, local steps, final release; default local SGD from the server model,
+   ``client.default_client``, releasing its model delta), over packed lanes of real steps;
+2. its release is clipped to C_t as one vector (``dp.clipping``), weighted by w_i in [0, 1] and
+   masked;
 3. the cohort sum (L2 sensitivity C_t) is divided by C_t, so its sensitivity is 1, and
    noised by the mechanism's privatizer (``fedpriv.dp.mechanisms``: fresh Gaussian noise for
    DP-FedAvg, the tree increment for DP-FTRL, ``C^{-1} Z`` for banded / BLT MF), at multiplier
@@ -14,9 +16,12 @@ One round (McMahan et al. 2018 DP-FedAvg; Kairouz et al. 2021 DP-FTRL):
    decoded from the secure sum by the server (the mechanism's ``codec``);
 4. the result is multiplied back by C_t and divided by the *public* expected cohort size
    (the fixed-denominator estimator): the noisy average ``Delta_t``;
-5. the server optimizer (optax) takes ``-Delta_t`` as its gradient: FedAvg = SGD (lr 1),
-   FedAvgM = SGD with momentum, FedAdam = Adam (Reddi et al. 2021). With SGD, DP-FTRL's
-   prefix-sum release gives exactly FTRL ``theta_t = theta_0 + eta * S_t``;
+5. the server's hooks (``client.ServerHooks``) post-process ``Delta_t``: by default
+   (``client.optimizer_server``) the server optimizer (optax) takes ``-Delta_t`` as its
+   gradient: FedAvg = SGD (lr 1), FedAvgM = SGD with momentum, FedAdam = Adam, FedYogi = Yogi
+   (Reddi et al. 2021). With SGD, DP-FTRL's prefix-sum release gives exactly FTRL
+   ``theta_t = theta_0 + eta * S_t``. Any server hook sees only the DP release and public
+   server state: post-processing, no privacy cost;
 6. with adaptive clipping (Andrew et al. 2021) C_{t+1} is updated from a noised count.
 
 Normalising by C_t before noising makes the noise valid even when C_t changes (adaptive
@@ -47,7 +52,7 @@ from fedpriv.dp.mechanisms import (  # noqa: F401
 )
 from fedpriv.dp.noise import NoiseState
 from fedpriv.fl.aggregate import packed_sum
-from fedpriv.fl.client import ClientHooks, ServerView, default_client
+from fedpriv.fl.client import ClientHooks, ServerHooks, ServerView, default_client, optimizer_server
 from fedpriv.fl.cohort import Lanes, pack_padded
 
 # the built-in mechanisms' names (the registry, fedpriv.dp.mechanisms, may hold more)
@@ -56,6 +61,10 @@ MECHANISMS = BUILTIN_MECHANISMS
 
 @struct.dataclass
 class ServerState:
+    """The server's state between rounds: ``params``, ``opt_state`` (the server hooks' state:
+    the server optimizer's by default; broadcast to the clients), ``noise_state`` (the
+    mechanism's, with its PRNG key: secret), ``clip_state`` and ``round``. Client state never
+    lives here (it stays on the clients: ``client.ClientHooks.state_init``)."""
     params: object
     opt_state: object
     noise_state: NoiseState
@@ -71,34 +80,42 @@ def _server_view(state: ServerState) -> ServerView:
 
 @dataclasses.dataclass(frozen=True)
 class FederatedAlgorithm:
-    """A (DP-)federated algorithm; both ``apply`` functions are jit-compiled.
+    """A (DP-)federated algorithm; ``apply`` is jit-compiled.
 
     * ``init(params, key) -> ServerState``;
-    * ``apply_packed(state, lanes, client_mask, key, first=None) -> (state, metrics)``: one
-      round on a cohort packed into lanes (``fedpriv.fl.cohort.pack_cohort``: only real steps
-      run; ``first``: the clients' first steps batched with shared weights) — what the round
-      loop uses;
-    * ``apply(state, batches, client_mask, key) -> (state, metrics)``: the same round on a
-      padded cohort (``build_cohort``: ``batches`` of ``[K, S, B, ...]``), one lane per client.
+    * ``apply(state, cohort, client_mask[K], key, first=None, client_states=None) -> (state,
+      metrics)``: one round. ``cohort`` is either ``Lanes`` (packed by
+      ``fedpriv.fl.cohort.pack_cohort``: only real steps run; ``first``: the clients' first
+      steps batched with shared weights; what the round loop uses) or a padded cohort's
+      ``batches`` (``build_cohort``: a dict of ``[K, S, B, ...]`` arrays, one lane per client).
+      With client hooks that keep state (``client``'s ``stateful``), ``client_states`` (the
+      cohort's states by slot, ``[K, ...]``) is required and the result is ``(state, metrics,
+      client_states)``.
+    * ``client``: the client hooks (``client_state_init(params)``: one client's initial state,
+      or None for stateless clients); ``server``: the server hooks.
     """
     init: Callable
     apply: Callable
     dp: DPConfig
     expected_cohort_size: float
-    apply_packed: Callable = None
     local_epochs: int = 1
+    client: ClientHooks | None = None
+    server: ServerHooks | None = None
+
+    @property
+    def stateful_clients(self) -> bool:
+        """Whether the clients keep state across rounds (``ClientHooks.state_init``)."""
+        return self.client is not None and self.client.stateful
 
 
-def _finish_round(server_optimizer, adaptive, expected_cohort_size, state, noised, stats,
+def _finish_round(server: ServerHooks, adaptive, expected_cohort_size, state, noised, stats,
                   client_mask, noise_state, released=None):
-    """The server's half of a round: average the noised sum over the expected cohort, take the
-    server optimizer's step (undone if a secure round was aborted: ``released`` False), update
-    an adaptive clip, and the round's metrics."""
+    """The server's half of a round: average the noised sum over the expected cohort, run the
+    server hooks on it (post-processing of the release; undone if a secure round was aborted:
+    ``released`` False), update an adaptive clip, and the round's metrics."""
     clip = state.clip_state.clip_norm
     avg = jax.tree_util.tree_map(lambda x: x / expected_cohort_size, noised)
-    grad = jax.tree_util.tree_map(jnp.negative, avg)
-    updates, opt_state = server_optimizer.update(grad, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
+    params, opt_state = server.update(state.params, state.opt_state, avg, state.round)
     if released is not None:  # an aborted round changes nothing
         keep = lambda new, old: jax.tree_util.tree_map(  # noqa: E731
             lambda a, b: jnp.where(released, a, b), new, old)
@@ -117,11 +134,12 @@ def _finish_round(server_optimizer, adaptive, expected_cohort_size, state, noise
     return ServerState(params, opt_state, noise_state, clip_state, state.round + 1), metrics
 
 
-def build_algorithm(loss_fn: Callable, client_optimizer: optax.GradientTransformation,
-                    server_optimizer: optax.GradientTransformation, dp: DPConfig,
+def build_algorithm(loss_fn: Callable | None, client_optimizer: optax.GradientTransformation | None,
+                    server_optimizer: optax.GradientTransformation | None, dp: DPConfig,
                     expected_cohort_size: float, local_epochs: int = 1,
                     chunk_size: int | None = None, jit: bool = True,
-                    compute_dtype=None, client: ClientHooks | None = None) -> FederatedAlgorithm:
+                    compute_dtype=None, client: ClientHooks | None = None,
+                    server: ServerHooks | None = None) -> FederatedAlgorithm:
     """Build a (DP-)federated algorithm. See the module docstring for the round.
 
     ``dp``: the mechanism (``fedpriv.dp.mechanisms``: ``DPConfig(...)`` of a registered name, or
@@ -131,14 +149,14 @@ def build_algorithm(loss_fn: Callable, client_optimizer: optax.GradientTransform
     ``chunk_size``: vmap at most this many lanes (clients of a padded cohort) at once.
     ``compute_dtype``: e.g. ``jnp.bfloat16`` for mixed-precision client forward/backward passes
     (``client.make_local_step``); clipping, sums and noise are always float32.
-    ``client``: ``ClientHooks`` (e.g. ``fedpriv.fl.fedprox``; default: local SGD); their final
-    delta is still clipped to C, so hooks never change the sensitivity or the privacy event.
+    ``client``: ``ClientHooks`` (e.g. ``fedpriv.fl.fedprox``; default: local SGD of
+    ``client_optimizer`` on ``loss_fn``, which are then not needed); their release is still
+    clipped to C, so hooks never change the sensitivity or the privacy event.
+    ``server``: ``ServerHooks`` run on the privatized release (post-processing; default:
+    ``optimizer_server(server_optimizer)``, which is then not needed).
     """
-    if expected_cohort_size <= 0:
-        raise ValueError("expected_cohort_size must be > 0")
-    if local_epochs < 1:
-        raise ValueError(f"local_epochs must be >= 1, got {local_epochs}")
-    client = client or default_client(loss_fn, client_optimizer, compute_dtype)
+    client, server = _hooks(loss_fn, client_optimizer, server_optimizer, expected_cohort_size,
+                            local_epochs, compute_dtype, client, server)
     scale = 1.0 if dp.noise_cohort_size is None else expected_cohort_size / dp.noise_cohort_size
     # the noise on the normalised sum (sensitivity 1): the mechanism's optax privatizer
     privatizer = lambda key=None: dp.privatizer(dp.noise_multiplier * scale, key)  # noqa: E731
@@ -146,54 +164,97 @@ def build_algorithm(loss_fn: Callable, client_optimizer: optax.GradientTransform
     noise = privatizer()  # update-only: the key lives in ServerState.noise_state
     adaptive = dp.adaptive
     normalise = math.isfinite(dp.clip_norm) or adaptive is not None
+    release_like = functools.partial(_release_like, client)
 
     def init(params, key) -> ServerState:
         k_noise, k_clip = jax.random.split(key)
         clip0 = adaptive.initial_clip if adaptive is not None else dp.clip_norm
         clip_state = ClipState(jnp.asarray(clip0, jnp.float32), k_clip)
-        return ServerState(params, server_optimizer.init(params), privatizer(k_noise).init(params),
-                           clip_state, jnp.zeros((), jnp.int32))
+        opt_state, round0 = server.init(params), jnp.zeros((), jnp.int32)
+        like = release_like(ServerView(params, opt_state, round0))
+        return ServerState(params, opt_state, privatizer(k_noise).init(params if like is None else like),
+                           clip_state, round0)
 
-    def secure_round(state: ServerState, lanes: Lanes, client_mask, key, first):
-        """The clients encode (and noise) their clipped updates, the secure sum is decoded."""
-        flat, unravel = ravel_pytree(state.params)
-        ctx = codec.begin(state.noise_state.key, state.round, flat.size)
+    def clients_sum(state, lanes, client_mask, key, first, client_states, clip, encode=None):
+        out = packed_sum(client, None, _server_view(state), lanes, client_mask.shape[0], key, clip,
+                         dp.weighting, dp.weight_cap, chunk_size, first, encode=encode,
+                         client_states=client_states)
+        return out if client.stateful else out + (None,)
 
-        def encode(contrib, slot, real):
-            return codec.encode(ctx, ravel_pytree(contrib)[0], slot, real)
-
-        summed, stats = packed_sum(client, None, _server_view(state), lanes,
-                                   client_mask.shape[0], key, dp.clip_norm, dp.weighting,
-                                   dp.weight_cap, chunk_size, first, encode=encode)
-        total, stats, released = codec.decode(ctx, summed, stats)
-        return unravel(total.astype(flat.dtype)), stats, released
-
-    def apply_packed(state: ServerState, lanes: Lanes, client_mask, key, first=None):
+    def apply(state: ServerState, cohort, client_mask, key, first=None, client_states=None):
+        lanes = cohort if isinstance(cohort, Lanes) else pack_padded(cohort, client_mask, local_epochs)
         clip = state.clip_state.clip_norm
         if codec is not None:
-            noised, stats, released = secure_round(state, lanes, client_mask, key, first)
-            return finish_round(state, noised, stats, client_mask, state.noise_state, released)
-        total, stats = packed_sum(client, None, _server_view(state), lanes,
-                                  client_mask.shape[0], key, clip, dp.weighting, dp.weight_cap,
-                                  chunk_size, first)
-        total = jax.tree_util.tree_map(lambda t, p: t.astype(p.dtype), total, state.params)
+            noised, stats, released, new_states = _secure_round(
+                codec, functools.partial(clients_sum, state, lanes, client_mask, key, first,
+                                         client_states, dp.clip_norm), release_like, state)
+            out = finish_round(state, noised, stats, client_mask, state.noise_state, released)
+            return out if new_states is None else out + (new_states,)
+        total, stats, new_states = clients_sum(state, lanes, client_mask, key, first, client_states, clip)
+        if release_like(_server_view(state)) is None:  # a params-shaped release
+            total = jax.tree_util.tree_map(lambda t, p: t.astype(p.dtype), total, state.params)
         if normalise:
             unit = jax.tree_util.tree_map(lambda x: x / clip, total)
             noised, noise_state = noise.update(unit, state.noise_state)
             noised = jax.tree_util.tree_map(lambda x: x * clip, noised)
         else:
             noised, noise_state = total, state.noise_state
-        return finish_round(state, noised, stats, client_mask, noise_state)
+        out = finish_round(state, noised, stats, client_mask, noise_state)
+        return out if new_states is None else out + (new_states,)
 
-    finish_round = functools.partial(_finish_round, server_optimizer, adaptive, expected_cohort_size)
-
-    def apply(state: ServerState, batches, client_mask, key):
-        return apply_packed(state, pack_padded(batches, client_mask, local_epochs), client_mask, key)
-
+    finish_round = functools.partial(_finish_round, server, adaptive, expected_cohort_size)
     if jit:
         apply = jax.jit(apply)
-        apply_packed = jax.jit(apply_packed)
-    return FederatedAlgorithm(init, apply, dp, float(expected_cohort_size), apply_packed, local_epochs)
+    return FederatedAlgorithm(init, apply, dp, float(expected_cohort_size), local_epochs, client,
+                              server)
+
+
+def _hooks(loss_fn, client_optimizer, server_optimizer, expected_cohort_size, local_epochs,
+           compute_dtype, client, server) -> tuple[ClientHooks, ServerHooks]:
+    """``build_algorithm``'s checks, and its client and server hooks (the defaults: local SGD
+    of ``client_optimizer`` on ``loss_fn``; ``optimizer_server(server_optimizer)``)."""
+    if expected_cohort_size <= 0:
+        raise ValueError("expected_cohort_size must be > 0")
+    if local_epochs < 1:
+        raise ValueError(f"local_epochs must be >= 1, got {local_epochs}")
+    if client is None and (loss_fn is None or client_optimizer is None):
+        raise ValueError("build_algorithm needs client hooks (client=...) or a loss_fn and a "
+                         "client_optimizer for the default local SGD")
+    if server is None and server_optimizer is None:
+        raise ValueError("build_algorithm needs server hooks (server=...) or a server_optimizer")
+    return (client or default_client(loss_fn, client_optimizer, compute_dtype),
+            server or optimizer_server(server_optimizer))
+
+
+def _secure_round(codec, clients_sum, release_like, state: ServerState):
+    """The clients encode (and noise) their clipped releases, the secure sum is decoded:
+    ``(noised sum, stats, released, new client states or None)``; ``clients_sum(encode)`` runs
+    the cohort (``packed_sum`` with the round's arguments bound)."""
+    like = release_like(_server_view(state))
+    flat, unravel = ravel_pytree(state.params if like is None else like)
+    ctx = codec.begin(state.noise_state.key, state.round, flat.size)
+
+    def encode(contrib, slot, real):
+        return codec.encode(ctx, ravel_pytree(contrib)[0], slot, real)
+
+    summed, stats, new_states = clients_sum(encode)
+    total, stats, released = codec.decode(ctx, summed, stats)
+    return unravel(total.astype(flat.dtype)), stats, released, new_states
+
+
+def _release_like(client: ClientHooks, view: ServerView):
+    """The structure of the clients' release (``jax.eval_shape`` of the hooks' ``init`` and
+    ``final`` at the server's broadcast, no data): None when it is the params' structure (the
+    default: a model delta), else zeros of the release's shapes and dtypes."""
+    def release():
+        if client.stateful:
+            carry = client.init(view, client.state_init(view.params))
+            return client.final(view, carry)[0]
+        return client.final(view, client.init(view))
+    like = jax.eval_shape(release)
+    if jax.tree_util.tree_structure(like) == jax.tree_util.tree_structure(view.params):
+        return None
+    return jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), like)
 
 
 # ----------------------------------------------------------------------------- builders

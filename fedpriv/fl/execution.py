@@ -3,7 +3,7 @@
 ``CohortExecutor`` is what the round loop calls every round: it packs the sampled clients into
 lanes of real local steps (``fedpriv.fl.cohort.pack_cohort``), places them on the devices
 (sharded over a ``clients`` mesh, across processes under ``jax.distributed``) and runs the
-algorithm's jitted ``apply_packed``. It also keeps the round's executed vs real local steps.
+algorithm's jitted ``apply``. It also keeps the round's executed vs real local steps.
 
 Backend-aware defaults (``lanes="auto"``):
 
@@ -113,7 +113,7 @@ class CohortExecutor:
     """Packs, places and runs one round's cohort (see the module docstring).
 
     Args:
-      algorithm: a ``FederatedAlgorithm`` (its ``apply_packed`` and ``local_epochs``).
+      algorithm: a ``FederatedAlgorithm`` (its ``apply`` and ``local_epochs``).
       dataset: client id -> dict of example arrays.
       batch_size, max_steps: local batching (``pack_cohort``).
       capacity: K, the padded cohort capacity (the sampler's ``max_cohort_size``).
@@ -193,6 +193,8 @@ class CohortExecutor:
         would repeat them) or the K model copies they produce exceed the budget."""
         if not self.first_steps or self.mesh is not None or not self.param_bytes:
             return False
+        if getattr(self.algorithm, "stateful_clients", False):
+            return False  # each client starts from its own state
         return capacity * self.param_bytes <= self.first_steps_budget
 
     def set_params_size(self, params) -> None:
@@ -200,8 +202,10 @@ class CohortExecutor:
         self.param_bytes = sum(int(np.prod(np.shape(x))) * np.dtype(x.dtype).itemsize
                                for x in jax.tree_util.tree_leaves(params))
 
-    def run(self, state, packed: PackedCohort, key):
-        """One round: ``(state, metrics)``; counts real and executed local steps."""
+    def run(self, state, packed: PackedCohort, key, client_states=None):
+        """One round: ``(state, metrics)`` (``(state, metrics, client_states)`` with the cohort's
+        client states by slot, for hooks that keep client state); counts real and executed
+        local steps."""
         lanes = _put(packed.lanes, self.mesh, P("clients"))
         cmask = _put(packed.client_mask, self.mesh, P())
         self.real_steps += packed.real_steps
@@ -209,7 +213,9 @@ class CohortExecutor:
         self.executed_positions += packed.executed_positions
         self.real_positions += packed.real_positions
         first = None if packed.first is None else _put(packed.first, self.mesh, P())
-        state, metrics = self.algorithm.apply_packed(state, lanes, cmask, key, first)
+        if client_states is not None:
+            return self.algorithm.apply(state, lanes, cmask, key, first, client_states)
+        state, metrics = self.algorithm.apply(state, lanes, cmask, key, first)
         return state, metrics
 
     @property

@@ -44,6 +44,7 @@ from fedpriv.errors import FedprivError
 from fedpriv.fl import inputs, workdir as wdlock
 from fedpriv.fl.algorithms import FederatedAlgorithm, ServerState, privacy_event
 from fedpriv.fl.checkpoint import CheckpointError, CheckpointWriteError, ResumeMismatch, json_safe
+from fedpriv.fl.client_state import ClientStateStore
 from fedpriv.fl.execution import CohortExecutor, replicate
 from fedpriv.fl.metrics_log import METRICS, append_row, dumps_row, read_metrics
 from fedpriv.fl.outputs import (
@@ -98,6 +99,8 @@ class TrainResult:
     # damaged commits passed over on resume ([(commit, reason)]); rounds without a metrics row
     fell_back: list = dataclasses.field(default_factory=list)
     metrics_gaps: list = dataclasses.field(default_factory=list)
+    # for client hooks that keep client state: every client's state ([N, ...], population order)
+    client_states: object = None
 
 
 def _entry_details(dp, sampler, rounds: int, executed_event) -> dict:
@@ -211,7 +214,7 @@ def _check_args(algorithm, sampler, client_ids, rounds, stage, *, dataset, init_
 
 def _run_rounds(executor, state, sampler, client_ids, *, seed, key, start, end, rounds, eval_fn,
                 eval_every, ledger, log_fn, derived_metrics, workdir, checkpoint_every, ckpt, charged,
-                accounted, fp, progress):
+                accounted, fp, progress, store=None):
     """Rounds ``start..end-1``: sample, pack, run, evaluate, log, checkpoint. Returns
     ``(state, history, evals)`` of the rounds run here."""
     history, evals = [], []
@@ -219,10 +222,16 @@ def _run_rounds(executor, state, sampler, client_ids, *, seed, key, start, end, 
     bar = tqdm(range(start, end), initial=start, total=rounds, disable=not progress, desc="rounds",
                dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 30.0)
     for r in bar:
-        ids = [client_ids[i] for i in sampler.sample(r)]
+        idx = sampler.sample(r)
+        ids = [client_ids[i] for i in idx]
         # an empty (Poisson) cohort still runs: the noisy zero sum is released, as accounted
         packed = executor.pack(ids, rng=np.random.default_rng([seed, r]))
-        state, metrics = executor.run(state, packed, jax.random.fold_in(key, r))
+        if store is None:
+            state, metrics = executor.run(state, packed, jax.random.fold_in(key, r))
+        else:  # the sampled clients' own states, by slot, and back to them
+            state, metrics, new = executor.run(state, packed, jax.random.fold_in(key, r),
+                                               store.gather(idx, packed.client_mask.shape[0]))
+            store.scatter(idx, new)
         row = {"round": r + 1, **scalarize({**metrics, "real_steps": packed.real_steps,
                                              "executed_steps": packed.executed_steps}, derived_metrics)}
         if NONPRIVATE + "train_loss" in row:
@@ -242,7 +251,8 @@ def _run_rounds(executor, state, sampler, client_ids, *, seed, key, start, end, 
         if log_path:
             append_row(log_path, row)
         if workdir and ((checkpoint_every and (r + 1) % checkpoint_every == 0) or r + 1 == end):
-            commit(ckpt, state, ledger, charged_rounds=charged, accounted=accounted, fingerprint=fp)
+            commit(ckpt, _tree(state, store), ledger, charged_rounds=charged, accounted=accounted,
+                   fingerprint=fp)
     bar.close()
     return state, history, evals
 
@@ -268,19 +278,22 @@ def _train(algorithm, init_params, dataset, client_ids, sampler, *, rounds, batc
     ckpt = checkpointer(workdir, keep_checkpoints) if workdir else None
     k_init, k_rounds = tagged_key(seed, stage, "init"), tagged_key(seed, stage, "rounds")
     state = algorithm.init(init_params, k_init)
+    store = (ClientStateStore(algorithm.client.state_init(init_params), len(client_ids))
+             if algorithm.stateful_clients else None)
     fp = run_fingerprint(algorithm, sampler, dataset, client_ids, seed=seed, stage=stage,
                          populations=populations, batch_size=batch_size, max_steps=max_steps,
                          extra=fingerprint)
-    saved = read_checkpoint(ckpt, state) if ckpt is not None else None
+    saved = read_checkpoint(ckpt, _tree(state, store)) if ckpt is not None else None
     start, charged = 0, rounds
     capacity = int(sampler.max_cohort_size)
     dry_run = lambda st: _dry_run(algorithm, st, dataset, client_ids, batch_size, capacity,  # noqa: E731
-                                  k_rounds)
+                                  k_rounds, store)
     if saved is not None:
         state, start, charged, ledger = resume(
             saved, ckpt, workdir, fp, resume_anyway, rounds=rounds, private=private, ledger=ledger,
             nonprivate_ok=nonprivate_ok, stage=stage, event=event, populations=populations,
             details=details, dry_run=dry_run, log=log)
+        state = _untree(state, store)
     elif private and ledger is None and not nonprivate_ok:
         raise PrivacyAccountingError(
             f"stage {stage!r}: a private algorithm needs a PrivacyLedger to charge its cost "
@@ -311,15 +324,31 @@ def _train(algorithm, init_params, dataset, client_ids, sampler, *, rounds, batc
         executor, state, sampler, client_ids, seed=seed, key=k_rounds, start=start, end=end,
         rounds=rounds, eval_fn=eval_fn, eval_every=eval_every, ledger=ledger, log_fn=log_fn,
         derived_metrics=derived_metrics, workdir=workdir, checkpoint_every=checkpoint_every,
-        ckpt=ckpt, charged=charged, accounted=accounted, fp=fp, progress=progress)
+        ckpt=ckpt, charged=charged, accounted=accounted, fp=fp, progress=progress, store=store)
     if ckpt is not None:
         ckpt.close()
     return TrainResult(state, ledger, history, evals, start, event if accounted else None,
                        executed if accounted else None, charged,
-                       list(saved.skipped) if saved is not None else [], gaps)
+                       list(saved.skipped) if saved is not None else [], gaps,
+                       None if store is None else store.table)
 
 
-def _dry_run(algorithm, state, dataset, client_ids, batch_size: int, capacity: int, key) -> None:
+def _tree(state, store):
+    """What a checkpoint holds: the server state, and the clients' states if they keep any."""
+    return state if store is None else {"server": state, "clients": store.table}
+
+
+def _untree(tree, store):
+    """The server state of a checkpoint's ``tree`` (``_tree``); the clients' states go back
+    into ``store``."""
+    if store is None:
+        return tree
+    store.table = jax.tree_util.tree_map(lambda a: np.array(a), tree["clients"])
+    return tree["server"]
+
+
+def _dry_run(algorithm, state, dataset, client_ids, batch_size: int, capacity: int, key,
+             store=None) -> None:
     """Trace one round abstractly (``jax.eval_shape`` of ``algorithm.apply`` on a padded
     ``[capacity, 1, batch_size, ...]`` cohort of the dataset's example shapes and dtypes): the
     clients' local steps (the caller's ``loss_fn``), clipping, noise and the server update, with
@@ -330,9 +359,17 @@ def _dry_run(algorithm, state, dataset, client_ids, batch_size: int, capacity: i
     batch = {k: jax.ShapeDtypeStruct((capacity, 1, batch_size) + np.shape(v)[1:], np.asarray(v[:1]).dtype)
              for k, v in first.items()}
     batch["mask"] = jax.ShapeDtypeStruct((capacity, 1, batch_size), np.float32)
+    mask = jax.ShapeDtypeStruct((capacity,), np.float32)
+    server = state["server"] if isinstance(state, dict) else state
     try:
-        jax.eval_shape(algorithm.apply, state, batch, jax.ShapeDtypeStruct((capacity,), np.float32), key)
+        if store is None:
+            jax.eval_shape(algorithm.apply, state, batch, mask, key)
+            return
+        states = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct((capacity,) + x.shape, x.dtype),
+                                        store.initial)
+        jax.eval_shape(lambda st, b, m, k, cs: algorithm.apply(st, b, m, k, None, cs), server, batch,
+                       mask, key, states)
     except (TypeError, ValueError, KeyError, IndexError) as err:
         if isinstance(err, FedprivError):
             raise
-        raise inputs.describe_trace_error(err, state.params, client_ids[0], first) from err
+        raise inputs.describe_trace_error(err, server.params, client_ids[0], first) from err

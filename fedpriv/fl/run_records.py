@@ -132,7 +132,8 @@ def checkpointer(workdir: str, keep: int = 2) -> Checkpointer:
 
 def commit(ckpt: Checkpointer, state: ServerState, ledger: PrivacyLedger | None, *,
             charged_rounds: int, accounted: bool, fingerprint: dict) -> None:
-    ckpt.save(state, {"round": int(state.round), "ledger": ledger.to_dict() if ledger else None,
+    server = state["server"] if isinstance(state, dict) else state  # (with client states)
+    ckpt.save(state, {"round": int(server.round), "ledger": ledger.to_dict() if ledger else None,
                       "charged_rounds": int(charged_rounds), "accounted": bool(accounted),
                       "fingerprint": fingerprint, "time": time.time()})
 
@@ -147,8 +148,9 @@ def read_checkpoint(ckpt: Checkpointer, template=None) -> RunCheckpoint | None:
         if loaded is None:
             return None
         state, meta = loaded
-        if int(state.round) != int(meta["round"]):
-            raise CheckpointError(f"checkpoint in {ckpt.directory}: state at round {int(state.round)} "
+        server = state["server"] if isinstance(state, dict) else state  # (with client states)
+        if int(server.round) != int(meta["round"]):
+            raise CheckpointError(f"checkpoint in {ckpt.directory}: state at round {int(server.round)} "
                                   f"but metadata says {meta['round']}; refusing it")
     try:
         ledger = PrivacyLedger.from_dict(meta["ledger"]) if meta.get("ledger") else None
@@ -203,13 +205,16 @@ def replace_params(workdir: str, template: ServerState, fn: Callable, ledger_not
 
 
 def _replace_params(ckpt, run, fn, ledger_note):
-    new_params = fn(run.state.params)
-    if jax.tree_util.tree_structure(new_params) != jax.tree_util.tree_structure(run.state.params):
+    server = run.state["server"] if isinstance(run.state, dict) else run.state
+    new_params = fn(server.params)
+    if jax.tree_util.tree_structure(new_params) != jax.tree_util.tree_structure(server.params):
         raise ValueError("fn changed the parameter structure; the run cannot continue")
     if run.ledger is not None and ledger_note:
         run.ledger.record_post_processing(ledger_note)
-    commit(ckpt, run.state.replace(params=new_params), run.ledger, charged_rounds=run.charged_rounds,
-            accounted=run.accounted, fingerprint=run.fingerprint)
+    server = server.replace(params=new_params)
+    state = dict(run.state, server=server) if isinstance(run.state, dict) else server
+    commit(ckpt, state, run.ledger, charged_rounds=run.charged_rounds,
+           accounted=run.accounted, fingerprint=run.fingerprint)
     ckpt.close()
     return new_params
 

@@ -152,7 +152,7 @@ def test_compiled_shapes_stay_bounded_over_variable_cohorts():
     depths = {s[0][1] for s in shapes}
     assert all(d & (d - 1) == 0 for d in depths)
     assert all(c & (c - 1) == 0 or c == sampler.max_cohort_size for _, c in shapes)
-    assert alg.apply_packed._cache_size() == len(shapes) <= 12
+    assert alg.apply._cache_size() == len(shapes) <= 12
     assert ex.executed_steps == ex.real_steps > 0
 
 
@@ -166,7 +166,7 @@ def test_bf16_client_compute_keeps_float32_sums_and_tracks_float32():
     outs = []
     for alg in (ref, half):
         st = alg.init(init_params(), jax.random.key(0))
-        st, _ = alg.apply_packed(st, packed.lanes, packed.client_mask, jax.random.key(1))
+        st, _ = alg.apply(st, packed.lanes, packed.client_mask, jax.random.key(1))
         outs.append(st.params)
     assert all(x.dtype == jnp.float32 for x in jax.tree_util.tree_leaves(outs[1]))
     moved = np.asarray(outs[0]["w"])
