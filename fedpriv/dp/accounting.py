@@ -565,3 +565,32 @@ def calibrate_noise_multiplier(make_event: Callable[[float], dpa.DpEvent], epsil
                                f"{delta:g}") from err
     # The bisection returns the upper end of its final interval: epsilon(z) <= target.
     return float(z)
+
+
+# ----------------------------------------------------------------------------- samplers' periods
+def as_release(release) -> RoundRelease:
+    """``release`` as a ``RoundRelease`` (a plain ``DpEvent`` is a fresh per-round release)."""
+    if isinstance(release, RoundRelease):
+        return release
+    if isinstance(release, dpa.DpEvent):
+        return RoundRelease(fresh=release)
+    raise TypeError(f"expected a RoundRelease or a DpEvent, got {type(release).__name__}")
+
+
+def periodic_event(release, rounds: int, period: int, participations: int) -> dpa.DpEvent:
+    """The event of ``rounds`` rounds of a sampler that puts each client in at most one round of
+    every ``period`` (an epoch of a shuffled pass, a min-separation group cycle) and in at most
+    ``participations`` rounds: a tree must restart every ``period`` rounds, so each client is in
+    each tree at most once (DP-FTRL's restarted-tree accounting, ``accounting.dp_ftrl_event``);
+    a fresh release composes ``participations`` times. Any other restart is refused."""
+    release = as_release(release)
+    parts = []
+    if release.is_tree:
+        if release.restart_every != period:
+            raise ValueError(f"tree restarts every {release.restart_every} rounds but the sampler's "
+                             f"period (each client at most once in it) is {period} rounds: a client "
+                             f"could appear twice in one tree")
+        parts.append(dp_ftrl_event(release.tree_noise_multiplier, rounds, period))
+    if release.fresh is not None:
+        parts.append(dpa.SelfComposedDpEvent(release.fresh, participations))
+    return parts[0] if len(parts) == 1 else dpa.ComposedDpEvent(parts)

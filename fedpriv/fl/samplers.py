@@ -64,6 +64,7 @@ import dp_accounting as dpa
 import numpy as np
 
 from fedpriv.dp import accounting
+from fedpriv.dp.accounting import as_release as _as_release, periodic_event
 from fedpriv.dp.matrix_events import (  # noqa: F401 (the samplers' MF accounting, re-exported)
     AmplificationError,
     amplified_banded_event,
@@ -116,33 +117,6 @@ def check_sampler(sampler) -> None:
 
 def _rng(seed: int, *stream: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([int(seed), *map(int, stream)]))
-
-
-def _as_release(release) -> accounting.RoundRelease:
-    if isinstance(release, accounting.RoundRelease):
-        return release
-    if isinstance(release, dpa.DpEvent):
-        return accounting.RoundRelease(fresh=release)
-    raise TypeError(f"expected a RoundRelease or a DpEvent, got {type(release).__name__}")
-
-
-def periodic_event(release, rounds: int, period: int, participations: int) -> dpa.DpEvent:
-    """The event of ``rounds`` rounds of a sampler that puts each client in at most one round of
-    every ``period`` (an epoch of a shuffled pass, a min-separation group cycle) and in at most
-    ``participations`` rounds: a tree must restart every ``period`` rounds, so each client is in
-    each tree at most once (DP-FTRL's restarted-tree accounting, ``accounting.dp_ftrl_event``);
-    a fresh release composes ``participations`` times. Any other restart is refused."""
-    release = _as_release(release)
-    parts = []
-    if release.is_tree:
-        if release.restart_every != period:
-            raise ValueError(f"tree restarts every {release.restart_every} rounds but the sampler's "
-                             f"period (each client at most once in it) is {period} rounds: a client "
-                             f"could appear twice in one tree")
-        parts.append(accounting.dp_ftrl_event(release.tree_noise_multiplier, rounds, period))
-    if release.fresh is not None:
-        parts.append(dpa.SelfComposedDpEvent(release.fresh, participations))
-    return parts[0] if len(parts) == 1 else dpa.ComposedDpEvent(parts)
 
 
 def _no_tree(release: accounting.RoundRelease, sampler) -> None:

@@ -1,44 +1,19 @@
-"""The contract every fedpriv privatizer inherits (issue 25 item 6; as jax_privacy parametrizes
-one contract over all its privatizers).
-
-A privatizer is an ``optax.GradientTransformation`` whose ``update(x_t, state)`` releases
-``x_t + w_t`` (``x_t`` a pytree, e.g. a round's sum of clipped updates) with its PRNG key in
-``state`` (docs/design.md, principle 2). Each case below states the mechanism's prescribed
-per-coordinate covariance ``Sigma [n, n]`` of the noise ``w_1..w_n`` it releases at zero input,
-computed in this file from the mechanism's definition (not from fedpriv's helpers), and the
-contract checks, for every case:
-
-* **noise scale**: each step's empirical variance over ``D`` i.i.d. coordinates is within
-  ``5 sqrt(2 / D)`` (5 standard deviations of a chi-square mean) of ``Sigma[t, t]``, and the
-  standardised last step passes a seeded Kolmogorov-Smirnov test against N(0, 1) (p > 1e-4);
-* **fresh noise per step**: no two steps release the same noise, and every step pair's sample
-  correlation is within ``5 / sqrt(D)`` of the prescribed one (0 for Gaussian and DDG, the
-  tree's and ``C^{-1} C^{-T}``'s for tree, banded and BLT);
-* **independent leaves** (issue 54): the noise of two same-shaped parameter leaves, and of a
-  leaf and the same-shaped prefix of a larger leaf, is uncorrelated at every pair of steps
-  (each within ``5 / sqrt(d / 4)``; a leaf keyed like another gives 1);
-* **state and keys**: the state is a pytree that ``jax.lax.scan`` carries (type-stable) under
-  ``jit`` with the same result as stepping the jitted ``update``; ``update`` is pure and the
-  state advances; the same key gives the same noise, a different key different, uncorrelated
-  noise (the key is an argument of the jitted stream: it lives in the state, not the trace);
-* **prefix sums at zero noise**: with noise std 0 the released prefix sums equal the true ones
-  (exactly; DDG up to its granularity: stochastic rounding moves each coordinate by at most
-  ``gamma sqrt(D)`` per round).
-
-``test_broken_privatizers_fail_the_contract`` shows the contract catches broken privatizers
-(noise reused across steps, wrong scale, key ignored, a bias, one key for every leaf), and
-``test_every_fedpriv_privatizer_is_under_contract`` that no privatizer of ``fedpriv.dp``
-escapes it.
+"""The privatizer contract on every fedpriv privatizer (issue 25 item 6; as jax_privacy
+parametrizes one contract over all its privatizers). The contract itself ships with the library,
+``fedpriv.dp.testing`` (issue 52: a researcher runs it on their own mechanism); this file states
+each built-in privatizer's prescribed covariance from the mechanism's definition (not from
+fedpriv's helpers), runs every check on it, shows the checks catch broken privatizers (noise
+reused across steps, wrong scale, key ignored, a bias, one key for every leaf), that no privatizer of ``fedpriv.dp``
+escapes the contract, and that every built-in mechanism's noise matches the event it charges
+(``check_noise_matches_event``; its broken z/2 variant is caught in
+``tests/fl/test_user_mechanism.py``).
 """
 from __future__ import annotations
 
 import collections
-import dataclasses
-import functools
 import importlib
 import inspect
 import pkgutil
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -46,14 +21,12 @@ import numpy as np
 import optax
 import pytest
 from jax.flatten_util import ravel_pytree
-from scipy import stats
 
 import fedpriv.dp
 from fedpriv.dp import ddg, matrix as M, noise
+from fedpriv.dp.mechanisms import BandedMechanism, BLTMechanism, GaussianMechanism, TreeMechanism
+from fedpriv.dp.testing import CHECKS, EPS32, Case, ContractViolation, N, check_noise_matches_event
 from tests import oracles
-
-N, D, STD = 8, 16384, 1.3          # steps, i.i.d. coordinates per step, noise std
-EPS32 = float(np.finfo(np.float32).eps)
 
 
 # ----------------------------------------------------------------------------- covariances
@@ -127,27 +100,6 @@ def _ddg_zero_noise_atol(dim: int, xs: np.ndarray) -> float:
 
 
 # ----------------------------------------------------------------------------- the cases
-@dataclasses.dataclass(frozen=True)
-class Case:
-    """A privatizer under contract.
-
-    Attributes:
-      name: test id.
-      make: ``(std, key) -> GradientTransformation``.
-      covariance: ``n -> [n, n]`` prescribed covariance of the released noise per coordinate
-        at zero input, for noise std 1 (scaled by ``STD^2``).
-      covers: the ``fedpriv.dp`` factories this case exercises (module.function).
-        zero_noise_atol: ``(dim, xs) -> float`` per-round tolerance at std 0 (0: exact).
-      dim: i.i.d. coordinates per step in the statistical checks.
-    """
-    name: str
-    make: Callable
-    covariance: Callable
-    covers: tuple = ()
-    zero_noise_atol: Callable = lambda dim, xs: 0.0
-    dim: int = D
-
-
 BANDED, BLT, TREE_R = M.banded_strategy(3), M.blt_strategy(16, 3), 4
 
 
@@ -188,159 +140,6 @@ CASES = [
     Case("banded_opt", lambda std, key: _banded_opt().privatizer(std, key),
          lambda n: mf_covariance(_banded_opt().strategy, n), ()),
 ]
-
-
-# ----------------------------------------------------------------------------- helpers
-def _zeros(d: int):
-    """A zero update pytree with ``d`` coordinates (``d % 4 == 0``) in four leaves, flattened in
-    this order: two of one shape (``a``, ``b``: ``[d / 4]``), a larger one (``c``:
-    ``[d / 2 - 6]``, whose prefix ``[:d / 4]`` has ``a``'s shape) and a 2-D one (``e``: ``[2, 3]``)."""
-    q = d // 4
-    return {"a": jnp.zeros((q,), jnp.float32), "b": jnp.zeros((q,), jnp.float32),
-            "c": jnp.zeros((d - 2 * q - 6,), jnp.float32), "e": jnp.zeros((2, 3), jnp.float32)}
-
-
-def _flat(tree) -> np.ndarray:
-    """Leaves ``[n, ...]`` of a stacked pytree as one ``[n, d]`` float64 array."""
-    return np.concatenate([np.asarray(v, np.float64).reshape(v.shape[0], -1)
-                           for v in jax.tree_util.tree_leaves(tree)], axis=1)
-
-
-@functools.lru_cache(maxsize=None)
-def _stream_fn(case, std: float, n: int, d: int):
-    """jit of ``key -> [n, ...]`` pytree of noise released on ``n`` zero inputs (``_zeros(d)``):
-    the privatizer is built from the (traced) key and scanned with its state as the carry."""
-    def run(key):
-        tx = case.make(std, key)
-        x = _zeros(d)
-
-        def body(s, _):
-            out, s = tx.update(x, s)
-            return s, out
-        return jax.lax.scan(body, tx.init(x), None, length=n)[1]
-    return jax.jit(run)
-
-
-def stream(case: Case, seed: int, std: float = STD, n: int = N) -> np.ndarray:
-    """``[n, case.dim]`` noise the privatizer keyed by ``key(seed)`` releases at zero input."""
-    return _stream(case, seed, std, n)
-
-
-@functools.lru_cache(maxsize=None)
-def _stream(case, seed, std, n):
-    return _flat(_stream_fn(case, std, n, case.dim)(jax.random.key(seed)))
-
-
-def _tols(w):
-    """(chi-square, correlation) tolerances for ``w`` ``[n, d]``: 5 sd of the mean of ``d``
-    squared standard normals, 5 sd of a sample correlation (``(1 - rho^2) / sqrt(d)``)."""
-    d = w.shape[1]
-    return 5 * np.sqrt(2 / d), 5 / np.sqrt(d)
-
-
-def _raw(v):
-    """An array's values (a typed PRNG key's key data)."""
-    return np.asarray(jax.random.key_data(v) if jnp.issubdtype(v.dtype, jax.dtypes.prng_key) else v)
-
-
-def _corr(cov):
-    s = np.sqrt(np.diag(cov))
-    return cov / np.outer(s, s)
-
-
-# ----------------------------------------------------------------------------- the contract
-def check_noise_scale(case: Case):
-    w, var = stream(case, 0), STD ** 2 * np.diag(case.covariance(N))
-    ratio = (w ** 2).mean(1) / var
-    assert np.all(np.abs(ratio - 1) < _tols(w)[0]), f"{case.name}: variance / stated {ratio}"
-    p = stats.kstest(w[-1] / np.sqrt(var[-1]), "norm").pvalue
-    assert p > 1e-4, f"{case.name}: KS p = {p}"
-
-
-def check_fresh_noise(case: Case):
-    w = stream(case, 0)
-    assert len({r.tobytes() for r in w}) == N, f"{case.name}: two steps released the same noise"
-    emp, want = np.corrcoef(w), _corr(case.covariance(N))
-    err = np.abs(emp - want)
-    assert err.max() < _tols(w)[1], (f"{case.name}: step correlations off by {err.max():.3g} "
-                                  f"at {np.unravel_index(err.argmax(), err.shape)}")
-
-
-def check_leaf_independence(case: Case):
-    """The noise of different parameter leaves is independent: between two same-shaped leaves
-    (``a``, ``b``) and between a leaf and the same-shaped prefix of a larger one (``a``/``b`` and
-    ``c[:d/4]``), every correlation of step ``t`` of one with step ``s`` of the other (``N x N``
-    of them: a lagged reuse counts too) is within ``5 / sqrt(d / 4)`` of 0. A leaf drawn from
-    another leaf's key gives a correlation of 1 (JAX's counter-based threefry: the same key
-    draws the same numbers for a leaf and the prefix of a larger one). False-alarm rate: 5 sd
-    of a sample correlation, two-sided 5.7e-7 per entry, 3 N^2 = 192 entries per case (< 1.1e-4
-    per case by the union bound; the key is fixed, so the outcome is too)."""
-    w, q = stream(case, 0), case.dim // 4
-    leaves = {"a": w[:, :q], "b": w[:, q:2 * q], "c[:d/4]": w[:, 2 * q:3 * q]}
-    tol = 5 / np.sqrt(q)
-    for x, y in (("a", "b"), ("a", "c[:d/4]"), ("b", "c[:d/4]")):
-        cross = np.corrcoef(leaves[x], leaves[y])[:N, N:]  # [N, N]: step t of x vs step s of y
-        worst = np.unravel_index(np.abs(cross).argmax(), cross.shape)
-        assert np.abs(cross).max() < tol, (
-            f"{case.name}: the noise of leaves {x} and {y} is correlated: {cross[worst]:.3g} "
-            f"between steps {worst} (tolerance {tol:.3g})")
-
-
-def check_keys(case: Case):
-    a, b = stream(case, 0), stream(case, 1)
-    again = _flat(_stream_fn(case, STD, N, case.dim)(jax.random.key(0)))
-    np.testing.assert_array_equal(again, a, f"{case.name}: same key, other noise")
-    corr = np.array([np.corrcoef(a[t], b[t])[0, 1] for t in range(N)])
-    assert np.all(np.abs(corr) < _tols(a)[1]) and not np.array_equal(a, b), (
-        f"{case.name}: different keys give correlated noise {corr}")
-
-
-def check_state_and_jit(case: Case):
-    tx = case.make(STD, jax.random.key(0))   # built outside the stream's trace
-    x = _zeros(case.dim)
-    s0 = tx.init(x)
-    leaves, treedef = jax.tree_util.tree_flatten(s0)
-    assert leaves and all(isinstance(v, jax.Array) for v in leaves), f"{case.name}: state leaves"
-    update = jax.jit(tx.update)
-    o1, s1 = update(x, s0)
-    o1b, _ = update(x, s0)
-    assert all(np.array_equal(u, v) for u, v in zip(jax.tree_util.tree_leaves(o1),
-                                                    jax.tree_util.tree_leaves(o1b))), \
-        f"{case.name}: update is not a pure function of (updates, state)"
-    assert jax.tree_util.tree_structure(s1) == treedef, f"{case.name}: state structure changed"
-    assert any(not np.array_equal(_raw(u), _raw(v))
-               for u, v in zip(leaves, jax.tree_util.tree_leaves(s1))), f"{case.name}: state did not advance"
-    # stepping the jitted update gives the scan's stream (a type-stable carry, same key)
-    stepped, s = [], s0
-    for _ in range(N):
-        o, s = update(x, s)
-        stepped.append(o)
-    stepped = _flat(jax.tree_util.tree_map(lambda *v: jnp.stack(v), *stepped))
-    scanned = stream(case, 0)
-    np.testing.assert_allclose(stepped, scanned, rtol=0,
-                               atol=64 * EPS32 * max(1.0, np.abs(scanned).max()),
-                               err_msg=f"{case.name}: stepped updates != scanned stream")
-
-
-def check_zero_noise_prefix_sums(case: Case):
-    rng = np.random.default_rng(4)
-    xs = (0.1 * rng.normal(size=(N, 8))).astype(np.float32)  # norm < DDG's clip
-    tx = case.make(0.0, jax.random.key(5))
-    like = {"a": jnp.zeros((5,), jnp.float32), "b": jnp.zeros((3,), jnp.float32)}
-    state, out = tx.init(like), []
-    update = jax.jit(tx.update)
-    for x in xs:
-        o, state = update({"a": jnp.asarray(x[:5]), "b": jnp.asarray(x[5:])}, state)
-        out.append(np.concatenate([np.asarray(o["a"]), np.asarray(o["b"])]))
-    got, want = np.cumsum(np.stack(out), 0), np.cumsum(xs, 0)
-    atol = case.zero_noise_atol(8, xs) * np.arange(1, N + 1)[:, None]
-    assert np.all(np.abs(got - want) <= atol), f"{case.name}: prefix sums off by {np.abs(got - want).max()}"
-
-
-CHECKS = {"noise_scale": check_noise_scale, "fresh_noise": check_fresh_noise,
-          "keys": check_keys, "state_and_jit": check_state_and_jit,
-          "leaf_independence": check_leaf_independence,
-          "zero_noise_prefix_sums": check_zero_noise_prefix_sums}
 
 
 @pytest.mark.parametrize("check", sorted(CHECKS))
@@ -419,7 +218,32 @@ def _leaf_index_folded_into_the_step(std, key):
     return noise.streaming_privatizer(noise_fn, key)
 
 
+def _one_key_for_every_leaf(std, key):
+    """Gaussian noise drawn with the round's key for every leaf (no per-leaf ``split``): leaves
+    of one shape get the same noise, a larger leaf the same noise in its prefix."""
+    def noise_fn(key, step, like, buffers):
+        k = noise.release_key(key, step)
+        return jax.tree_util.tree_map(lambda x: std * jax.random.normal(k, x.shape, jnp.float32),
+                                      like), buffers
+    return noise.streaming_privatizer(noise_fn, key)
+
+
+def _leaf_index_folded_into_the_step(std, key):
+    """Leaf ``i`` drawn from ``release_key(key, step + i)``: leaf ``b`` at step t repeats leaf
+    ``a``'s noise of step t + 1 (no two leaves share a step's noise: a lagged reuse)."""
+    def noise_fn(key, step, like, buffers):
+        leaves, treedef = jax.tree_util.tree_flatten(like)
+        return treedef.unflatten([std * jax.random.normal(noise.release_key(key, step + i),
+                                                          x.shape, jnp.float32)
+                                  for i, x in enumerate(leaves)]), buffers
+    return noise.streaming_privatizer(noise_fn, key)
+
+
 BROKEN = [  # (broken privatizer, the check it fails, what that check says)
+    (Case("one_key_for_every_leaf", _one_key_for_every_leaf, np.eye), "leaf_independence",
+     "leaves a and b is correlated"),
+    (Case("leaf_index_in_step", _leaf_index_folded_into_the_step, np.eye), "leaf_independence",
+     "leaves a and b is correlated"),
     (Case("one_key_for_every_leaf", _one_key_for_every_leaf, np.eye), "leaf_independence",
      "leaves a and b is correlated"),
     (Case("leaf_index_in_step", _leaf_index_folded_into_the_step, np.eye), "leaf_independence",
@@ -444,6 +268,8 @@ def _uncovered_privatizers() -> list:
     """Public ``*privatizer`` factories defined in a ``fedpriv.dp`` module and in no case."""
     found = set()
     for info in pkgutil.iter_modules(fedpriv.dp.__path__):
+        if info.name == "testing":  # the contract's own checks (check_privatizer), not privatizers
+            continue
         mod = importlib.import_module(f"fedpriv.dp.{info.name}")
         for name, fn in inspect.getmembers(mod, inspect.isfunction):
             if name.endswith("privatizer") and not name.startswith("_") and fn.__module__ == mod.__name__:
@@ -462,3 +288,24 @@ def test_every_fedpriv_privatizer_is_under_contract(monkeypatch):
     laplace_privatizer.__module__ = "fedpriv.dp.noise"
     monkeypatch.setattr(noise, "laplace_privatizer", laplace_privatizer, raising=False)
     assert _uncovered_privatizers() == ["noise.laplace_privatizer"]
+
+
+@pytest.mark.parametrize("mech", [
+    GaussianMechanism(1.0, 1.0),
+    TreeMechanism(1.0, 1.0, restart_every=N),
+    BandedMechanism(1.0, 1.0, bands=3, min_separation=N, mf_rounds=N),
+    BLTMechanism(1.0, 1.0, min_separation=N, blt_buffers=3, mf_rounds=N),
+], ids=lambda m: m.mechanism)
+def test_every_built_in_mechanism_s_noise_covers_its_charged_event(mech):
+    """``fedpriv.dp.testing.check_noise_matches_event``: the event each built-in mechanism charges
+    for N rounds (one participation) costs at least what its measured noise gives; for banded MF
+    the two are the same number (its sensitivity is exact), a check with teeth."""
+    out = check_noise_matches_event(mech, N)
+    assert out["charged_epsilon"] >= out["noise_epsilon"] > 0
+    if mech.mechanism == "banded":
+        assert out["charged_epsilon"] < 1.15 * out["noise_epsilon"]
+
+
+def test_contract_failures_are_contract_violations():
+    with pytest.raises(ContractViolation, match="variance / stated"):
+        CHECKS["noise_scale"](Case("wrong_scale", _wrong_scale, np.eye))

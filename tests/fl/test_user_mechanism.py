@@ -9,8 +9,10 @@ add/remove for any sampler, since every round is one Gaussian mechanism with L2 
 sum divided by C, i.e. of sensitivity 1, with std z).
 
 The tests show that ``train`` charges the ledger exactly this mechanism's own event, that the
-engine adds the noise it states (the privatizer contract of ``tests/dp``), and that broken
-variants (noise reused across rounds; an event that claims more noise than is added) are caught.
+engine adds the noise it states (the privatizer contract, ``fedpriv.dp.testing``), and that
+broken variants (noise reused across rounds; an event that claims more noise than is added) are
+caught -- the latter also by ``fedpriv.dp.testing.check_noise_matches_event``, which needs no
+statement of the mechanism's covariance: it compares the noise measured against the event.
 """
 from __future__ import annotations
 
@@ -26,11 +28,18 @@ from flax import struct
 
 from fedpriv.dp import accounting
 from fedpriv.dp.ledger import PrivacyLedger, event_to_json
-from fedpriv.dp.mechanisms import DPConfig, UnknownMechanism, get_mechanism, register_mechanism
+from fedpriv.dp.mechanisms import DPConfig, GaussianMechanism, UnknownMechanism, get_mechanism, register_mechanism
+from fedpriv.dp.testing import (
+    CHECKS,
+    Case,
+    ContractViolation,
+    check_mechanism,
+    check_noise_matches_event,
+    measured_multiplier,
+)
 from fedpriv.fl.algorithms import build_algorithm, privacy_event, server_optimizer
 from fedpriv.fl.loop import train
 from fedpriv.fl.samplers import PoissonSampler
-from tests.dp.test_privatizer_contract import CHECKS, Case
 from tests.fl.helpers import init_params, loss_fn, make_dataset
 
 N, COHORT, ROUNDS = 24, 6, 4
@@ -195,3 +204,34 @@ def test_a_sampler_outside_the_mechanism_s_neighbouring_relations_is_refused():
     mech = ReplaceOneOnly(clip_norm=0.5, noise_multiplier=1.0)
     with pytest.raises(ValueError, match="accounted under .*'add_remove'"):
         privacy_event(mech, PoissonSampler(N, COHORT / N, seed=1), ROUNDS)
+
+
+@dataclasses.dataclass(frozen=True)
+class HalfNoiseGaussian(GaussianMechanism):
+    """Broken: a subclass of the built-in Gaussian mechanism that adds z/2 while inheriting the
+    event of z (registered under no name: it is never a config choice)."""
+    mechanism: str = "gaussian"
+
+    def privatizer(self, noise_multiplier, key=None):
+        return super().privatizer(0.5 * noise_multiplier, key)
+
+
+def test_the_library_self_check_passes_the_new_mechanism():
+    """What a researcher runs on their mechanism: the contract and noise = charged event."""
+    check_mechanism(UnamplifiedGaussian(clip_norm=1.0, noise_multiplier=1.0))
+
+
+@pytest.mark.parametrize("mech", [UnderReported(clip_norm=1.0, noise_multiplier=1.0),
+                                  HalfNoiseGaussian(clip_norm=1.0, noise_multiplier=1.0)],
+                         ids=["user_mechanism_z_over_2", "builtin_gaussian_z_over_2"])
+def test_z_over_2_noise_with_the_event_of_z_fails_the_noise_event_check(mech):
+    """Adding z/2 while charging the event of z: the noise-vs-event check fails (the charged
+    epsilon is that of z, the noise gives that of ~z/2), though the privatizer alone is a sound
+    Gaussian privatizer at its own scale."""
+    with pytest.raises(ContractViolation, match="claims more noise than is added"):
+        check_noise_matches_event(mech)
+    sigma = measured_multiplier(lambda key: mech.privatizer(1.0, key))
+    np.testing.assert_allclose(sigma, 0.5, rtol=0.05)  # what it adds: z/2 in every round
+    honest = UnamplifiedGaussian if isinstance(mech, UnderReported) else GaussianMechanism
+    out = check_noise_matches_event(honest(clip_norm=1.0, noise_multiplier=1.0))
+    assert out["charged_epsilon"] >= out["noise_epsilon"]
