@@ -54,6 +54,7 @@ import numpy as np
 
 from fedpriv.dp.accounting import check_delta
 from fedpriv.errors import ConfigError
+from fedpriv.registry import Registry
 
 __all__ = ["ConfigError", "DP_FIELDS", "EXCLUSIVE", "LIMITS", "NONPRIVATE_ALGORITHMS",
            "SIGNED", "apply_overrides", "check", "check_conflicts", "check_limits", "check_signs", "check_types",
@@ -396,8 +397,9 @@ def check(cfg, *, positive=(), non_negative=(), open_unit=(), choices=None, frac
     """Raise :class:`ConfigError` unless ``cfg``'s fields have their types
     (:func:`check_types`) and: ``positive`` fields are ``>= 1`` (ints) / ``> 0`` (floats),
     ``non_negative`` ``>= 0``, ``open_unit`` in ``(0, 1)``, ``choices`` (field -> allowed values)
-    hold an allowed value, and ``fractions`` are non-negative tuples summing to 1 with a positive
-    first entry. ``None`` passes every range check (fields that allow it mean "off"/"all")."""
+    hold an allowed value (a tuple of values, or a registry / tuple of registries of
+    ``fedpriv.registry``: a registered name or a plugin's ``"<module>:<name>"``), and
+    ``fractions`` are non-negative tuples summing to 1 with a positive first entry. ``None`` passes every range check (fields that allow it mean "off"/"all")."""
     check_types(cfg)
     check_limits(cfg)
     check_conflicts({f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}, None)
@@ -416,8 +418,8 @@ def check(cfg, *, positive=(), non_negative=(), open_unit=(), choices=None, frac
             raise ConfigError(f"{name} must be in (0, 1), got {v}")
     for name, allowed in (choices or {}).items():
         v = getattr(cfg, name)
-        if v not in allowed:
-            raise ConfigError(f"{name} must be one of {tuple(allowed)}, got {v!r}")
+        if not _allowed(v, allowed):
+            raise ConfigError(f"{name} must be one of {_choice_names(allowed)}, got {v!r}")
     for name in fractions:
         fr = getattr(cfg, name)
         total = float(sum(fr)) if fr else 0.0
@@ -438,6 +440,24 @@ def check_signs(cfg) -> None:
             if isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_)) \
                     and x < 0 and f.name not in SIGNED:
                 raise ConfigError(f"{f.name} must be >= 0, got {x}")
+
+
+def _registries(allowed) -> tuple:
+    """``allowed`` as a tuple of ``fedpriv.registry.Registry`` (empty if it is a plain tuple)."""
+    regs = allowed if isinstance(allowed, tuple) else (allowed,)
+    return regs if regs and all(isinstance(r, Registry) for r in regs) else ()
+
+
+def _allowed(value, allowed) -> bool:
+    """A choice: a plain tuple of values, or one registry / a tuple of registries (a registered
+    name, or a plugin's ``"<module>:<name>"``, which imports the module)."""
+    regs = _registries(allowed)
+    return any(r.known(value) for r in regs) if regs else value in allowed
+
+
+def _choice_names(allowed) -> tuple:
+    regs = _registries(allowed)
+    return tuple(n for r in regs for n in r.names()) if regs else tuple(allowed)
 
 
 def with_lm_config(cls, scales: dict, lm_scales: dict, arg: str | None, lm_config,

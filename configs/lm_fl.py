@@ -11,20 +11,26 @@ from typing import ClassVar
 
 from configs.common import ConfigError, check, check_lanes, from_scale
 
-# packaged corpora, then the papers' own data for users who have the files (path in corpus_path;
-# fedpriv.data.paper_corpora): TFF's StackOverflow SQLite, Reddit-style user-keyed JSONL
-# (every choice list is read from the library's registry: a new corpus, tokenizer or algorithm
-# is one entry there, never a second list here)
-from fedpriv.fl.cohort import BATCHINGS  # noqa: E402
-from fedpriv.recipes.lm import ALGORITHM_SPECS, LOADERS, PATH_LOADERS, TOKENIZER_NAMES  # noqa: E402
+# every choice list is a registry of the library (fedpriv.registry; light: no JAX is imported):
+# a new corpus, architecture, optimizer or algorithm is registered there -- in its own file, which
+# a config names as "<module>:<name>" -- never a second list here
+from fedpriv.recipes.algorithms import ALGORITHMS as ALGORITHM_REGISTRY, check_algorithm
+from fedpriv.registry import (
+    BATCHINGS,
+    CORPORA as CORPUS_REGISTRY,
+    MODELS,
+    OPTIMIZERS,
+    PATH_CORPORA as PATH_CORPUS_REGISTRY,
+    TOKENIZERS,
+)
 
-PACKAGED_CORPORA = tuple(LOADERS)
-PATH_CORPORA = tuple(PATH_LOADERS)
+# the built-in names (snapshots of the registries, for configs that list them)
+PACKAGED_CORPORA = CORPUS_REGISTRY.names()
+PATH_CORPORA = PATH_CORPUS_REGISTRY.names()
 CORPORA = PACKAGED_CORPORA + PATH_CORPORA
-TOKENIZERS = TOKENIZER_NAMES
-ARCHS = ("lstm", "transformer")
-ALGORITHMS = tuple(ALGORITHM_SPECS)
-SERVER_OPTIMIZERS = ("sgd", "sgdm", "adam")
+ARCHS = MODELS.names()
+ALGORITHMS = ALGORITHM_REGISTRY.names()
+SERVER_OPTIMIZERS = OPTIMIZERS.names()
 CLIENT_COMPUTE = ("float32", "bfloat16")        # fedpriv.fl.client.make_local_step compute_dtype
 
 
@@ -33,7 +39,7 @@ class LMModelFields:
     """The on-device LM (App. B.2), declared once for every config that builds one
     (:class:`LMFLFields`, ``configs/wang_figure3.py``'s oracle): ``fedpriv.recipes.lm.build_task``
     reads these and ``seq_len``."""
-    arch: str = "lstm"                    # lstm | transformer
+    arch: str = "lstm"                    # lstm | transformer | a plugin's "<module>:<name>"
     embed_dim: int = 96
     hidden_dim: int = 670
     num_heads: int = 10                   # transformer heads (670 / 10 = 67, App. B.2)
@@ -55,8 +61,9 @@ class LMFLFields(LMModelFields):
     the overrides name them directly: ``rounds=80``). ``fedpriv.recipes.lm.build_task`` /
     ``build_algorithm`` read them; a config adds its own fields and checks in ``__post_init__``
     after ``super().__post_init__()``."""
-    # the algorithms this config accepts (a class constant, not a field)
-    algorithms: ClassVar[tuple] = ALGORITHMS
+    # the algorithms this config accepts (a class constant, not a field): every registered one
+    # (fedpriv.recipes.algorithms, plugins included), or a tuple of names
+    algorithms: ClassVar = ALGORITHM_REGISTRY
     # data
     corpus: str = "chitchat"              # chitchat | shakespeare | simpsons | stackoverflow | reddit_jsonl
     corpus_path: str | None = None        # stackoverflow: TFF's stackoverflow.sqlite(.lzma);
@@ -70,10 +77,11 @@ class LMFLFields(LMModelFields):
     batch_size: int = 16
     max_local_steps: int | None = 16
     # algorithm
-    # fedavg | dp_fedavg (Poisson cohorts) | dp_ftrl | dp_mf_banded | dp_mf_blt | dp_fedavg_fixed
-    # (central Gaussian, fixed-size cohorts) | dp_ddg (distributed discrete Gaussian under secure
-    # aggregation, fixed-size cohorts, no amplification) | dp_mf_banded_opt (banded MF with
-    # jax_privacy-optimised coefficients; extra "mf")
+    # a registered LM-FL algorithm (fedpriv.recipes.algorithms: mechanism, sampler, hooks,
+    # optimizers): fedavg | dp_fedavg (Poisson cohorts) | dp_ftrl | dp_mf_banded | dp_mf_blt |
+    # dp_fedavg_fixed (central Gaussian, fixed-size cohorts) | dp_ddg (distributed discrete
+    # Gaussian under secure aggregation, fixed-size cohorts, no amplification) | dp_mf_banded_opt
+    # (banded MF with jax_privacy-optimised coefficients; extra "mf") | a plugin's "<module>:<name>"
     algorithm: str = "dp_ftrl"
     rounds: int = 1600
     cohort_size: int = 100
@@ -97,7 +105,7 @@ class LMFLFields(LMModelFields):
     clip_lr: float = 0.2                  # eta_C, the geometric step (Andrew et al.)
     clip_count_stddev: float | None = None  # sigma_b; None: cohort_size / 20 (Andrew et al.)
     client_lr: float = 0.5
-    server_optimizer: str = "sgdm"        # sgd | sgdm | adam
+    server_optimizer: str = "sgdm"        # sgd | sgdm | adam | a registered one (fedpriv.registry.OPTIMIZERS)
     server_lr: float = 1.0
     server_momentum: float = 0.9
     # loop
@@ -126,8 +134,9 @@ class LMFLFields(LMModelFields):
                               "client_lr", "server_lr", "eval_every", "eval_batch_size",
                               "max_eval_examples", "checkpoint_every"),
               non_negative=("noise_multiplier", "server_momentum", "seed"), open_unit=("delta",),
-              choices={"corpus": CORPORA, "arch": ARCHS, "algorithm": self.algorithms,
-                       "server_optimizer": SERVER_OPTIMIZERS, "batching": BATCHINGS + ("auto",)},
+              choices={"corpus": (CORPUS_REGISTRY, PATH_CORPUS_REGISTRY), "arch": MODELS,
+                       "algorithm": self.algorithms, "server_optimizer": OPTIMIZERS,
+                       "batching": BATCHINGS + ("auto",)},
               fractions=("split",))
         check_lanes(self.lanes)
         if not 0 < self.clip_quantile < 1:
@@ -180,18 +189,17 @@ def check_run(cfg: LMFLConfig) -> LMFLConfig:
     """Cross-field checks of a config about to run (not of the bare defaults)."""
     # (cross-field: checked once every override is applied; the recipe re-checks what it reads:
     # lm.load_corpus the path, lm.simulated_population the protocol)
-    if cfg.corpus in PATH_CORPORA and not cfg.corpus_path:
+    if cfg.corpus in PATH_CORPUS_REGISTRY and not cfg.corpus_path:
         raise ConfigError(f"corpus={cfg.corpus} needs corpus_path (the file with the paper's data)")
-    if cfg.corpus not in PATH_CORPORA and cfg.corpus_path:
+    if cfg.corpus not in PATH_CORPUS_REGISTRY and cfg.corpus_path:
         raise ConfigError(f"corpus_path is set but corpus={cfg.corpus} is packaged (it reads no path)")
     if cfg.simulated_population is not None and cfg.algorithm != "fedavg":
         from fedpriv.dp.population import check_protocol, get_population
         check_protocol(get_population(cfg.simulated_population), algorithm=cfg.algorithm,
                        cohort_size=cfg.cohort_size, noise_cohort_size=cfg.noise_cohort_size)
-    if cfg.algorithm != "fedavg":  # its mechanism is one the registry knows (fedpriv.dp.mechanisms)
-        from fedpriv.recipes.lm import algorithm_spec
-        algorithm_spec(cfg.algorithm)
-    if cfg.algorithm != "fedavg" and cfg.noise_multiplier is None and cfg.target_epsilon is None:
+    # the algorithm's mechanism, sampler and optimizers are ones the registries know
+    private = check_algorithm(cfg.algorithm).private
+    if private and cfg.noise_multiplier is None and cfg.target_epsilon is None:
         raise ConfigError(f"{cfg.algorithm} needs noise_multiplier or target_epsilon (set one, "
                           "e.g. target_epsilon=18.7)")
     return cfg
@@ -199,36 +207,8 @@ def check_run(cfg: LMFLConfig) -> LMFLConfig:
 
 BASE = LMFLConfig()
 
-# Server lr, client lr and clip norm per epsilon, chosen on VALIDATION accuracy, on chitchat at
-# the small model size (LSTM 96/128, SentencePiece 2000, cohort 16 with the noise of 100: the
-# paper's noise per round) on a 2-core CPU (no GPU was lent; not re-tuned at 670-d):
-# (the epsilons below label Wang et al.'s per-round noise: z = 8.83 / 1.13 on the average of a
-# cohort of 100, i.e. eps 1.77 / 18.71 SIMULATED for StackOverflow over 1,600 rounds. At small the
-# cohort is 16 with the noise of 100: z = 8.83 over 800 rounds is eps 1.68 simulated for
-# StackOverflow, 5.6 for the noise-cohort simulation (the ledger's budget) and 55.7 SPENT on
-# chitchat's 1,053 users; privacy_utility:small runs exactly this (fedpriv.dp.population))
-# * eps 1.77 / z ~ 8.83: client lr and clip from two sub-grids of App. C at 120 rounds (server
-#   {0.05, 0.1, 0.2} x client {0.1, 0.5} x clip {0.3, 1.0}, and server {0.3, 0.5} x client
-#   {0.5, 1.0} x clip {1.0, 3.0}, the latter all below):
-#     python -m experiments.lm_sweep --config "configs/lm_sweep.py:small,server_lrs=0.05/0.1/0.2,\
-#         client_lrs=0.1/0.5,clip_norms=0.3/1.0,target_epsilon=1.77"
-#   (best: server 0.2, client 0.5, clip 1.0: val 3.75 +- 0.61 % over 3 seeds, the most-frequent
-#   token 3.92 %); the server lr then re-chosen for a long run, z = 8.83 over 800 rounds:
-#     python -m experiments.lm_fl --config "configs/lm_fl.py:small,target_epsilon=None,\
-#         noise_multiplier=8.83,clip_norm=1.0,server_lr=0.05,rounds=800"
-#   server lr 0.2 peaks at 5.6 % (round 100) and drifts to 2.5 % (val loss 6.3 -> 10.3: the
-#   noise of ~12 tree epochs accumulates); 0.05 climbs to 12.6 % (privacy_utility:small, 3
-#   seeds: 13.11 +- 0.30 % validation, 3.3x the most-frequent token).
-# * eps 18.71 / z ~ 1.13: the defaults, within noise of FedAvg (privacy_utility:small, 3 seeds).
-# * The word vocabularies of Figure 1 at eps 1.77 keep the SentencePiece setting: their server lr
-#   re-chosen on validation (seed 0, 800 rounds, clip 1.0, client lr 0.5; 2026-11-28) found
-#   nothing better. Validation accuracy % at server lr 0.02 / 0.05 / 0.1 / 0.2:
-#   word:625 1.63 / 4.96 / 5.12 / 0.36 and word:2000 1.84 / 6.55 / 6.22 / 1.72. The most
-#   frequent word scores 4.82 / 4.37 % (3 seeds), so no lr reaches 2x it. 0.1's +0.16 point on
-#   word:625 is one seed; the larger lrs diverge (val loss 4.3 -> 6.9). The command (the server_lrs
-#   override needs the tuple-element parse fix, branch pending/parse-tuple-element):
-#     python -m experiments.privacy_utility --config "configs/privacy_utility.py:small,seeds=0,\
-#         epsilons=1.77,tokenizers=word:625/word:2000,server_lrs=0.02/0.05/0.1/0.2"
+# Server lr, client lr and clip norm per epsilon, chosen on VALIDATION accuracy: how, with the
+# commands and the numbers, is docs/tuning.md
 TUNED = {
     18.71: dict(server_lr=1.0, client_lr=0.5, clip_norm=0.3),
     1.77: dict(server_lr=0.05, client_lr=0.5, clip_norm=1.0),

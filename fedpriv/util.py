@@ -1,14 +1,16 @@
-"""Small helpers shared across fedpriv: power-of-two bucketing and argument checks.
+"""Small helpers shared across fedpriv: power-of-two bucketing, argument checks, phase timing.
 
 Power-of-two sizes bound how many shapes a jitted function compiles for (cohort capacity, lane
 depth, FreD's chunked vmaps, tree depth): one bucketing rule, here.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
+import time
 
-__all__ = ["next_pow2", "prev_pow2", "check_int", "check_positive"]
+__all__ = ["next_pow2", "prev_pow2", "check_int", "check_positive", "PhaseTimer"]
 
 
 def next_pow2(n: int) -> int:
@@ -38,3 +40,39 @@ def check_positive(value, name: str, allow_zero: bool = False) -> float:
         raise ValueError(f"{name} must be a finite number {'>=' if allow_zero else '>'} 0, got {value!r}")
     return float(value)
 
+
+class PhaseTimer:
+    """Wall and CPU seconds per phase of a run (``time.perf_counter`` / ``time.process_time``),
+    accumulated over calls: ``with phases("data"): ...`` or ``phases.timed(name, fn)``.
+    ``exclude``: phases timed inside this one are subtracted from it (no double counting).
+    ``as_dict()``: ``{phase: {"wall": s, "cpu": s}}`` (this session only; a resumed run's
+    earlier sessions are not included)."""
+
+    def __init__(self):
+        self.wall: dict = {}
+        self.cpu: dict = {}
+
+    def __call__(self, name: str, exclude=()):
+        @contextlib.contextmanager
+        def phase():
+            before = {k: (self.wall.get(k, 0.0), self.cpu.get(k, 0.0)) for k in exclude}
+            t, c = time.perf_counter(), time.process_time()
+            try:
+                yield
+            finally:
+                dw, dc = time.perf_counter() - t, time.process_time() - c
+                for k, (w0, c0) in before.items():
+                    dw -= self.wall.get(k, 0.0) - w0
+                    dc -= self.cpu.get(k, 0.0) - c0
+                self.wall[name] = self.wall.get(name, 0.0) + dw
+                self.cpu[name] = self.cpu.get(name, 0.0) + dc
+        return phase()
+
+    def timed(self, name: str, fn):
+        def wrapped(*a, **k):
+            with self(name):
+                return fn(*a, **k)
+        return wrapped
+
+    def as_dict(self) -> dict:
+        return {k: {"wall": round(self.wall[k], 3), "cpu": round(self.cpu[k], 3)} for k in self.wall}

@@ -40,7 +40,8 @@ the run fingerprints record): ``DPConfig(C, z, "tree", R)`` *is* a ``TreeMechani
 registered class of that name). A new mechanism is one file: subclass ``DPConfig`` (frozen
 dataclass, default ``mechanism`` = its name), implement ``privatizer`` and ``release_event``,
 and (optionally) ``register_mechanism(name, cls)`` so configs can name it; ``build_algorithm``
-and ``train`` accept the object as it is (see docs/design.md, "Adding a mechanism").
+and ``train`` accept the object as it is. Check it with ``fedpriv.dp.testing.check_mechanism``
+(docs/extending.md, "A mechanism").
 """
 from __future__ import annotations
 
@@ -58,45 +59,31 @@ from fedpriv.dp.adaptive import AdaptiveClipping
 from fedpriv.dp.clipping import WEIGHTINGS
 from fedpriv.dp.matrix_events import matrix_privacy_event
 from fedpriv.dp.noise import tree_privatizer
-from fedpriv.errors import FedprivError
-
-
-class UnknownMechanism(FedprivError, ValueError):
-    """A mechanism name no factory is registered under (fails closed)."""
-
-
-_REGISTRY: dict[str, type] = {}
+from fedpriv.registry import MECHANISMS, UnknownMechanism  # noqa: F401 (re-exported)
 
 
 def register_mechanism(name: str, factory: type) -> type:
     """Register ``factory`` — a ``DPConfig`` subclass (frozen dataclass) whose ``mechanism``
-    field defaults to ``name`` — under ``name``, so ``DPConfig(..., mechanism=name)`` and configs
-    naming it build it; returns ``factory``. Re-registering a name to another class is refused,
-    so a name always means one mechanism."""
+    field defaults to ``name`` — under ``name`` in ``fedpriv.registry.MECHANISMS``, so
+    ``DPConfig(..., mechanism=name)`` and configs naming it build it; returns ``factory``.
+    Re-registering a name to another class is refused, so a name always means one mechanism."""
     if not (isinstance(factory, type) and issubclass(factory, DPConfig)) or \
             factory.__dataclass_fields__["mechanism"].default != name:
         raise ValueError(f"mechanism {name!r}: register a DPConfig subclass whose mechanism field "
                          f"defaults to {name!r}, got {factory!r}")
-    old = _REGISTRY.get(name)
-    if old is not None and old is not factory:
-        raise ValueError(f"mechanism {name!r} is already registered (to {old.__name__})")
-    _REGISTRY[name] = factory
-    return factory
+    return MECHANISMS.register(name, factory)
 
 
 def get_mechanism(name: str) -> type:
-    """The mechanism class registered under ``name``; ``UnknownMechanism`` (a ``ValueError``)
-    naming it and the registered names otherwise."""
-    try:
-        return _REGISTRY[name]
-    except (KeyError, TypeError):
-        raise UnknownMechanism(f"unknown DP mechanism {name!r}; registered: "
-                               f"{', '.join(sorted(_REGISTRY))}") from None
+    """The mechanism class registered under ``name`` (a plugin name ``"module:name"`` imports
+    its module first); ``UnknownMechanism`` (a ``ConfigError``) naming it and the registered
+    names otherwise."""
+    return MECHANISMS.get(name)
 
 
 def mechanism_names() -> tuple[str, ...]:
-    """The registered mechanism names, in registration order."""
-    return tuple(_REGISTRY)
+    """The registered mechanism names, in registration order (built-ins first)."""
+    return MECHANISMS.names()
 
 
 def _one(events: list) -> dpa.DpEvent | None:
@@ -492,4 +479,4 @@ Mechanism = DPConfig  # the base every mechanism subclasses (a frozen dataclass)
 _CONSTRUCTORS = (DPConfig, MatrixDPConfig, DDGDPConfig)
 for _cls in (GaussianMechanism, TreeMechanism, BandedMechanism, BLTMechanism, DDGMechanism):
     register_mechanism(_cls.__dataclass_fields__["mechanism"].default, _cls)
-BUILTIN_MECHANISMS = mechanism_names()  # ("gaussian", "tree", "banded", "blt", "ddg")
+BUILTIN_MECHANISMS = ("gaussian", "tree", "banded", "blt", "ddg")

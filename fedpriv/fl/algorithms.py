@@ -54,6 +54,7 @@ from fedpriv.dp.noise import NoiseState
 from fedpriv.fl.aggregate import packed_sum
 from fedpriv.fl.client import ClientHooks, ServerHooks, ServerView, default_client, optimizer_server
 from fedpriv.fl.cohort import Lanes, pack_padded
+from fedpriv.registry import OPTIMIZERS
 
 # the built-in mechanisms' names (the registry, fedpriv.dp.mechanisms, may hold more)
 MECHANISMS = BUILTIN_MECHANISMS
@@ -260,14 +261,10 @@ def _release_like(client: ClientHooks, view: ServerView):
 # ----------------------------------------------------------------------------- builders
 def server_optimizer(name: str, learning_rate: float, momentum: float = 0.9,
                      b1: float = 0.9, b2: float = 0.99, eps: float = 1e-3) -> optax.GradientTransformation:
-    """FedAvg ("sgd"), FedAvgM ("sgdm"), FedAdam ("adam", Reddi et al. 2021 defaults: eps=1e-3)."""
-    if name == "sgd":
-        return optax.sgd(learning_rate)
-    if name == "sgdm":
-        return optax.sgd(learning_rate, momentum=momentum)
-    if name == "adam":
-        return optax.adam(learning_rate, b1=b1, b2=b2, eps=eps)
-    raise ValueError(f"server optimizer must be sgd, sgdm or adam, got {name!r}")
+    """The server optimizer registered as ``name`` (``fedpriv.registry.OPTIMIZERS``): FedAvg
+    ("sgd"), FedAvgM ("sgdm"), FedAdam ("adam", Reddi et al. 2021 defaults: eps=1e-3), or a
+    researcher's; an unknown name fails closed, listing the registered ones."""
+    return OPTIMIZERS.get(name)(learning_rate, momentum=momentum, b1=b1, b2=b2, eps=eps)
 
 
 def dp_fedavg(loss_fn, client_optimizer, server_opt, *, clip_norm, noise_multiplier,

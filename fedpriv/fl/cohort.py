@@ -78,6 +78,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from flax import struct
 
+from fedpriv import registry
 from fedpriv.models.bucketing import (
     NUM_ROW_BUCKETS,
     NUM_WIDTH_BUCKETS,
@@ -90,7 +91,7 @@ from fedpriv.models.bucketing import (
 )
 from fedpriv.util import next_pow2  # noqa: F401 (re-exported)
 
-BATCHINGS = ("padded", "trimmed", "sorted", "packed")
+BATCHINGS = registry.BATCHINGS  # ("padded", "trimmed", "sorted", "packed")
 
 
 @dataclasses.dataclass

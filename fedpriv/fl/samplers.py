@@ -356,3 +356,26 @@ class AmplifiedCyclicSampler:
             return dpa.NoOpDpEvent()
         return accounting.poisson_sampled_event(release.fresh, self.sampling_rate,
                                                 self.max_participations(rounds))
+
+
+# ----------------------------------------------------------------------------- registry factories
+# ``factory(num_clients, cohort_size, seed) -> sampler`` (``fedpriv.registry.SAMPLERS``: the names
+# an LM-FL algorithm names, ``fedpriv.recipes.algorithms``)
+def shuffled_sampler(num_clients: int, cohort_size: int, seed: int) -> ShuffledPassSampler:
+    """Shuffled passes of ``cohort_size`` clients (DP-FTRL: one tree per epoch)."""
+    return ShuffledPassSampler(num_clients, cohort_size, seed=seed)
+
+
+def poisson_sampler(num_clients: int, cohort_size: int, seed: int) -> PoissonSampler:
+    """Poisson sampling at ``q = cohort_size / num_clients`` (DP-FedAvg)."""
+    return PoissonSampler(num_clients, cohort_size / num_clients, seed=seed)
+
+
+def uniform_sampler(num_clients: int, cohort_size: int, seed: int) -> UniformSampler:
+    """Fixed-size cohorts, uniformly without replacement (replace-one)."""
+    return UniformSampler(num_clients, cohort_size, seed=seed)
+
+
+def cyclic_sampler(num_clients: int, cohort_size: int, seed: int) -> CyclicSampler:
+    """Fixed groups served cyclically (matrix-factorization DP-FTRL: min-separation)."""
+    return CyclicSampler(num_clients, cohort_size, seed=seed)

@@ -45,6 +45,7 @@ import jax.numpy as jnp
 
 from fedpriv.models import metrics
 from fedpriv.models.metrics import BOS, EOS, PAD, UNK  # noqa: F401  (re-exported conventions)
+from fedpriv.registry import MODELS
 
 Params = Any
 
@@ -57,7 +58,7 @@ class LMConfig:
 
     Attributes:
       vocab_size: V, including the 4 special tokens (PAD=0, UNK=1, BOS=2, EOS=3).
-      arch: ``'lstm'`` or ``'transformer'``.
+      arch: a registered architecture (``fedpriv.registry.MODELS``): ``'lstm'``, ``'transformer'``, ...
       embed_dim: token embedding size E (also the width of the pre-output projection).
       hidden_dim: LSTM state size / transformer model width H.
       num_layers: stacked LSTM layers or transformer blocks.
@@ -83,8 +84,7 @@ class LMConfig:
     dropout_rate: float = 0.0
 
     def __post_init__(self):
-        if self.arch not in ("lstm", "transformer"):
-            raise ValueError(f"arch must be 'lstm' or 'transformer', got {self.arch!r}")
+        MODELS.check(self.arch)  # a registered architecture (or a plugin's), else fails closed
         if self.vocab_size <= max(PAD, UNK, BOS, EOS):
             raise ValueError(f"vocab_size must exceed the 4 special tokens, got {self.vocab_size}")
         for name in ("embed_dim", "hidden_dim", "num_layers", "num_heads", "max_len"):
@@ -386,8 +386,11 @@ class TransformerLM(nn.Module):
 
 
 def make_lm(config: LMConfig) -> nn.Module:
-    """The Flax module for ``config.arch``."""
-    return LSTMLM(config) if config.arch == "lstm" else TransformerLM(config)
+    """The Flax module of ``config.arch``, an architecture of ``fedpriv.registry.MODELS``
+    ("lstm", "transformer", or a researcher's: ``factory(LMConfig) -> nn.Module`` whose
+    ``__call__(tokens int[B, L], *, deterministic, segments=None, positions=None)`` returns
+    ``float32[B, L, V]``); an unknown arch fails closed, listing the registered ones."""
+    return MODELS.get(config.arch)(config)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -183,18 +183,21 @@ def test_unknown_and_conflicting_names_fail_closed():
         register_mechanism("another_name", UnamplifiedGaussian)
 
 
-def test_lm_configs_check_their_algorithm_s_mechanism_against_the_registry(monkeypatch):
+def test_lm_configs_check_their_algorithm_s_parts_against_the_registries(monkeypatch):
     from configs.common import ConfigError
     from configs.lm_fl import ALGORITHMS
-    from fedpriv.recipes import lm
-    assert tuple(lm.ALGORITHM_SPECS) == ALGORITHMS  # every config choice has a mechanism + sampler
-    assert all(lm.algorithm_spec(a)[1] in lm.SAMPLERS for a in ALGORITHMS)
-    assert lm.algorithm_spec("dp_ftrl") == (get_mechanism("tree"), "shuffled")
-    monkeypatch.setitem(lm.ALGORITHM_SPECS, "dp_new", ("not_registered", "poisson"))
+    from fedpriv.recipes import algorithms as A
+    assert A.algorithm_names() == ALGORITHMS  # every config choice is a registered LMAlgorithm
+    for name in ALGORITHMS:
+        assert A.check_algorithm(name) is A.get_algorithm(name)
+    ftrl = A.get_algorithm("dp_ftrl")
+    assert (ftrl.mechanism, ftrl.sampler) == ("tree", "shuffled")
+    assert get_mechanism(ftrl.mechanism) is get_mechanism("tree")
+    monkeypatch.setitem(A.ALGORITHMS._entries, "dp_new", A.LMAlgorithm("not_registered", "poisson"))
     with pytest.raises(ConfigError, match="dp_new.*'not_registered'"):
-        lm.algorithm_spec("dp_new")
-    with pytest.raises(ConfigError, match="unknown algorithm 'nope'"):
-        lm.algorithm_spec("nope")
+        A.check_algorithm("dp_new")
+    with pytest.raises(ConfigError, match="unknown LM-FL algorithm 'nope'"):
+        A.get_algorithm("nope")
 
 
 def test_a_sampler_outside_the_mechanism_s_neighbouring_relations_is_refused():
