@@ -399,7 +399,8 @@ def check(cfg, *, positive=(), non_negative=(), open_unit=(), choices=None, frac
     ``non_negative`` ``>= 0``, ``open_unit`` in ``(0, 1)``, ``choices`` (field -> allowed values)
     hold an allowed value (a tuple of values, or a registry / tuple of registries of
     ``fedpriv.registry``: a registered name or a plugin's ``"<module>:<name>"``), and
-    ``fractions`` are non-negative tuples summing to 1 with a positive first entry. ``None`` passes every range check (fields that allow it mean "off"/"all")."""
+    ``fractions`` are non-negative tuples summing to 1 with a positive first entry. ``None``
+    passes every range check (fields that allow it mean "off"/"all")."""
     check_types(cfg)
     check_limits(cfg)
     check_conflicts({f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}, None)
