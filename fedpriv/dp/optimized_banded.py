@@ -20,7 +20,7 @@ worst participation pattern is ``0, b, 2b, ...``; it refuses ``b < bands``), the
 the privatizer's buffers ``[bands - 1, *leaf]`` per parameter leaf.
 
 Use: ``DPConfig(C, z, "banded_opt", ...)`` or ``OptimizedBandedMechanism(...)``, or
-``algorithm=dp_mf_banded_opt`` in the LM-FL configs (``recipes.lm.ALGORITHM_SPECS``).
+``algorithm=dp_mf_banded_opt`` in the LM-FL configs (``fedpriv.recipes.algorithms``).
 """
 from __future__ import annotations
 

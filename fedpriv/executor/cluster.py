@@ -35,7 +35,7 @@ import uuid
 
 from tqdm import tqdm
 
-from fedpriv.executor.core import USER_ERROR_STATUS, ExecutorError, Task, TaskResult, _child_env, _say
+from fedpriv.executor.tasks import USER_ERROR_STATUS, ExecutorError, Task, TaskResult, _child_env, _say
 
 # never shipped to the nodes (runtime_env working_dir): outputs, environments, history, the store
 EXCLUDES = ["runs/", ".venv/", ".git/", "experiments/results/run_store/", "**/__pycache__/", ".gpu/"]
