@@ -193,57 +193,71 @@ def load_jsonl(path: str | os.PathLike, *, user_key: str = "user", text_key: str
     src = require_file(path, "JSONL file")
 
     def parse(progress: bool) -> Parsed:
-        out = Parsed()
-        invalid_utf8 = duplicated = 0
-        id_kind: dict[str, tuple[type, int]] = {}  # client id -> (JSON type, first line)
-        with open(src, "rb") as f:
-            for lineno, raw in enumerate(tqdm(f, desc=f"{src.name}", disable=not progress,
-                                              leave=False), start=1):
-                if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
-                    raw = raw[3:]  # UTF-8 byte order mark
-                if not raw.strip():
-                    continue
-                out.records += 1
-                try:
-                    rec = parsing.loads_json(raw.decode("utf-8"))
-                except UnicodeDecodeError:
-                    invalid_utf8 += 1
-                    out.malformed += 1
-                    continue
-                except ValueError:
-                    out.malformed += 1
-                    continue
-                if not isinstance(rec, dict) or {user_key, text_key} & duplicate_keys(rec):
-                    if isinstance(rec, dict):
-                        duplicated += 1
-                    out.malformed += 1
-                    continue
-                uid, text = rec.get(user_key), rec.get(text_key)
-                if (not (is_client_id(uid) or (isinstance(uid, int) and not isinstance(uid, bool)))
-                        or not parsing.is_text(text)):
-                    out.malformed += 1
-                    continue
-                cid = str(uid)
-                kind = id_kind.setdefault(cid, (type(uid), lineno))
-                if kind[0] is not type(uid):
-                    raise MalformedDataError(
-                        f"jsonl: user id {cid!r} appears both as a number and as a string in "
-                        f"{src} (lines {kind[1]} and {lineno}); they may be two users, refusing "
-                        "to merge them (write every id as a string)")
-                text = normalize_whitespace(text)
-                if not text:
-                    out.filtered += 1
-                    out.clients.setdefault(cid, [])  # dropped if it stays empty
-                    continue
-                out.clients[cid].append(text)
-        if invalid_utf8:
-            out.extra["invalid_utf8_lines"] = invalid_utf8
-        if duplicated:
-            out.extra["duplicate_key_lines"] = duplicated
-        return out
+        return _parse_jsonl(src, user_key, text_key, progress)
 
     return load_federated("jsonl", [src], {"user_key": user_key, "text_key": text_key}, parse,
                           **loader_settings(locals()))
+
+
+def _parse_jsonl(src, user_key: str, text_key: str, progress: bool) -> Parsed:
+    """``load_jsonl``'s parse (its docstring says what is malformed, filtered or refused)."""
+    out = Parsed()
+    invalid_utf8 = duplicated = 0
+    id_kind: dict[str, tuple[type, int]] = {}  # client id -> (JSON type, first line)
+    with open(src, "rb") as f:
+        for lineno, raw in enumerate(tqdm(f, desc=f"{src.name}", disable=not progress,
+                                          leave=False), start=1):
+            if lineno == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]  # UTF-8 byte order mark
+            if not raw.strip():
+                continue
+            out.records += 1
+            try:
+                rec = parsing.loads_json(raw.decode("utf-8"))
+            except UnicodeDecodeError:
+                invalid_utf8 += 1
+                out.malformed += 1
+                continue
+            except ValueError:
+                out.malformed += 1
+                continue
+            uid, text, dup = _jsonl_record(rec, user_key, text_key)
+            duplicated += dup
+            if uid is None:
+                out.malformed += 1
+                continue
+            cid = str(uid)
+            kind = id_kind.setdefault(cid, (type(uid), lineno))
+            if kind[0] is not type(uid):
+                raise MalformedDataError(
+                    f"jsonl: user id {cid!r} appears both as a number and as a string in "
+                    f"{src} (lines {kind[1]} and {lineno}); they may be two users, refusing "
+                    "to merge them (write every id as a string)")
+            text = normalize_whitespace(text)
+            if not text:
+                out.filtered += 1
+                out.clients.setdefault(cid, [])  # dropped if it stays empty
+                continue
+            out.clients[cid].append(text)
+    if invalid_utf8:
+        out.extra["invalid_utf8_lines"] = invalid_utf8
+    if duplicated:
+        out.extra["duplicate_key_lines"] = duplicated
+    return out
+
+
+
+def _jsonl_record(rec, user_key: str, text_key: str):
+    """``(user id, text, 1 if a key is duplicated else 0)`` of a parsed line; id ``None``: the
+    record is malformed (not an object, a duplicated key, an id that is neither a string nor an
+    integer, or a text that is not a string)."""
+    if not isinstance(rec, dict) or {user_key, text_key} & duplicate_keys(rec):
+        return None, None, int(isinstance(rec, dict))
+    uid, text = rec.get(user_key), rec.get(text_key)
+    if (not (is_client_id(uid) or (isinstance(uid, int) and not isinstance(uid, bool)))
+            or not parsing.is_text(text)):
+        return None, None, 0
+    return uid, text, 0
 
 
 def load_text_dir(directory: str | os.PathLike, *, pattern: str = "*.txt",

@@ -15,7 +15,7 @@ import os
 import re
 import sqlite3
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from tqdm.auto import tqdm
 
@@ -48,6 +48,60 @@ def _wiki_sentences(text: str) -> list[str]:
 def _sentence_ok(s: str, min_words: int, max_words: int) -> bool:
     n = len(s.split())
     return min_words <= n <= max_words and sum(c.isalpha() for c in s) >= 0.5 * len(s.replace(" ", ""))
+
+
+def _wikipedia_docs(path, counts: dict, progress: bool):
+    """``(title, sentences)`` of gensim's Wikipedia excerpt (redirects counted as filtered)."""
+    from gensim.corpora.wikicorpus import extract_pages
+
+    with bz2.BZ2File(path) as f:
+        for title, wikitext, _pid in tqdm(extract_pages(f), desc="wikipedia pages",
+                                           disable=not progress, leave=False):
+            counts["records"] += 1
+            if not isinstance(wikitext, str):
+                counts["malformed"] += 1
+                continue
+            if wikitext.lstrip()[:9].upper() == "#REDIRECT":
+                counts["filtered"] += 1
+                continue
+            yield str(title), _wiki_sentences(wikitext)
+
+
+def _lee_docs(path, counts: dict, progress: bool):
+    """``(article<i>, sentences)`` of gensim's Lee background corpus (one article per line)."""
+    raw = path.read_bytes()
+    try:
+        doc = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        doc = raw.decode("latin-1")
+    for i, line in enumerate(doc.splitlines()):
+        if not line.strip():
+            continue
+        counts["records"] += 1
+        yield f"article{i:04d}", split_sentences(line)
+
+
+def _film_docs(path, counts: dict, progress: bool):
+    """``(library, sentences)`` of popquotes' non-Simpsons quotes (speakers and stage
+    directions removed)."""
+    try:
+        with connect_ro(path) as con:
+            rows = con.execute("SELECT library, quote FROM quotes "
+                               "WHERE library != 'simpsons' ORDER BY quoteid").fetchall()
+    except sqlite3.Error as e:
+        raise MalformedDataError(f"public_pool: cannot read popquotes {path}: {e}") from e
+    for library, quote in rows:
+        counts["records"] += 1
+        if not isinstance(quote, str):
+            counts["malformed"] += 1
+            continue
+        for part in quote.split("<x>"):
+            m = QUOTE_LINE.match(part)
+            body = m.group(2) if m else part
+            yield str(library), split_sentences(strip_directions(body))
+
+
+_READERS = {"wikipedia": _wikipedia_docs, "lee_news": _lee_docs, "film_quotes": _film_docs}
 
 
 def load_public_pool(*, sources: Sequence[str] = PUBLIC_SOURCES, min_words: int = 3,
@@ -90,62 +144,19 @@ def load_public_pool(*, sources: Sequence[str] = PUBLIC_SOURCES, min_words: int 
     texts: list[str] = []
     labels: list[str] = []
     docs: list[str] = []
-    records = malformed = filtered = 0
+    counts = {"records": 0, "malformed": 0, "filtered": 0}
     per_source: dict[str, int] = {}
-
-    def add(sentences: Iterable[str], label: str, doc: str) -> None:
-        nonlocal filtered
-        for s in sentences:
-            if _sentence_ok(s, min_words, max_words):
-                texts.append(s)
-                labels.append(label)
-                docs.append(f"{label}/{doc}")
-                per_source[label] = per_source.get(label, 0) + 1
-            else:
-                filtered += 1
-
     for label, path in zip(srcs, src_paths):
-        if label == "wikipedia":
-            from gensim.corpora.wikicorpus import extract_pages
-
-            with bz2.BZ2File(path) as f:
-                for title, wikitext, _pid in tqdm(extract_pages(f), desc="wikipedia pages",
-                                                   disable=not progress, leave=False):
-                    records += 1
-                    if not isinstance(wikitext, str):
-                        malformed += 1
-                        continue
-                    if wikitext.lstrip()[:9].upper() == "#REDIRECT":
-                        filtered += 1
-                        continue
-                    add(_wiki_sentences(wikitext), label, str(title))
-        elif label == "lee_news":
-            raw = path.read_bytes()
-            try:
-                doc = raw.decode("utf-8")
-            except UnicodeDecodeError:
-                doc = raw.decode("latin-1")
-            for i, line in enumerate(doc.splitlines()):
-                if not line.strip():
-                    continue
-                records += 1
-                add(split_sentences(line), label, f"article{i:04d}")
-        else:  # film_quotes
-            try:
-                with connect_ro(path) as con:
-                    rows = con.execute("SELECT library, quote FROM quotes "
-                                       "WHERE library != 'simpsons' ORDER BY quoteid").fetchall()
-            except sqlite3.Error as e:
-                raise MalformedDataError(f"public_pool: cannot read popquotes {path}: {e}") from e
-            for library, quote in rows:
-                records += 1
-                if not isinstance(quote, str):
-                    malformed += 1
-                    continue
-                for part in quote.split("<x>"):
-                    m = QUOTE_LINE.match(part)
-                    body = m.group(2) if m else part
-                    add(split_sentences(strip_directions(body)), label, str(library))
+        for doc, sentences in _READERS[label](path, counts, progress):
+            for s in sentences:
+                if _sentence_ok(s, min_words, max_words):
+                    texts.append(s)
+                    labels.append(label)
+                    docs.append(f"{label}/{doc}")
+                    per_source[label] = per_source.get(label, 0) + 1
+                else:
+                    counts["filtered"] += 1
+    records, malformed, filtered = counts["records"], counts["malformed"], counts["filtered"]
     if not texts:
         raise EmptyCorpusError(f"{name}: no sentences left from {srcs} after filtering")
     stats_d = dict(name=name, source=", ".join(map(str, src_paths)), records=records,

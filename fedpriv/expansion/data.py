@@ -161,6 +161,24 @@ def _alpha(train: Mapping, population: Mapping) -> float:
     return n_t / n_train
 
 
+def _client_parts(cid, source, target, both, overlap: str, kinds: set):
+    """User ``cid``'s non-empty examples per domain it keeps (``overlap``): ``(parts, domain id
+    arrays)``; the kinds seen ("texts" / "tokens") are added to ``kinds``."""
+    parts, doms = [], []
+    for dom, data in ((SOURCE, source), (TARGET, target)):
+        if cid not in data:
+            continue
+        if dom == SOURCE and cid in both and overlap == "target_examples":
+            continue
+        kind, ex = _as_examples(data[cid])
+        if len(ex) == 0:
+            continue
+        kinds.add(kind)
+        parts.append(ex)
+        doms.append(np.full(len(ex), dom, np.int32))
+    return parts, doms
+
+
 def assemble_domain_dataset(
     source: Mapping[Hashable, Any],
     target: Mapping[Hashable, Any],
@@ -203,18 +221,7 @@ def assemble_domain_dataset(
     for cid in sorted(set(source) | set(target), key=repr):
         if cid in both and overlap == "drop":
             continue
-        parts, doms = [], []
-        for dom, data in ((SOURCE, source), (TARGET, target)):
-            if cid not in data:
-                continue
-            if dom == SOURCE and cid in both and overlap == "target_examples":
-                continue
-            kind, ex = _as_examples(data[cid])
-            if len(ex) == 0:
-                continue
-            kinds.add(kind)
-            parts.append(ex)
-            doms.append(np.full(len(ex), dom, np.int32))
+        parts, doms = _client_parts(cid, source, target, both, overlap, kinds)
         if not parts:
             continue
         if len(kinds) > 1:

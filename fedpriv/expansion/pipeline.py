@@ -265,133 +265,149 @@ def run_scheme(scheme: TrainingScheme, prep: Prepared, cfg, seed: int, workdir: 
         done["skipped"] = True
         return done
     t0 = time.time()
-    ds, tag = prep.ds, f"[{prep.name} seed {seed}] {scheme.name}"
-    budget_eps, budget_delta = scheme.budget
-    ledger = PrivacyLedger(budget_eps, budget_delta, accountant=cfg.accountant)
-    if not prep.vocabulary_public:  # an explicit choice: recorded, eps = inf on T from here on
-        ledger.record_nonprivate(
-            PRIVATE_VOCABULARY, (LABELS[TARGET],),
-            note=f"NON-PRIVATE: the top-{cfg.vocab_words} words of the target users' training "
-                 "text (Koga et al. assume it known in advance); the DP epsilon holds only if "
-                 "this vocabulary is taken as public")
-    task = build_task(scheme.model, cfg, prep.vocab_size)
-    init = jax.jit(task.init)(jax.random.key(seed))  # one compile, not one per eager op
+    run = _SchemeRun(scheme, prep, cfg, seed, fp, log)
+    pipeline = ([fl_stages.Stage(UNIGRAM_STAGE, run.release_unigrams)]
+                if scheme.unigram_budget is not None else [])
+    pipeline += [fl_stages.Stage(f"stage{i}", functools.partial(run.train_stage, i))
+                 for i in range(len(scheme.stages))]
+    done = fl_stages.run_stages(pipeline, workdir, run.ledger, log=log,
+                                fingerprint={"config": fp, "scheme": scheme.name, "seed": seed})
+    u_hat = _u_hat_of(done.results)
+    if not run.plans:  # every stage was done in an earlier session
+        run.plans.extend(plan_stages(scheme, prep.ds, cfg, seed, u_hat))
+    last = len(run.plans) - 1
+    final = run.trained(last, fl_stages.stage_dir(workdir, len(pipeline) - 1, f"stage{last}"))
+    summary = _scheme_summary(run, done, u_hat, final, time.time() - t0)
+    save_json(summary, path)
+    log(f"{run.tag}: val PPL {summary['val_ppl']:.2f}, test PPL {summary['test_ppl']:.2f}, eps by "
+        f"population {_fmt_eps(summary['epsilon_by_population'])} (executed run: "
+        f"{_fmt_eps(summary['epsilon_executed_by_population'])}), {summary['wall_clock_s']:.0f}s")
+    return summary
 
-    def evaluate_on(tokens, p):  # T sequences; domain-adaptive models read their domain id
-        dom = {"domain": np.full(len(tokens), TARGET, np.int32)} if task.uses_domain else {}
-        return evaluate(task, p, tokens, cfg.eval_batch_size, **dom)
 
-    eval_fn = functools.partial(evaluate_on, prep.val_tokens)
-    plans: list[StagePlan] = []
-    params: dict[int, Any] = {}  # stage index -> params trained in this session
+def _u_hat_of(results):
+    u = results.get(UNIGRAM_STAGE)
+    return None if u is None else (np.asarray(u["S"]), np.asarray(u["T"]))
 
-    def u_hat_of(results):
-        u = results.get(UNIGRAM_STAGE)
-        return None if u is None else (np.asarray(u["S"]), np.asarray(u["T"]))
 
-    def release_unigrams(ctx):
-        eps0, delta0 = scheme.unigram_budget
+class _SchemeRun:
+    """One scheme's run (``run_scheme``): its ledger, task and initial model, the stages' plans
+    and the params trained in this session; the stages' bodies as methods."""
+
+    def __init__(self, scheme: TrainingScheme, prep: Prepared, cfg, seed: int, fp: str, log):
+        self.scheme, self.prep, self.cfg, self.seed, self.fp, self.log = scheme, prep, cfg, seed, fp, log
+        self.tag = f"[{prep.name} seed {seed}] {scheme.name}"
+        self.budget_delta = scheme.budget[1]
+        self.ledger = PrivacyLedger(scheme.budget[0], scheme.budget[1], accountant=cfg.accountant)
+        if not prep.vocabulary_public:  # an explicit choice: recorded, eps = inf on T from here on
+            self.ledger.record_nonprivate(
+                PRIVATE_VOCABULARY, (LABELS[TARGET],),
+                note=f"NON-PRIVATE: the top-{cfg.vocab_words} words of the target users' training "
+                     "text (Koga et al. assume it known in advance); the DP epsilon holds only if "
+                     "this vocabulary is taken as public")
+        self.task = build_task(scheme.model, cfg, prep.vocab_size)
+        self.init = jax.jit(self.task.init)(jax.random.key(seed))  # one compile, not one per eager op
+        self.eval_fn = functools.partial(self.evaluate_on, prep.val_tokens)
+        self.plans: list[StagePlan] = []
+        self.params: dict[int, Any] = {}  # stage index -> params trained in this session
+
+    def evaluate_on(self, tokens, p):  # T sequences; domain-adaptive models read their domain id
+        dom = {"domain": np.full(len(tokens), TARGET, np.int32)} if self.task.uses_domain else {}
+        return evaluate(self.task, p, tokens, self.cfg.eval_batch_size, **dom)
+
+    def release_unigrams(self, ctx):
+        eps0, delta0 = self.scheme.unigram_budget
         if delta0 != 0:
             raise ValueError("the Geometric mechanism is (eps0, 0)-DP")
         # seeded, so an interrupted stage re-derives the very same release (charged once)
-        rng = np.random.default_rng([seed, scheme.row, 7])
-        ms, mt = unigram_bound(cfg)
-        u_s, u_t = domain_unigram_frequencies(ds, prep.vocab_size, eps0, rng, ledger=ctx.ledger,
-                                              labels=LABELS, max_sequences=ms,
+        rng = np.random.default_rng([self.seed, self.scheme.row, 7])
+        ms, mt = unigram_bound(self.cfg)
+        u_s, u_t = domain_unigram_frequencies(self.prep.ds, self.prep.vocab_size, eps0, rng,
+                                              ledger=ctx.ledger, labels=LABELS, max_sequences=ms,
                                               max_tokens_per_sequence=mt)
         return {"S": u_s.tolist(), "T": u_t.tolist()}
 
-    def algorithm(sp: StagePlan):
-        return algs.build_algorithm(task.loss_fn, optax.sgd(cfg.client_lr),
+    def algorithm(self, sp: StagePlan):
+        cfg = self.cfg
+        return algs.build_algorithm(self.task.loss_fn, optax.sgd(cfg.client_lr),
                                     algs.server_optimizer(cfg.server_optimizer, cfg.server_lr),
                                     sp.dp, sp.sampler.expected_cohort_size)
 
-    def trained(i: int, stage_dir: str):
+    def trained(self, i: int, stage_dir: str):
         """Stage i's final params: from this session, else from its checkpoint."""
-        if i not in params:
-            params[i] = load_run(stage_dir, algorithm(plans[i]).init(init, jax.random.key(seed))
-                                 ).state.params
-        return params[i]
+        if i not in self.params:
+            self.params[i] = load_run(stage_dir, self.algorithm(self.plans[i]).init(
+                self.init, jax.random.key(self.seed))).state.params
+        return self.params[i]
 
-    def train_stage(i: int):
-        def run(ctx):
-            if not plans:
-                plans.extend(plan_stages(scheme, ds, cfg, seed, u_hat_of(ctx.results)))
-            sp, offset = plans[i], sum(p.rounds for p in plans[:i])
-            start = init if i == 0 else trained(i - 1, ctx.dir(f"stage{i - 1}"))
-            log(f"{tag} stage {i}: {'+'.join(sp.stage.population_labels)} clients "
-                f"{len(sp.client_ids)}, cohort {sp.sampler.expected_cohort_size:.1f} trained / "
-                f"{sp.noise_cohort} noise, q = {sp.sampler.sampling_rate:.4f}, {sp.rounds} rounds, "
-                f"z = {sp.dp.noise_multiplier:.4f}{', Eq. 3 weights' if sp.stage.weighted else ''}")
-            result = train(algorithm(sp), start, sp.clients, sp.client_ids, sp.sampler,
-                           rounds=sp.rounds, batch_size=cfg.batch_size,
-                           seed=_seed_for(seed, scheme.row, i), workdir=ctx.workdir,
-                           max_steps=cfg.max_local_steps, eval_fn=eval_fn,
-                           eval_every=cfg.eval_every, checkpoint_every=cfg.checkpoint_every,
-                           ledger=ctx.ledger, stage=f"{scheme.name}/stage{i}",
-                           populations=sp.stage.population_labels, fingerprint={"config": fp},
-                           progress=cfg.progress, log=log)
-            params[i] = result.state.params
-            return {"populations": list(sp.stage.population_labels),
-                    "example_domains": [LABELS[d] for d in sp.stage.example_domains],
-                    "clients": len(sp.client_ids), "rounds": sp.rounds, "cohort": sp.stage.cohort,
-                    "train_cohort_expected": sp.sampler.expected_cohort_size,
-                    "train_cohort_requested": sp.stage.cohort_size(cfg.train_cohort, ds.alpha),
-                    "noise_cohort": sp.noise_cohort, "sampling_rate": sp.sampler.sampling_rate,
-                    "capacity": sp.sampler.max_cohort_size, "noise_multiplier": sp.dp.noise_multiplier,
-                    "budget": list(sp.stage.budget), "weighted": sp.stage.weighted,
-                    "weight_stats": _weight_stats(sp.clients),
-                    "epsilon_simulated_alone": _epsilon((sp.event,), budget_delta, cfg.accountant),
-                    "epsilon_executed_alone": _epsilon((sp.executed_event,), budget_delta,
-                                                       cfg.accountant),
-                    "resumed_from_round": result.resumed_from,
-                    "curve": metric_curve(ctx.workdir, "eval_perplexity", offset)}
-        return fl_stages.Stage(f"stage{i}", run)
+    def train_stage(self, i: int, ctx):
+        cfg, scheme, plans = self.cfg, self.scheme, self.plans
+        if not plans:
+            plans.extend(plan_stages(scheme, self.prep.ds, cfg, self.seed, _u_hat_of(ctx.results)))
+        sp, offset = plans[i], sum(p.rounds for p in plans[:i])
+        start = self.init if i == 0 else self.trained(i - 1, ctx.dir(f"stage{i - 1}"))
+        self.log(f"{self.tag} stage {i}: {'+'.join(sp.stage.population_labels)} clients "
+                 f"{len(sp.client_ids)}, cohort {sp.sampler.expected_cohort_size:.1f} trained / "
+                 f"{sp.noise_cohort} noise, q = {sp.sampler.sampling_rate:.4f}, {sp.rounds} rounds, "
+                 f"z = {sp.dp.noise_multiplier:.4f}{', Eq. 3 weights' if sp.stage.weighted else ''}")
+        result = train(self.algorithm(sp), start, sp.clients, sp.client_ids, sp.sampler,
+                       rounds=sp.rounds, batch_size=cfg.batch_size,
+                       seed=_seed_for(self.seed, scheme.row, i), workdir=ctx.workdir,
+                       max_steps=cfg.max_local_steps, eval_fn=self.eval_fn,
+                       eval_every=cfg.eval_every, checkpoint_every=cfg.checkpoint_every,
+                       ledger=ctx.ledger, stage=f"{scheme.name}/stage{i}",
+                       populations=sp.stage.population_labels, fingerprint={"config": self.fp},
+                       progress=cfg.progress, log=self.log)
+        self.params[i] = result.state.params
+        return {"populations": list(sp.stage.population_labels),
+                "example_domains": [LABELS[d] for d in sp.stage.example_domains],
+                "clients": len(sp.client_ids), "rounds": sp.rounds, "cohort": sp.stage.cohort,
+                "train_cohort_expected": sp.sampler.expected_cohort_size,
+                "train_cohort_requested": sp.stage.cohort_size(cfg.train_cohort, self.prep.ds.alpha),
+                "noise_cohort": sp.noise_cohort, "sampling_rate": sp.sampler.sampling_rate,
+                "capacity": sp.sampler.max_cohort_size, "noise_multiplier": sp.dp.noise_multiplier,
+                "budget": list(sp.stage.budget), "weighted": sp.stage.weighted,
+                "weight_stats": _weight_stats(sp.clients),
+                "epsilon_simulated_alone": _epsilon((sp.event,), self.budget_delta, cfg.accountant),
+                "epsilon_executed_alone": _epsilon((sp.executed_event,), self.budget_delta,
+                                                   cfg.accountant),
+                "resumed_from_round": result.resumed_from,
+                "curve": metric_curve(ctx.workdir, "eval_perplexity", offset)}
 
-    pipeline = ([fl_stages.Stage(UNIGRAM_STAGE, release_unigrams)]
-                if scheme.unigram_budget is not None else [])
-    pipeline += [train_stage(i) for i in range(len(scheme.stages))]
-    done = fl_stages.run_stages(pipeline, workdir, ledger, log=log,
-                                fingerprint={"config": fp, "scheme": scheme.name, "seed": seed})
-    u_hat = u_hat_of(done.results)
-    if not plans:  # every stage was done in an earlier session
-        plans.extend(plan_stages(scheme, ds, cfg, seed, u_hat))
-    last = len(plans) - 1
-    final = trained(last, fl_stages.stage_dir(workdir, len(pipeline) - 1, f"stage{last}"))
-    stages = [dict(done.results[f"stage{i}"]) for i in range(len(plans))]
+
+def _scheme_summary(run: _SchemeRun, done, u_hat, final, wall_s: float) -> dict:
+    """A finished scheme's summary: perplexities, stages, the ledger's epsilons per population
+    (charged, and of the runs as executed), the unigram diagnostics, the run record."""
+    cfg, scheme, prep, ledger, delta = run.cfg, run.scheme, run.prep, run.ledger, run.budget_delta
+    stages = [dict(done.results[f"stage{i}"]) for i in range(len(run.plans))]
     curve = [tuple(pt) for st in stages for pt in st.pop("curve")]
     diagnostics = None
     if u_hat is not None:
-        diagnostics = unigram_diagnostics(ds, u_hat, prep.vocab_size, scheme.unigram_budget[0],
-                                          seed, unigram_bound(cfg))
-    val = eval_fn(final)
-    test = evaluate_on(prep.test_tokens, final)
+        diagnostics = unigram_diagnostics(prep.ds, u_hat, prep.vocab_size, scheme.unigram_budget[0],
+                                          run.seed, unigram_bound(cfg))
+    val = run.eval_fn(final)
+    test = run.evaluate_on(prep.test_tokens, final)
     report = ledger.report()
-    executed = [(sp.executed_event, sp.stage.population_labels) for sp in plans]
-    executed_by_pop = executed_by_population(ledger, executed, budget_delta, cfg.accountant)
+    executed = [(sp.executed_event, sp.stage.population_labels) for sp in run.plans]
+    executed_by_pop = executed_by_population(ledger, executed, delta, cfg.accountant)
     if_public = None
     if ledger.nonprivate_entries:  # eps = inf; beside it the eps if those choices were public
         if_public = {"entries_taken_as_public": ledger.nonprivate_entries,
                      "epsilon_by_population": report["by_population_if_public"],
                      "epsilon_executed_by_population": executed_by_population(
-                         ledger, executed, budget_delta, cfg.accountant, if_public=True)}
-    summary = {
-        "dataset": prep.name, "scheme": scheme.name, "model": scheme.model, "seed": seed,
-        "fingerprint": fp, "val_ppl": val["perplexity"], "test_ppl": test["perplexity"],
+                         ledger, executed, delta, cfg.accountant, if_public=True)}
+    return {
+        "dataset": prep.name, "scheme": scheme.name, "model": scheme.model, "seed": run.seed,
+        "fingerprint": run.fp, "val_ppl": val["perplexity"], "test_ppl": test["perplexity"],
         "val_loss": val["loss"], "test_loss": test["loss"], "val_accuracy": val["accuracy"],
         "test_accuracy": test["accuracy"], "num_params": count_params(final),
-        "alpha": ds.alpha, "stages": stages, "unigram_budget": scheme.unigram_budget,
+        "alpha": prep.ds.alpha, "stages": stages, "unigram_budget": scheme.unigram_budget,
         "ledger": report, "epsilon_by_population": report["by_population"],
         "epsilon_executed_by_population": executed_by_pop, "curve": curve,
         "epsilon_if_public": if_public, "outputs": outputs(),
         "unigram_diagnostics": diagnostics, "stages_done_earlier": done.resumed,
-        "wall_clock_s": time.time() - t0, "skipped": False, "unit_of_privacy": "user",
+        "wall_clock_s": wall_s, "skipped": False, "unit_of_privacy": "user",
         # the code it trained at: the results page dates an artefact by its runs' commits and
         # marks one whose runs recorded none STALE (experiments.results.trained_commits)
         **git_state(),
     }
-    save_json(summary, path)
-    log(f"{tag}: val PPL {val['perplexity']:.2f}, test PPL {test['perplexity']:.2f}, eps by "
-        f"population {_fmt_eps(report['by_population'])} (executed run: "
-        f"{_fmt_eps(executed_by_pop)}), {summary['wall_clock_s']:.0f}s")
-    return summary

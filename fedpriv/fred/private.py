@@ -340,6 +340,47 @@ def private_stats(
       :class:`PrivateStats` (mean ``[d]``, cov ``[d, d]``, privacy figures, unit).
     """
     # ---- parameters (no data) ----
+    relation, cov_clip = _check_release(clip, epsilon, delta, unit, key, relation, cov_clip,
+                                        max_samples_per_user, n_public, ledger)
+    sigma = moments.gaussian_sigma(epsilon, delta, calibration)
+    mean_sens, cov_sens = sensitivities(clip, cov_clip, unit, relation)
+    tau1, tau2 = sigma * mean_sens, sigma * cov_sens
+    events = moments.moment_events(sigma)
+
+    arrays = _counted(client_embeddings, unit, max_samples_per_user)  # shapes and counts only
+    # ---- charge the ledger before any private value is read (fail closed) ----
+    if ledger is not None:
+        ledger.spend(name, moments.release_event(events), populations=tuple(populations))
+
+    # ---- clients: values ----
+    for i, a in enumerate(arrays):
+        check_embeddings(a, f"client {i} embeddings")
+    packed = pack_clients(arrays, unit, max_samples_per_user, chunk_size)
+    divisor = float(n_public) if n_public is not None else float(packed.count)
+    pmean, cov_raw, pcov = _released_moments(packed, clip, cov_clip, tau1, tau2, divisor,
+                                             fred_noise_keys(key, name))
+
+    # (at a total delta >= 1 every mechanism is DP with epsilon 0: no accountant figure, NaN)
+    eps_acc = (moments.composed_epsilons(events, 2 * delta) if 2 * delta < 1
+               else {"rdp": float("nan"), "pld": float("nan")})
+    return PrivateStats(
+        mean=pmean, cov=pcov, cov_raw=cov_raw,
+        n=(packed.count if n_public is None
+           else int(n_public) if float(n_public).is_integer() else float(n_public)),
+        n_divisor=divisor, count_public=n_public is None, epsilon=float(epsilon), delta=float(delta),
+        unit=unit, relation=relation, clip=float(clip), cov_clip=float(cov_clip),
+        calibration=calibration, noise_multiplier=sigma, mean_noise_std=tau1, cov_noise_std=tau2,
+        mean_sensitivity=mean_sens, cov_sensitivity=cov_sens, events=events,
+        epsilon_basic=2.0 * float(epsilon), delta_total=2.0 * float(delta),
+        epsilon_rdp=eps_acc["rdp"], epsilon_pld=eps_acc["pld"], num_clients=packed.num_clients,
+        samples_used=packed.samples_used, max_samples_per_user=max_samples_per_user,
+    )
+
+
+def _check_release(clip, epsilon, delta, unit, key, relation, cov_clip, max_samples_per_user,
+                   n_public, ledger) -> tuple[str, float]:
+    """``private_stats``' parameter checks (no data): ``(relation, cov_clip)`` resolved, or a
+    one-line ``ValueError``."""
     moments.check_epsilon_delta(epsilon, delta)
     check_positive(clip, "clip")
     cov_clip = clip if cov_clip is None else cov_clip
@@ -375,12 +416,12 @@ def private_stats(
             "private_stats: under add_remove the exact count is private (it differs between "
             "neighbouring datasets), so the release cannot divide by it: pass n_public (a "
             "declared, data-independent denominator) or use relation='replace_one'")
-    sigma = moments.gaussian_sigma(epsilon, delta, calibration)
-    mean_sens, cov_sens = sensitivities(clip, cov_clip, unit, relation)
-    tau1, tau2 = sigma * mean_sens, sigma * cov_sens
-    events = moments.moment_events(sigma)
+    return relation, cov_clip
 
-    # ---- metadata: shapes and counts (no values) ----
+
+def _counted(client_embeddings, unit: str, max_samples_per_user) -> list:
+    """The clients' arrays, refused unless they hold at least 2 samples / users (shapes and
+    counts only: no values are read)."""
     arrays, _ = _client_shapes(client_embeddings)
     kept = [
         min(a.shape[0], max_samples_per_user) if max_samples_per_user else a.shape[0]
@@ -393,16 +434,14 @@ def private_stats(
             f"got {count}"
         )
 
-    # ---- charge the ledger before any private value is read (fail closed) ----
-    if ledger is not None:
-        ledger.spend(name, moments.release_event(events), populations=tuple(populations))
+    return arrays
 
-    # ---- clients: values ----
-    for i, a in enumerate(arrays):
-        check_embeddings(a, f"client {i} embeddings")
-    packed = pack_clients(arrays, unit, max_samples_per_user, chunk_size)
-    divisor = float(n_public) if n_public is not None else float(packed.count)
-    k_mean, k_cov = fred_noise_keys(key, name)
+
+def _released_moments(packed, clip, cov_clip, tau1, tau2, divisor, keys):
+    """The two releases (``moments.secure_sum_mean`` / ``secure_sum_cov``, noise shares keyed
+    by ``keys``) post-processed by the server: ``(mean [d], raw covariance [d, d], its PSD
+    projection)``, each divided by ``divisor``."""
+    k_mean, k_cov = keys
     args = (
         jnp.asarray(packed.emb),
         jnp.asarray(packed.mask),
@@ -417,40 +456,7 @@ def private_stats(
         *args, jnp.asarray(pmean, jnp.float32), clip, cov_clip, tau2, m, k_cov
     )
     cov_raw = moments.from_upper(np.asarray(noisy_cov, np.float64), packed.dim) / divisor
-    pcov = project_psd(cov_raw)
-
-    # (at a total delta >= 1 every mechanism is DP with epsilon 0: no accountant figure, NaN)
-    eps_acc = (moments.composed_epsilons(events, 2 * delta) if 2 * delta < 1
-               else {"rdp": float("nan"), "pld": float("nan")})
-    return PrivateStats(
-        mean=pmean,
-        cov=pcov,
-        cov_raw=cov_raw,
-        n=(packed.count if n_public is None
-           else int(n_public) if float(n_public).is_integer() else float(n_public)),
-        n_divisor=divisor,
-        count_public=n_public is None,
-        epsilon=float(epsilon),
-        delta=float(delta),
-        unit=unit,
-        relation=relation,
-        clip=float(clip),
-        cov_clip=float(cov_clip),
-        calibration=calibration,
-        noise_multiplier=sigma,
-        mean_noise_std=tau1,
-        cov_noise_std=tau2,
-        mean_sensitivity=mean_sens,
-        cov_sensitivity=cov_sens,
-        events=events,
-        epsilon_basic=2.0 * float(epsilon),
-        delta_total=2.0 * float(delta),
-        epsilon_rdp=eps_acc["rdp"],
-        epsilon_pld=eps_acc["pld"],
-        num_clients=m,
-        samples_used=packed.samples_used,
-        max_samples_per_user=max_samples_per_user,
-    )
+    return pmean, cov_raw, project_psd(cov_raw)
 
 
 def _public_stats(public) -> GaussianStats:

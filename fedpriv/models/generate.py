@@ -100,6 +100,57 @@ def _sample(logits, key, temperature: float, top_k: int):
     return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
 
 
+def _prefix_cache(params, c, prefix, p_real, bsz, slots, prefix_ok, k_all, v_all):
+    """The shared prefix ``int32[P0]`` prefilled once (one row, causal; its first ``P0 - p_real``
+    entries padding) and its keys / values broadcast into every row's cache slots ``:P0``."""
+    p0 = prefix.shape[0]
+    ppos = jnp.maximum(slots[None, :p0] - (p0 - p_real), 0)
+    pallowed = ((slots[:p0, None] >= slots[None, :p0]) & prefix_ok[None, :])[None]
+
+    def prefix_layer(x, p):
+        k, v = _kv(c, p, x, ppos)
+        x = _attend(c, p, x, ppos, k, v, pallowed)
+        return x, (jnp.broadcast_to(k, (bsz,) + k.shape[1:]),
+                   jnp.broadcast_to(v, (bsz,) + v.shape[1:]))
+
+    x0 = params["embed"][prefix][None].astype(jnp.float32)
+    _, (kp, vp) = jax.lax.scan(prefix_layer, x0, params["layers"])
+    return k_all.at[:, :, :p0].set(kp), v_all.at[:, :, :p0].set(vp)
+
+
+def _decode(params, c, key, init, n_real, first_slot, slots, max_new, temperature, top_k, stops,
+            pad_id):
+    """``max_new`` sampling steps from the prefilled cache (``init = (logits [B, V], k, v,
+    valid slots [B, S])``): step s samples with ``fold_in(key, s)`` and writes slot
+    ``first_slot + s``. Returns ``(tokens [max_new, B], live [max_new, B], logits [max_new, B, V])``."""
+    layers = params["layers"]
+
+    def step(carry, s):
+        logits, k_all, v_all, ok, done = carry
+        tok = _sample(logits, jax.random.fold_in(key, s), temperature, top_k)
+        tok = jnp.where(done, pad_id, tok)
+        slot = first_slot + s
+        ok = ok.at[:, slot].set(True)
+        tpos = (n_real + s)[:, None]
+        allowed = ok[:, None, :] & (slots <= slot)[None, None, :]
+
+        def layer(x, inp):
+            p, kc, vc = inp
+            k, v = _kv(c, p, x, tpos)
+            kc = jax.lax.dynamic_update_slice_in_dim(kc, k, slot, axis=1)
+            vc = jax.lax.dynamic_update_slice_in_dim(vc, v, slot, axis=1)
+            return _attend(c, p, x, tpos, kc, vc, allowed), (kc, vc)
+
+        x = params["embed"][tok][:, None].astype(jnp.float32)
+        x, (k_all, v_all) = jax.lax.scan(layer, x, (layers, k_all, v_all))
+        new_done = done | jnp.isin(tok, stops)
+        return (_logits(params, c, x)[:, 0], k_all, v_all, ok, new_done), (tok, ~done, logits)
+
+    bsz = init[0].shape[0]
+    _, out = jax.lax.scan(step, init + (jnp.zeros((bsz,), bool),), jnp.arange(max_new))
+    return out
+
+
 @functools.partial(jax.jit, static_argnames=("config", "max_new", "temperature", "top_k",
                                              "stop_ids", "pad_id", "return_logits"))
 def generate_batch(params, config: LlamaConfig, prompt_ids, prompt_mask, key, *, max_new: int,
@@ -139,18 +190,7 @@ def generate_batch(params, config: LlamaConfig, prompt_ids, prompt_mask, key, *,
     slot_ok = jnp.concatenate([jnp.broadcast_to(prefix_ok, (bsz, p0)), real,
                                jnp.zeros((bsz, max_new), bool)], axis=1)     # [B, S]
     if p0:  # the shared prefix: one row, causal, broadcast into every row's cache
-        ppos = jnp.maximum(slots[None, :p0] - (p0 - p_real), 0)
-        pallowed = ((slots[:p0, None] >= slots[None, :p0]) & prefix_ok[None, :])[None]
-
-        def prefix_layer(x, p):
-            k, v = _kv(c, p, x, ppos)
-            x = _attend(c, p, x, ppos, k, v, pallowed)
-            return x, (jnp.broadcast_to(k, (bsz,) + k.shape[1:]),
-                       jnp.broadcast_to(v, (bsz,) + v.shape[1:]))
-
-        x0 = params["embed"][prefix][None].astype(jnp.float32)
-        _, (kp, vp) = jax.lax.scan(prefix_layer, x0, layers)
-        k_all, v_all = k_all.at[:, :, :p0].set(kp), v_all.at[:, :, :p0].set(vp)
+        k_all, v_all = _prefix_cache(params, c, prefix, p_real, bsz, slots, prefix_ok, k_all, v_all)
     # the prompts' query slots p0..p0+P attend causally to every valid slot before them
     causal = (p0 + jnp.arange(plen))[:, None] >= slots[None, :]              # [P, S]
 
@@ -165,30 +205,8 @@ def generate_batch(params, config: LlamaConfig, prompt_ids, prompt_mask, key, *,
     x, (k_all, v_all) = jax.lax.scan(prefill_layer, x, (layers, k_all, v_all))
     first_logits = _logits(params, c, x[:, -1:])[:, 0]                       # [B, V]
     stops = jnp.asarray(stop_ids if stop_ids else (-1,), jnp.int32)
-
-    def step(carry, s):
-        logits, k_all, v_all, ok, done = carry
-        tok = _sample(logits, jax.random.fold_in(key, s), temperature, top_k)
-        tok = jnp.where(done, pad_id, tok)
-        slot = p0 + plen + s
-        ok = ok.at[:, slot].set(True)
-        tpos = (n_real + s)[:, None]
-        allowed = ok[:, None, :] & (slots <= slot)[None, None, :]
-
-        def layer(x, inp):
-            p, kc, vc = inp
-            k, v = _kv(c, p, x, tpos)
-            kc = jax.lax.dynamic_update_slice_in_dim(kc, k, slot, axis=1)
-            vc = jax.lax.dynamic_update_slice_in_dim(vc, v, slot, axis=1)
-            return _attend(c, p, x, tpos, kc, vc, allowed), (kc, vc)
-
-        x = params["embed"][tok][:, None].astype(jnp.float32)
-        x, (k_all, v_all) = jax.lax.scan(layer, x, (layers, k_all, v_all))
-        new_done = done | jnp.isin(tok, stops)
-        return (_logits(params, c, x)[:, 0], k_all, v_all, ok, new_done), (tok, ~done, logits)
-
-    init = (first_logits, k_all, v_all, slot_ok, jnp.zeros((bsz,), bool))
-    _, (toks, live, logits) = jax.lax.scan(step, init, jnp.arange(max_new))
+    toks, live, logits = _decode(params, c, key, (first_logits, k_all, v_all, slot_ok), n_real,
+                                 p0 + plen, slots, max_new, temperature, top_k, stops, pad_id)
     out = (toks.T, live.T.sum(axis=1).astype(jnp.int32))
     return out + (jnp.swapaxes(logits, 0, 1),) if return_logits else out
 
