@@ -191,6 +191,24 @@ def _shard_matches(path: Path, token_ids: np.ndarray) -> bool:
         return False
 
 
+def _write_shard(path: Path, fn, token_ids, lengths, start: int, stop: int, seq_len: int, k: int,
+                 batch_size: int, logits_dtype: str, compress: bool, progress: bool, desc: str):
+    """The teacher's top-k over sequences ``start:stop`` (padded targets zeroed), written
+    atomically to the shard ``path``."""
+    seqs = [token_ids[i, :lengths[i]] for i in range(start, stop)]
+    outs = bucketing.map_bucketed(fn, seqs, batch_size=batch_size, buckets=(seq_len + 1,),
+                                  trim=False, progress=progress, desc=desc)
+    arrays = {name_: np.stack([o[name_] for o in outs]) for name_ in outs[0]}
+    valid = (np.arange(seq_len)[None, :] < (lengths[start:stop, None] - 1))
+    arrays["topk_ids"] = np.where(valid[..., None], arrays["topk_ids"], 0).astype(np.int32)
+    arrays["topk_logits"] = np.where(valid[..., None], arrays["topk_logits"], 0).astype(logits_dtype)
+    arrays["logsumexp"] = np.where(valid, arrays["logsumexp"], 0).astype(np.float32)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    (np.savez_compressed if compress else np.savez)(tmp, token_ids=token_ids[start:stop],
+                                                    lengths=lengths[start:stop], **arrays)
+    os.replace(tmp, path)
+
+
 def build_topk_corpus(teacher: llama.Teacher, sequences: Sequence[Sequence[int]], *,
                       cache_dir: str | os.PathLike, k: int = 10, seq_len: int = 20,
                       batch_size: int = 32, shard_size: int = 4096,
@@ -247,20 +265,9 @@ def build_topk_corpus(teacher: llama.Teacher, sequences: Sequence[Sequence[int]]
             shards.append({"file": name, "num_sequences": stop - start})
             if _shard_matches(partial / name, token_ids[start:stop]):
                 continue  # resumed build: this shard was finished before the interruption
-            seqs = [token_ids[i, :lengths[i]] for i in range(start, stop)]
-            outs = bucketing.map_bucketed(fn, seqs, batch_size=batch_size, buckets=(seq_len + 1,),
-                                          trim=False, progress=progress,
-                                          desc=f"top-{k} shard {s + 1}/{-(-n // shard_size)}")
-            arrays = {name_: np.stack([o[name_] for o in outs]) for name_ in outs[0]}
-            valid = (np.arange(seq_len)[None, :] < (lengths[start:stop, None] - 1))
-            arrays["topk_ids"] = np.where(valid[..., None], arrays["topk_ids"], 0).astype(np.int32)
-            arrays["topk_logits"] = np.where(valid[..., None], arrays["topk_logits"], 0).astype(
-                logits_dtype)
-            arrays["logsumexp"] = np.where(valid, arrays["logsumexp"], 0).astype(np.float32)
-            tmp = partial / (name + ".tmp.npz")
-            (np.savez_compressed if compress else np.savez)(tmp, token_ids=token_ids[start:stop],
-                                                            lengths=lengths[start:stop], **arrays)
-            os.replace(tmp, partial / name)
+            _write_shard(partial / name, fn, token_ids, lengths, start, stop, seq_len, k,
+                         batch_size, logits_dtype, compress, progress,
+                         f"top-{k} shard {s + 1}/{-(-n // shard_size)}")
         manifest = {
             "format": FORMAT, "key": key,
             "teacher": {"sha256": teacher.fingerprint, "file": os.path.basename(teacher.path or ""),

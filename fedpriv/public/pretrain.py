@@ -70,6 +70,29 @@ def _step_fn(loss_fn: Callable, optimizer: optax.GradientTransformation) -> Call
     return step_fn
 
 
+def _central_checkpoint(workdir: str, keep: int, params, opt_state, fp: dict, resume_anyway,
+                        steps: int):
+    """``(Checkpointer, None or (step, params, opt_state, history))``: the central run's
+    checkpoint in ``workdir``, refused if another run (``fp``) or past ``steps`` wrote it."""
+    if not os.path.isdir(os.path.join(workdir, CHECKPOINTS)) and any(
+            os.path.exists(os.path.join(workdir, f)) for f in LEGACY_FILES):
+        raise CheckpointError(f"{workdir} holds a central checkpoint in the old two-file format; "
+                              "use another workdir")
+    ckpt = Checkpointer(os.path.join(workdir, CHECKPOINTS), keep)
+    template = {"params": params, "opt_state": opt_state, "step": np.zeros((), np.int32)}
+    loaded = ckpt.restore(template)
+    if loaded is None:
+        return ckpt, None
+    state, meta = loaded
+    check_fingerprint(meta.get("fingerprint", {}), fp, resume_anyway,
+                      f"central checkpoint in {workdir!r}", lambda k: True)
+    start = int(state["step"])
+    if start != meta.get("step") or start > steps:
+        raise CheckpointError(f"central checkpoint in {workdir!r} is at step {start} "
+                              f"(metadata {meta.get('step')}), steps={steps}")
+    return ckpt, (start, state["params"], state["opt_state"], list(meta["history"]))
+
+
 def train_central(loss_fn: Callable, params, data: Mapping[str, np.ndarray], *, steps: int,
                   batch_size: int, seed: int, optimizer: optax.GradientTransformation | None = None,
                   workdir: str | None = None, checkpoint_every: int = 500, keep_checkpoints: int = 2,
@@ -103,27 +126,15 @@ def train_central(loss_fn: Callable, params, data: Mapping[str, np.ndarray], *, 
     batch_size = int(batch_size)
     fp = json_safe({"seed": int(seed), "batch_size": batch_size, "data": _data_digest(data),
                     **{EXTRA_PREFIX + str(k): v for k, v in (fingerprint or {}).items()}})
-    ckpt, loaded_any = None, False
+    ckpt, loaded = None, None
     if workdir:
-        if not os.path.isdir(os.path.join(workdir, CHECKPOINTS)) and any(
-                os.path.exists(os.path.join(workdir, f)) for f in LEGACY_FILES):
-            raise CheckpointError(f"{workdir} holds a central checkpoint in the old two-file format; "
-                                  "use another workdir")
-        ckpt = Checkpointer(os.path.join(workdir, CHECKPOINTS), keep_checkpoints)
-        template = {"params": params, "opt_state": opt_state, "step": np.zeros((), np.int32)}
-        loaded = ckpt.restore(template)
-        if loaded is not None:
-            state, meta = loaded
-            loaded_any = True
-            check_fingerprint(meta.get("fingerprint", {}), fp, resume_anyway,
-                              f"central checkpoint in {workdir!r}", lambda k: True)
-            start = int(state["step"])
-            if start != meta.get("step") or start > steps:
-                raise CheckpointError(f"central checkpoint in {workdir!r} is at step {start} "
-                                      f"(metadata {meta.get('step')}), steps={steps}")
-            params, opt_state, history = state["params"], state["opt_state"], list(meta["history"])
-            if log is not None:
-                log(f"{desc}: resumed {workdir} at step {start} of {steps}")
+        ckpt, loaded = _central_checkpoint(workdir, keep_checkpoints, params, opt_state, fp,
+                                           resume_anyway, steps)
+    loaded_any = loaded is not None
+    if loaded_any:
+        start, params, opt_state, history = loaded
+        if log is not None:
+            log(f"{desc}: resumed {workdir} at step {start} of {steps}")
 
     step_fn = _step_fn(loss_fn, optimizer)
     saved_at = [start if loaded_any else None]
