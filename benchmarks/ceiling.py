@@ -230,7 +230,7 @@ def markdown(out: dict) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
+    ints = lambda s: [int(x) for x in s.split(",") if x]
     ap.add_argument("--clients", type=int, default=16)
     ap.add_argument("--population", type=int, default=2000, help="clients to sample cohorts from "
                     "(benchmarks.round's default)")

@@ -102,7 +102,7 @@ def markdown(out: dict) -> str:
         names = [f"{s['commit']}" for s in sides]
         lines += [f"## {art} (`{out['commands'][art]}`)", "",
                   "| bucket | " + " | ".join(names) + " |", "|---|" + "---|" * len(sides)]
-        cell = lambda s, f: "failed" if "error" in s else f(s)  # noqa: E731
+        cell = lambda s, f: "failed" if "error" in s else f(s)
         for b in BUCKETS:
             lines.append(f"| {b} | " + " | ".join(cell(s, lambda s: f"{s['self_s'][b]:.1f}") for s in sides) + " |")
         lines.append("| **total (profile)** | " + " | ".join(

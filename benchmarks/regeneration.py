@@ -69,7 +69,7 @@ def rows(runs: str = "runs", summary_dir: str | None = None, root: str = ROOT) -
 
 
 def markdown(table: list[dict]) -> str:
-    fmt = lambda x: "not recorded" if x is None else f"{x:,.0f}"  # noqa: E731
+    fmt = lambda x: "not recorded" if x is None else f"{x:,.0f}"
     lines = ["# Regenerating the small-scale artefacts: cost of each one's last invocation", "",
              "| module | config | commit | wall s | CPU s | from | stored runs (commits): their wall s |",
              "|---|---|---|---|---|---|---|"]

@@ -17,6 +17,6 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ and os.environ.get("FEDPRIV_XLA
         os.path.expanduser("~"), ".cache", "fedpriv", "xla")
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 
-from fedpriv.report import git_state  # noqa: E402 - after the cache settings, before any run
+from fedpriv.report import git_state  # after the cache settings, before any run
 
 git_state()

@@ -47,7 +47,7 @@ def load_config(spec: str):
             module_spec.loader.exec_module(module)
     except (FedprivError, ValueError):
         raise
-    except Exception as e:  # noqa: BLE001 - a config file is user code: say which file failed
+    except Exception as e:  # a config file is user code: say which file failed
         raise ConfigError(f"cannot load config file {path!r}: {type(e).__name__}: {e}") from e
     if not callable(getattr(module, "get_config", None)):
         raise ConfigError(f"config file {path!r} has no get_config(arg)")

@@ -111,7 +111,7 @@ ours unless a column says "paper".
 def _git(args, repo):
     try:
         p = subprocess.run(["git", *args], capture_output=True, text=True, timeout=60, cwd=repo)
-    except Exception:  # noqa: BLE001 - no git
+    except Exception:  # no git
         return None
     return p.stdout.strip() if p.returncode == 0 else None
 

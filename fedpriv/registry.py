@@ -78,7 +78,7 @@ def load_plugin(module: str):
         return importlib.import_module(module)
     except ConfigError:
         raise
-    except Exception as err:  # noqa: BLE001 - any import failure is the plugin's, in one line
+    except Exception as err:  # any import failure is the plugin's, in one line
         raise PluginError(f"cannot import plugin {module!r}: {type(err).__name__}: {err}") from err
 
 

@@ -31,7 +31,7 @@ def _git(*args: str, cwd: str | None = None) -> str | None:
     """stdout of ``git args`` (trailing newlines stripped), None if git fails or is absent."""
     try:
         p = subprocess.run(["git", *args], capture_output=True, text=True, timeout=30, cwd=cwd)
-    except Exception:  # noqa: BLE001 - best effort: no git, no repository
+    except Exception:  # best effort: no git, no repository
         return None
     return p.stdout.rstrip("\n") if p.returncode == 0 else None
 

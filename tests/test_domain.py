@@ -352,7 +352,7 @@ def test_end_to_end_strings_to_weighted_clients():
     rng = np.random.default_rng(0)
     s_words = ["buy", "stock", "moon", "hold", "the", "a"]
     t_words = ["president", "vote", "news", "the", "a", "today"]
-    sent = lambda ws, n: " ".join(rng.choice(ws, size=n))  # noqa: E731
+    sent = lambda ws, n: " ".join(rng.choice(ws, size=n))
     src = {f"s{i}": [sent(s_words, int(rng.integers(3, 25))) for _ in range(4)] for i in range(40)}
     tgt = {f"t{i}": [sent(t_words, int(rng.integers(3, 25))) for _ in range(4)] for i in range(10)}
     tgt["s1"] = ["vote today"]  # s1 also has target data -> T-client
@@ -579,7 +579,7 @@ def test_table1_budget_split_through_the_real_ledger():
     @lru_cache(maxsize=None)
     def training_event(eps, delta):
         # Stand-in for the engine's DP-FedAvg event (20 Gaussian sums; closed-form RDP, fast).
-        make = lambda z: dp_accounting.SelfComposedDpEvent(  # noqa: E731
+        make = lambda z: dp_accounting.SelfComposedDpEvent(
             dp_accounting.GaussianDpEvent(z), 20)
         return make(accounting.calibrate_noise_multiplier(make, eps, delta, accountant="rdp"))
 

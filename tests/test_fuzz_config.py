@@ -19,7 +19,7 @@ from hypothesis import (  # noqa: E402
     HealthCheck,
     given,
     settings,
-    strategies as st,  # noqa: E402
+    strategies as st,
 )
 
 from configs import common, lm_fl  # noqa: E402

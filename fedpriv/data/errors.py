@@ -27,7 +27,7 @@ __all__ = [
     "PathKindError",
 ]
 
-from fedpriv.errors import ConfigError, FedprivError  # noqa: E402  (re-exported)
+from fedpriv.errors import ConfigError, FedprivError  # re-exported
 
 logger = logging.getLogger("fedpriv.data")
 

@@ -287,7 +287,7 @@ class MatrixDPConfig(DPConfig):
         if self.min_separation < need:
             raise ValueError(f"{self.mechanism} needs min_separation >= {need}, got "
                              f"{self.min_separation}")
-        self.strategy  # noqa: B018 (validates the strategy's parameters)
+        self.strategy  # validates the strategy's parameters
 
     # a banded C: run_fields plans ``bands``, the exact sensitivity needs min_separation >=
     # bands, and AmplifiedCyclicSampler's amplification holds (Choquette-Choo et al. 2023,

@@ -118,7 +118,7 @@ def balance_populations(source: dict, target: dict, alpha: float, seed: int
     """
     rng = np.random.default_rng(seed)
     n_s, n_t = len(source), len(target)
-    sample = lambda d, k: _sample(d, k, rng)  # noqa: E731
+    sample = lambda d, k: _sample(d, k, rng)
 
     want_t = round(alpha / (1 - alpha) * n_s)
     if n_t > want_t:
@@ -152,7 +152,7 @@ def load_domains(name: str, cfg) -> tuple[dict, dict]:
     elif name == "topics":
         text = load_shakespeare(progress=cfg.progress)
         active = _active(text, cfg.min_words_per_client)
-        play = lambda c: c.split("/", 1)[0]  # noqa: E731
+        play = lambda c: c.split("/", 1)[0]
         source = {c: v for c, v in active.items()
                   if play(c) in FOLIO_HISTORIES + FOLIO_TRAGEDIES}
         target = {c: v for c, v in active.items() if play(c) in FOLIO_COMEDIES}

@@ -88,7 +88,7 @@ def calibrate_stage(num_clients: int, rate: float, rounds: int, noise_cohort: in
     DP-FedAvg, ``rounds`` rounds at ``rate``, noise of ``noise_cohort``) meets (epsilon, delta)
     under ``accountant`` (the config's, the one its ledger charges with)."""
     sampler = PoissonSampler(num_clients, rate)
-    make = lambda z: algs.privacy_event(  # noqa: E731
+    make = lambda z: algs.privacy_event(
         algs.DPConfig(clip_norm, z, "gaussian", noise_cohort_size=noise_cohort), sampler, rounds)
     return accounting.calibrate_noise_multiplier(make, epsilon, delta, accountant=accountant)
 

@@ -118,7 +118,7 @@ def _finish_round(server: ServerHooks, adaptive, expected_cohort_size, state, no
     avg = jax.tree_util.tree_map(lambda x: x / expected_cohort_size, noised)
     params, opt_state = server.update(state.params, state.opt_state, avg, state.round)
     if released is not None:  # an aborted round changes nothing
-        keep = lambda new, old: jax.tree_util.tree_map(  # noqa: E731
+        keep = lambda new, old: jax.tree_util.tree_map(
             lambda a, b: jnp.where(released, a, b), new, old)
         params, opt_state = keep(params, state.params), keep(opt_state, state.opt_state)
     clip_state, frac = state.clip_state, jnp.nan
@@ -160,7 +160,7 @@ def build_algorithm(loss_fn: Callable | None, client_optimizer: optax.GradientTr
                             local_epochs, compute_dtype, client, server)
     scale = 1.0 if dp.noise_cohort_size is None else expected_cohort_size / dp.noise_cohort_size
     # the noise on the normalised sum (sensitivity 1): the mechanism's optax privatizer
-    privatizer = lambda key=None: dp.privatizer(dp.noise_multiplier * scale, key)  # noqa: E731
+    privatizer = lambda key=None: dp.privatizer(dp.noise_multiplier * scale, key)
     codec = dp.codec(expected_cohort_size)  # client-side encode / server-side decode, or None
     noise = privatizer()  # update-only: the key lives in ServerState.noise_state
     adaptive = dp.adaptive

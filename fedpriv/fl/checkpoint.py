@@ -227,7 +227,7 @@ def check_fingerprint(saved: Mapping, current: Mapping, resume_anyway: Sequence[
     differ = sorted(k for k in set(a) | set(b) if a.get(k, absent) != b.get(k, absent))
     if not differ:
         return
-    top = lambda k: k if k.startswith(EXTRA_PREFIX) else k.split(".")[0]  # noqa: E731
+    top = lambda k: k if k.startswith(EXTRA_PREFIX) else k.split(".")[0]
     bad = [k for k in differ if not overridable(k)]
     named = set(resume_anyway) | {EXTRA_PREFIX + str(n) for n in resume_anyway}
     unnamed = [k for k in differ if overridable(k) and top(k) not in named]
@@ -309,7 +309,7 @@ class Checkpointer:
                     with contextlib.suppress(Exception):
                         _clear_unfinished(self.directory)  # the next attempt starts clean
                     raise
-        except Exception as err:  # noqa: BLE001 - only OS errors become one line; bugs re-raise
+        except Exception as err:  # only OS errors become one line; bugs re-raise
             os_err = _os_error_of(err)
             if os_err is None:
                 raise
@@ -343,7 +343,7 @@ class Checkpointer:
         try:
             out = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
             return dict(out["meta"])
-        except Exception:  # noqa: BLE001 - damaged
+        except Exception:  # damaged
             return None
 
     def meta(self) -> dict | None:
@@ -354,7 +354,7 @@ class Checkpointer:
         for step in self.steps():
             try:
                 out = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-            except Exception as err:  # noqa: BLE001 - any read failure is a damaged commit
+            except Exception as err:  # any read failure is a damaged commit
                 self.skipped.append((step, self._damaged(step, err)))
                 continue
             self.restored_step = step
@@ -379,7 +379,7 @@ class Checkpointer:
             try:
                 out = self._manager.restore(step, args=ocp.args.Composite(
                     state=ocp.args.StandardRestore(host_template), meta=ocp.args.JsonRestore()))
-            except Exception as err:  # noqa: BLE001
+            except Exception as err:
                 self.skipped.append((step, self._damaged(step, err)))
                 continue
             meta = self._check_format(dict(out["meta"]), step)

@@ -89,7 +89,7 @@ from fedpriv.models.bucketing import (
     row_lengths,
     width_buckets,
 )
-from fedpriv.util import next_pow2  # noqa: F401 (re-exported)
+from fedpriv.util import next_pow2  # re-exported
 
 BATCHINGS = registry.BATCHINGS  # ("padded", "trimmed", "sorted", "packed")
 
@@ -436,13 +436,13 @@ def pack_cohort(dataset: Mapping[Any, Mapping[str, np.ndarray]], client_ids: Seq
     rows = [sum(steps[i] for i in m) for m in members]    # data rows a lane holds
     depth = next_pow2(max(max(rows, default=0), max(loads, default=0), 1))
     shown = list(range(lanes)) if lane_subset is None else list(lane_subset)
-    batches = lambda i: _client_batches(client_ids[i], examples[i], steps[i], sizes[i],  # noqa: E731
+    batches = lambda i: _client_batches(client_ids[i], examples[i], steps[i], sizes[i],
                                         template, batch_size, order_of[i])
     step_template = template                              # one step's example fields
     if packing:
         padded_batches, step_template = batches, _packed_template(template, fields[0])
-        batches = lambda i: _pack_steps(padded_batches(i), fields[0], pad_id)  # noqa: E731
-    positions = lambda b: _step_positions(b, fields, batch_size, pad_id, trim, widths)  # noqa: E731
+        batches = lambda i: _pack_steps(padded_batches(i), fields[0], pad_id)
+    positions = lambda b: _step_positions(b, fields, batch_size, pad_id, trim, widths)
     length = np.asarray([loads[w] for w in shown], np.int32)
     lanes_out, executed_pos, real_pos = _fill_lanes(
         shown, members, steps, sizes, batches, positions, step_template, batch_size, depth,
@@ -475,7 +475,7 @@ def _fill_lanes(shown, members, steps, sizes, batches, positions, template, batc
     if packing:  # target positions a step runs
         step_cost = (lambda j: widths[j] * (full - 1)) if trim else (lambda j: batch_size * (full - 1))
     else:
-        step_cost = lambda j: batch_size * ((widths[j] if trim else full) - 1)  # noqa: E731
+        step_cost = lambda j: batch_size * ((widths[j] if trim else full) - 1)
     executed_pos = real_pos = 0
     for row, lane in enumerate(shown):
         d = t = 0

@@ -286,7 +286,7 @@ def _train(algorithm, init_params, dataset, client_ids, sampler, *, rounds, batc
     saved = read_checkpoint(ckpt, _tree(state, store)) if ckpt is not None else None
     start, charged = 0, rounds
     capacity = int(sampler.max_cohort_size)
-    dry_run = lambda st: _dry_run(algorithm, st, dataset, client_ids, batch_size, capacity,  # noqa: E731
+    dry_run = lambda st: _dry_run(algorithm, st, dataset, client_ids, batch_size, capacity,
                                   k_rounds, store)
     if saved is not None:
         state, start, charged, ledger = resume(

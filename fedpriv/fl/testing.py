@@ -128,7 +128,7 @@ def _check_sensitivity(hooks, view, dataset, ids, batch_size, max_steps, clip_no
         return run(packed.lanes, states)
 
     a, b, c = total(dataset, ids), total(other, ids), total(dataset, ids[:-1])
-    diff = lambda x, y: _norm(jax.tree_util.tree_map(jnp.subtract, x, y))  # noqa: E731
+    diff = lambda x, y: _norm(jax.tree_util.tree_map(jnp.subtract, x, y))
     tol = 1 + 1e-4
     _require(diff(a, b) <= 2 * clip_norm * tol,
              f"replacing one client moved the clipped sum by {diff(a, b):.4g} > 2 C = {2 * clip_norm:g}")

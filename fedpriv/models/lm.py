@@ -44,7 +44,7 @@ import jax
 import jax.numpy as jnp
 
 from fedpriv.models import metrics
-from fedpriv.models.metrics import BOS, EOS, PAD, UNK  # noqa: F401  (re-exported conventions)
+from fedpriv.models.metrics import BOS, EOS, PAD, UNK  # re-exported conventions
 from fedpriv.registry import MODELS
 
 Params = Any

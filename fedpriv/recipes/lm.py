@@ -60,14 +60,14 @@ from fedpriv.recipes.lm_data import (  # noqa: F401 (re-exported: the data)
     prepare_data,
     with_tokenizer,
 )
-from fedpriv.recipes.lm_report import (  # noqa: F401 (re-exported: what a run reports)
+from fedpriv.recipes.lm_report import (  # re-exported: what a run reports
     PRIVATE_VOCABULARY,
     outputs,
     previous_wall_clock,
     tokenizer_accuracies,
     write_summary_md,
 )
-from fedpriv.util import PhaseTimer  # noqa: F401 (re-exported)
+from fedpriv.util import PhaseTimer  # re-exported
 
 
 def run_lm_fl(cfg, workdir: str, *, prepared: Prepared | None = None, init_params=None,

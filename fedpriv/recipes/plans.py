@@ -29,7 +29,7 @@ import dp_accounting as dpa
 import jax
 
 from fedpriv.data.errors import ConfigError
-from fedpriv.data.populations import (  # noqa: F401 (re-exported: the populations plans account)
+from fedpriv.data.populations import (  # re-exported: the populations plans account
     CORPUS_CLIENTS,
     corpus_clients,
     fred_train_clients,

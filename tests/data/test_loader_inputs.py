@@ -184,7 +184,7 @@ def _dir_as_file(loader):
 
 
 _OK = b'{"user": "u", "text": "fine"}\n'
-_REC = lambda u, t: json.dumps({"user": u, "text": t}).encode() + b"\n"  # noqa: E731
+_REC = lambda u, t: json.dumps({"user": u, "text": t}).encode() + b"\n"
 
 BAD_INPUTS = [
     # ---- JSONL

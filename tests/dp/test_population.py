@@ -28,7 +28,7 @@ def test_with_the_papers_population_simulated_and_executed_coincide():
     """A run on the real 342,477 users (engine's sampler + event) spends what the declaration
     claims: same_population and equal epsilons; on a 1,053-user corpus it spends far more."""
     z, T = 8.83, 1600
-    dp_of = lambda s: algs.DPConfig(0.3, z, "tree", s.rounds_per_epoch)  # noqa: E731
+    dp_of = lambda s: algs.DPConfig(0.3, z, "tree", s.rounds_per_epoch)
     real = ShuffledPassSampler(WANG.users, WANG.cohort, seed=0)
     ev = algs.privacy_event(dp_of(real), real, T)
     pn = paper_noise(WANG, z, T, ev, "stackoverflow", WANG.users, 1e-6)

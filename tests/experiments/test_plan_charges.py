@@ -78,7 +78,7 @@ def _charging_step_only(algorithm, init_params, dataset, client_ids, sampler, *,
 
 def _random_embeddings(embedder, private, candidates, batch_size, cache=None, progress=True):
     rng = np.random.default_rng(0)
-    emb = lambda texts: rng.normal(size=(len(texts), 16)).astype(np.float32)  # noqa: E731
+    emb = lambda texts: rng.normal(size=(len(texts), 16)).astype(np.float32)
     return ({u: emb(t) for u, t in private.items()}, {n: emb(t) for n, t in candidates.items()},
             0.0)
 

@@ -159,7 +159,7 @@ def test_page_from_a_committed_compact_summary_with_staleness_and_json(tmp_path,
     (out_dir / "results").mkdir(parents=True)
     (out_dir / "results" / "fig1-latency.png").write_bytes(b"png" * 500)  # committed beside the page
     out = out_dir / "RESULTS.md"
-    build = lambda **kw: results.build(str(tmp_path / "empty_runs"), str(out), summary_dir=str(summaries),  # noqa: E731
+    build = lambda **kw: results.build(str(tmp_path / "empty_runs"), str(out), summary_dir=str(summaries),
                                        repo=str(repo), **kw)
     page = build()
     assert "read from its committed compact summary; ran at commit " + ran_at[:7] in page

@@ -119,7 +119,7 @@ def _as_stream_state(name: str, want_hex: list) -> list:
         return want_hex  # MF, or recorded after the engine
     key, step, tree = want_hex
     R = dp.restart_every if dp.mechanism == "tree" else 1
-    as_int = lambda h: int(np.frombuffer(bytes.fromhex(h), np.int32)[0])  # noqa: E731
+    as_int = lambda h: int(np.frombuffer(bytes.fromhex(h), np.int32)[0])
     return [key, np.asarray(as_int(tree) * R + as_int(step), np.int32).tobytes().hex()]
 
 

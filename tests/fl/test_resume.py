@@ -131,7 +131,7 @@ def test_simulated_noise_cohort_records_executed_epsilon(data, tmp_path):
 def test_resume_with_more_rounds_charges_the_new_total_or_refuses(data, tmp_path):
     d, ids = data
     s, alg = _ftrl(z=1.0)
-    eps = lambda r: compute_epsilon(privacy_event(alg.dp, s, r), 1e-6)[0]  # noqa: E731
+    eps = lambda r: compute_epsilon(privacy_event(alg.dp, s, r), 1e-6)[0]
     wd = tmp_path / "run"
     led = PrivacyLedger(eps(4) * (1 + 1e-6), 1e-6)
     train(alg, init_params(), d, ids, s, rounds=4, ledger=led, **_kw(wd))
@@ -206,7 +206,7 @@ def test_resume_with_another_config_refuses_naming_the_field(data, tmp_path):
     d, ids = data
     s, alg = _ftrl(z=1.0)
     wd = tmp_path / "run"
-    led = lambda: PrivacyLedger(1e6, 1e-6)  # noqa: E731
+    led = lambda: PrivacyLedger(1e6, 1e-6)
     train(alg, init_params(), d, ids, s, rounds=6, stop_after=2, ledger=led(),
           fingerprint={"server_lr": 1.0}, **_kw(wd))
     _, alg_z = _ftrl(z=0.5)
@@ -296,7 +296,7 @@ def test_damaged_latest_commit_falls_back_to_the_newest_intact_one(data, tmp_pat
     d, ids = data
     s, alg = _ftrl()
     wd = tmp_path / "run"
-    led = lambda: PrivacyLedger(1e6, 1e-6)  # noqa: E731
+    led = lambda: PrivacyLedger(1e6, 1e-6)
     train(alg, init_params(), d, ids, s, rounds=8, stop_after=4, ledger=led(),
           **_kw(wd, checkpoint_every=2))
     _edit_meta(wd, 1, round=2)
@@ -324,7 +324,7 @@ def test_fallback_refused_when_the_intact_commit_would_under_report_the_spend(da
     d, ids = data
     s, alg = _ftrl()
     wd = tmp_path / "run"
-    led = lambda: PrivacyLedger(1e6, 1e-6)  # noqa: E731
+    led = lambda: PrivacyLedger(1e6, 1e-6)
     train(alg, init_params(), d, ids, s, rounds=4, ledger=led(), **_kw(wd, checkpoint_every=2))
     train(alg, init_params(), d, ids, s, rounds=8, stop_after=2, ledger=led(),
           **_kw(wd, checkpoint_every=2))

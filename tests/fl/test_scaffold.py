@@ -23,7 +23,7 @@ KW = dict(batch_size=4, seed=1, max_steps=3, progress=False, log=None)
 
 
 def _leaves(tree):
-    is_key = lambda x: jnp.issubdtype(x.dtype, jax.dtypes.prng_key)  # noqa: E731
+    is_key = lambda x: jnp.issubdtype(x.dtype, jax.dtypes.prng_key)
     return [np.asarray(jax.random.key_data(x) if is_key(x) else x)
             for x in jax.tree_util.tree_leaves(tree)]
 

@@ -62,7 +62,7 @@ def test_t_prime_equal_to_rounds_is_post_processing(tmp_path):
     # the final model is the publicly trained round-T checkpoint: not the private one
     private_T = load_run(stage1, private.template(init))
     assert private_T.round == T
-    leaf = lambda p: np.asarray(jax.tree_util.tree_leaves(p)[0])  # noqa: E731
+    leaf = lambda p: np.asarray(jax.tree_util.tree_leaves(p)[0])
     assert not np.allclose(leaf(end.result.state.params), leaf(private_T.state.params))
     # tree-noise state untouched by the public step
     assert int(end.result.state.noise_state.step) == int(private_T.state.noise_state.step)
