@@ -1,10 +1,13 @@
-"""Three extensions, each ONE file and no edit elsewhere (issue 52, acceptance): a FedYogi server
-with client momentum, a user-given banded Toeplitz mechanism, a GRU LM. Each test writes its one
-file into a temporary directory, selects it from ``configs/lm_fl.py`` by naming the plugin module
-(``algorithm=<module>:<name>``, ``arch=<module>:<name>``), runs ``run_lm_fl`` at a tiny scale, and
-checks that the ledger charged exactly the event the mechanism declares, written here
-independently with ``dp_accounting``. The files are the ones docs/extending.md shows."""
+"""Extensions, each ONE file and no edit elsewhere (issue 52, acceptance): a FedYogi server with
+client momentum, a user-given banded Toeplitz mechanism, a GRU LM -- and the page's other examples
+(DP SCAFFOLD as an LM-FL algorithm, a sampler, an experiment / artefact). Each test writes its one
+file, taken verbatim from docs/extending.md, into a temporary directory, selects it from
+``configs/lm_fl.py`` by naming the plugin module (``algorithm=<module>:<name>``,
+``arch=<module>:<name>``), runs ``run_lm_fl`` at a tiny scale, and checks that the ledger charged
+exactly the event the mechanism declares, written here independently with ``dp_accounting``."""
 import math
+import pathlib
+import re
 import textwrap
 import types
 
@@ -23,93 +26,17 @@ from fedpriv.recipes.lm_data import Prepared
 
 V, L = 64, 8
 
-FEDYOGI = '''
-"""DP-FedAvg with a FedYogi server (Reddi et al. 2021) and client momentum: one file."""
-import optax
-
-from fedpriv.recipes.algorithms import LMAlgorithm, register_algorithm
-from fedpriv.registry import OPTIMIZERS
+DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 
 
-@OPTIMIZERS.register("fedyogi")
-def fedyogi(learning_rate, **_):
-    return optax.yogi(learning_rate, b1=0.9, b2=0.99, eps=1e-3)
-
-
-def sgd_momentum(learning_rate, **_):
-    return optax.sgd(learning_rate, momentum=0.9)
-
-
-register_algorithm("dp_fedyogi", LMAlgorithm(mechanism="gaussian", sampler="poisson",
-                                             server_optimizer="fedyogi", client_optimizer=sgd_momentum))
-'''
-
-BANDED = '''
-"""A user-given banded Toeplitz matrix-factorization mechanism (Choquette-Choo et al. 2023):
-C = toeplitz(1, 0.6, 0.3), exact sensitivity at min-separation >= 3 bands. One file."""
-import dataclasses
-from typing import ClassVar
-
-from fedpriv.dp.matrix import BandedStrategy
-from fedpriv.dp.mechanisms import MatrixDPConfig, register_mechanism
-from fedpriv.recipes.algorithms import LMAlgorithm, register_algorithm
-
-COEFFS = (1.0, 0.6, 0.3)
-
-
-@dataclasses.dataclass(frozen=True)
-class UserBanded(MatrixDPConfig):
-    mechanism: str = "user_banded"
-    banded: ClassVar[bool] = True   # exact sensitivity; amplified under AmplifiedCyclicSampler
-
-    @property
-    def strategy(self):
-        return BandedStrategy(COEFFS)
-
-    @classmethod
-    def run_fields(cls, sampler, rounds, options):
-        return {"min_separation": sampler.min_separation, "mf_rounds": rounds, "bands": len(COEFFS)}
-
-
-register_mechanism("user_banded", UserBanded)
-register_algorithm("dp_user_banded", LMAlgorithm(mechanism="user_banded", sampler="cyclic"))
-'''
-
-GRU = '''
-"""A GRU on-device LM (Cho et al. 2014): embedding E -> GRU H -> dense E -> dense V. One file."""
-import flax.linen as nn
-import jax.numpy as jnp
-
-from fedpriv.registry import MODELS
-
-
-class _Step(nn.Module):
-    hidden: int
-
-    @nn.compact
-    def __call__(self, h, inputs):
-        x, keep = inputs                     # keep: 0 where a packed row starts a new sentence
-        h, _ = nn.GRUCell(features=self.hidden)(h * keep[:, None], x)
-        return h, h
-
-
-class GRULM(nn.Module):
-    """``int[B, L] -> float32[B, L, V]`` (the LM contract of fedpriv.models.lm)."""
-    config: object
-
-    @nn.compact
-    def __call__(self, tokens, *, deterministic=True, segments=None, positions=None):
-        cfg = self.config
-        x = nn.Embed(cfg.vocab_size, cfg.embed_dim)(tokens)
-        keep = jnp.ones(tokens.shape, x.dtype) if positions is None else (positions != 0).astype(x.dtype)
-        scan = nn.scan(_Step, variable_broadcast="params", split_rngs={"params": False},
-                       in_axes=1, out_axes=1)
-        _, h = scan(cfg.hidden_dim)(jnp.zeros((tokens.shape[0], cfg.hidden_dim), x.dtype), (x, keep))
-        return nn.Dense(cfg.vocab_size)(nn.Dense(cfg.embed_dim)(h))
-
-
-MODELS.register("gru", GRULM)
-'''
+def doc_file(name: str) -> str:
+    """The ``python`` block of docs/extending.md that starts with ``# file: <name>``: the tests
+    run the files the page shows, as written there."""
+    for block in re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S):
+        first, _, rest = block.partition("\n")
+        if first.strip() == f"# file: {name}":
+            return rest
+    raise AssertionError(f"docs/extending.md shows no file {name}")
 
 
 def _plugin(tmp_path, monkeypatch, name: str, text: str) -> None:
@@ -136,10 +63,13 @@ def prepared():
                     {"corpus": "synthetic", "vocabulary_public": True})
 
 
+BASE = dict(target_epsilon="None", noise_multiplier=1.3, rounds=3, cohort_size=4, eval_every=3,
+            checkpoint_every=3, max_eval_examples=16, batch_size=4, max_local_steps=2)
+
+
 def _config(spec: str):
-    return lm_fl.get_config("smoke,target_epsilon=None,noise_multiplier=1.3,rounds=3,cohort_size=4,"
-                            "eval_every=3,checkpoint_every=3,max_eval_examples=16,batch_size=4,"
-                            "max_local_steps=2," + spec)
+    over = dict(BASE, **dict(kv.split("=", 1) for kv in spec.split(",")))
+    return lm_fl.get_config("smoke," + ",".join(f"{k}={v}" for k, v in over.items()))
 
 
 def _run(cfg, prepared, tmp_path):
@@ -150,7 +80,7 @@ def _run(cfg, prepared, tmp_path):
 
 
 def test_a_fedyogi_server_with_client_momentum_in_one_file(tmp_path, monkeypatch, prepared):
-    _plugin(tmp_path, monkeypatch, "ext_fedyogi", FEDYOGI)
+    _plugin(tmp_path, monkeypatch, "ext_fedyogi", doc_file("ext_fedyogi.py"))
     cfg = _config("algorithm=ext_fedyogi:dp_fedyogi")
     assert cfg.algorithm == "ext_fedyogi:dp_fedyogi"
     task = lm.build_task(cfg, V)
@@ -171,7 +101,7 @@ def test_a_fedyogi_server_with_client_momentum_in_one_file(tmp_path, monkeypatch
 
 
 def test_a_user_banded_toeplitz_mechanism_in_one_file(tmp_path, monkeypatch, prepared):
-    _plugin(tmp_path, monkeypatch, "ext_banded", BANDED)
+    _plugin(tmp_path, monkeypatch, "ext_banded", doc_file("ext_banded.py"))
     cfg = _config("algorithm=ext_banded:dp_user_banded")
     summary, charged = _run(cfg, prepared, tmp_path)
     # cyclic cohorts of 4 from 24 users: min-separation 6 >= 3 bands; 3 rounds: one participation,
@@ -188,7 +118,7 @@ def test_a_user_banded_toeplitz_mechanism_in_one_file(tmp_path, monkeypatch, pre
 
 
 def test_a_gru_lm_in_one_file(tmp_path, monkeypatch, prepared):
-    _plugin(tmp_path, monkeypatch, "ext_gru", GRU)
+    _plugin(tmp_path, monkeypatch, "ext_gru", doc_file("ext_gru.py"))
     cfg = _config("arch=ext_gru:gru,algorithm=dp_ftrl")
     task = lm.build_task(cfg, V)
     params = task.init(jax.random.key(0))
@@ -225,3 +155,61 @@ def test_unknown_names_fail_closed_listing_the_known_ones(tmp_path, monkeypatch)
     _plugin(tmp_path, monkeypatch, "ext_empty", "x = 1\n")
     with pytest.raises(ConfigError, match=r"algorithm must be one of \('fedavg',.*got 'ext_empty:dp_x'"):
         _config("algorithm=ext_empty:dp_x")
+
+
+def test_dp_scaffold_as_an_lm_fl_algorithm_in_one_registration(tmp_path, monkeypatch, prepared):
+    _plugin(tmp_path, monkeypatch, "ext_scaffold", doc_file("ext_scaffold.py"))
+    cfg = _config("algorithm=ext_scaffold:dp_scaffold,server_optimizer=sgd,server_lr=1.0")
+    summary, charged = _run(cfg, prepared, tmp_path)
+    q = cfg.cohort_size / len(prepared.train)
+    own = dpa.SelfComposedDpEvent(dpa.PoissonSampledDpEvent(q, dpa.GaussianDpEvent(1.3)), cfg.rounds)
+    assert event_to_json(charged) == event_to_json(own)  # c and c_i change nothing in the event
+    from fedpriv.fl.loop import load_run
+    assert load_run(str(tmp_path / "run")).round == cfg.rounds and np.isfinite(summary["val_loss"])
+
+
+def test_a_sampler_in_one_file(tmp_path, monkeypatch, prepared):
+    _plugin(tmp_path, monkeypatch, "ext_sampler", doc_file("ext_sampler.py"))
+    from fedpriv.dp import accounting
+    from fedpriv.fl.testing import check_sampler
+    from fedpriv.registry import SAMPLERS
+    check_sampler(SAMPLERS.get("ext_sampler:round_robin")(24, 4, 0), rounds=30)
+    cfg = _config("algorithm=ext_sampler:dp_ftrl_round_robin,rounds=8")
+    task = lm.build_task(cfg, V)
+    alg, sampler, event, z = lm.build_algorithm(cfg, len(prepared.train), task.loss_fn)
+    assert type(sampler).__name__ == "RoundRobin" and alg.dp.restart_every == 6
+    # one tree per pass of 6 rounds: 8 rounds are a full tree and a tree of 2
+    want = dpa.ComposedDpEvent([dpa.SelfComposedDpEvent(dpa.SingleEpochTreeAggregationDpEvent(1.3, 6), 1),
+                                dpa.SingleEpochTreeAggregationDpEvent(1.3, 2)])
+    assert accounting.compute_epsilon(event, 1e-6)[0] == pytest.approx(
+        accounting.compute_epsilon(want, 1e-6)[0], rel=1e-9)
+
+
+def test_an_artefact_in_two_files_with_no_edit_to_the_index(tmp_path):
+    """The index finds the experiment module's own declaration (without importing it); the
+    config loads at a scale and its privacy plan accounts."""
+    import importlib.util
+
+    from experiments import common, index
+    from fedpriv.dp.plan import account
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "configs").mkdir()
+    (tmp_path / "experiments" / "my_table.py").write_text(doc_file("experiments/my_table.py"))
+    config_file = tmp_path / "configs" / "my_table.py"
+    config_file.write_text(doc_file("configs/my_table.py"))
+    arts = index.declared(str(tmp_path / "experiments"))
+    assert [(a.name, a.module, a.config, a.outputs) for a in arts] == [
+        ("my-table", "my_table", "my_table", ("summary.md",))]
+    cfg = common.load_config(f"{config_file}:smoke")
+    spec = importlib.util.spec_from_file_location("my_table_config", config_file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    (run,) = account(module.privacy_plan(cfg))
+    assert cfg.algorithm == "dp_ftrl" and 0 < run.epsilon <= cfg.target_epsilon * (1 + 1e-6)
+
+
+def test_an_artefact_declaration_must_be_literal(tmp_path):
+    from experiments import index
+    (tmp_path / "bad.py").write_text("NAME = 'x'\nARTEFACTS = (Artefact(NAME, 'p', 'w', None, None),)\n")
+    with pytest.raises(ValueError, match="non-literal argument"):
+        index.declared(str(tmp_path))

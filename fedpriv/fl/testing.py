@@ -20,10 +20,19 @@ state, release_avg, round)`` trace under ``jit``, are pure, and keep the params'
 structure, shapes and dtypes. They see only the DP release and public server state
 (post-processing) by their signature.
 
+**Samplers** (``check_sampler``; ``fedpriv.fl.samplers.Sampler``): over ``rounds`` rounds the
+schedule is a pure function of (seed, round) (sampled twice, the same), its indices are sorted,
+unique and in the population, no cohort exceeds ``max_cohort_size``, and what the sampler
+declares for its accounting holds on the schedule it draws: each client at most once per
+``rounds_per_epoch`` (a period, for trees), consecutive participations at least
+``min_separation`` rounds apart, at most ``max_participations(rounds)`` of them; the fixed-size
+samplers draw exactly ``cohort_size``; the mean cohort is near ``expected_cohort_size``.
+
 A failed check raises ``fedpriv.dp.testing.ContractViolation`` naming what is wrong.
 """
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import jax
@@ -34,8 +43,9 @@ from fedpriv.dp.testing import ContractViolation
 from fedpriv.fl.aggregate import packed_sum
 from fedpriv.fl.client import ClientHooks, ServerHooks, ServerView
 from fedpriv.fl.cohort import build_cohort, pack_cohort
+from fedpriv.fl.samplers import check_sampler as _has_members
 
-__all__ = ["check_client_hooks", "check_server_hooks", "ContractViolation"]
+__all__ = ["check_client_hooks", "check_server_hooks", "check_sampler", "ContractViolation"]
 
 
 def _require(ok, message: str) -> None:
@@ -152,3 +162,45 @@ def check_server_hooks(server: ServerHooks, params, release_like=None) -> None:
              "the server update changed its state's structure, shape or dtype")
     p2, s2 = update(p1, s1, release, jnp.asarray(1, jnp.int32))
     _require(_signature(s2) == _signature(state), "the server state is not type-stable over rounds")
+
+
+def check_sampler(sampler, rounds: int = 64) -> None:
+    """The sampler contract (module docstring) over ``rounds`` rounds."""
+    _has_members(sampler)
+    n, cap = int(sampler.num_clients), int(sampler.max_cohort_size)
+    schedule = [np.asarray(sampler.sample(r)) for r in range(rounds)]
+    _require(all(np.array_equal(a, np.asarray(sampler.sample(r))) for r, a in enumerate(schedule)),
+             "sample(round) is not a pure function of (seed, round)")
+    for r, a in enumerate(schedule):
+        _require(a.ndim == 1 and np.array_equal(a, np.unique(a)) and (a.size == 0 or 0 <= a.min() <= a.max() < n),
+                 f"round {r}: the cohort is not sorted unique indices into the population of {n}")
+        _require(a.size <= cap, f"round {r}: {a.size} clients > max_cohort_size {cap}")
+    sizes = np.array([a.size for a in schedule])
+    fixed = isinstance(getattr(sampler, "cohort_size", None), int) and not sampler.variable_cohort
+    if fixed:
+        _require(np.all(sizes == sampler.cohort_size), f"a fixed-size sampler drew cohorts of {set(sizes)}")
+    want = float(sampler.expected_cohort_size)
+    _require(abs(sizes.mean() - want) <= 5 * math.sqrt(want / rounds) + 1e-9,
+             f"mean cohort {sizes.mean():.3g} vs expected_cohort_size {want:g}")
+    _check_participation(sampler, schedule, rounds)
+
+
+def _check_participation(sampler, schedule, rounds: int) -> None:
+    where: dict[int, list[int]] = {}
+    for r, a in enumerate(schedule):
+        for c in a.tolist():
+            where.setdefault(c, []).append(r)
+    period = getattr(sampler, "rounds_per_epoch", None)
+    sep = getattr(sampler, "min_separation", None)
+    maxp = getattr(sampler, "max_participations", None)
+    for c, rs in where.items():
+        if isinstance(period, int):
+            epochs = [r // period for r in rs]
+            _require(len(epochs) == len(set(epochs)),
+                     f"client {c} takes part twice in one period of {period} rounds (rounds {rs})")
+        if isinstance(sep, int) and len(rs) > 1:
+            gap = int(np.diff(rs).min())
+            _require(gap >= sep, f"client {c} takes part {gap} rounds apart < min_separation {sep}")
+        if callable(maxp):
+            _require(len(rs) <= int(maxp(rounds)),
+                     f"client {c} takes part {len(rs)} times > max_participations({rounds}) = {int(maxp(rounds))}")

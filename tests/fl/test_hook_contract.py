@@ -116,3 +116,45 @@ def test_the_sensitivity_check_has_teeth(monkeypatch):
                         real(h, o, v, ln, k, key, jnp.inf, **kw))
     with pytest.raises(ContractViolation, match="replacing one client moved the clipped sum"):
         check_client_hooks(_base(), init_params(), DATA, server_state=optax.sgd(1.0).init(init_params()))
+
+
+# ----------------------------------------------------------------------------- samplers
+def test_the_library_s_samplers_pass_the_sampler_contract():
+    from fedpriv.fl import samplers as S
+    from fedpriv.fl.testing import check_sampler
+    for s in (S.PoissonSampler(60, 0.1, seed=1), S.UniformSampler(60, 6, seed=1),
+              S.ShuffledPassSampler(60, 6, seed=1), S.CyclicSampler(60, 6, seed=1),
+              S.AmplifiedCyclicSampler(60, 6, 0.5, seed=1)):
+        check_sampler(s, rounds=40)
+
+
+def test_broken_samplers_fail_the_sampler_contract():
+    """A shuffled pass that repeats each cohort for two rounds (the audit's 'twice per epoch'),
+    one that claims a min-separation it does not keep, and one that reads a global RNG."""
+    import dataclasses
+
+    import numpy as np
+
+    from fedpriv.fl.samplers import ShuffledPassSampler
+    from fedpriv.fl.testing import check_sampler
+
+    @dataclasses.dataclass(frozen=True)
+    class TwicePerEpoch(ShuffledPassSampler):
+        def sample(self, round_idx):
+            return super().sample(round_idx // 2)
+
+    @dataclasses.dataclass(frozen=True)
+    class Overclaims(ShuffledPassSampler):  # a client may sit in the last round of an epoch and the first of the next
+        min_separation = property(lambda self: 2 * self.rounds_per_epoch)
+
+    @dataclasses.dataclass(frozen=True)
+    class Impure(ShuffledPassSampler):
+        def sample(self, round_idx):
+            return np.sort(np.random.choice(self.num_clients, self.cohort_size, replace=False))
+
+    cases = [(TwicePerEpoch(60, 6, seed=1), "twice in one period"),
+             (Overclaims(60, 6, seed=1), "apart < min_separation"),
+             (Impure(60, 6, seed=1), "not a pure function")]
+    for sampler, says in cases:
+        with pytest.raises(ContractViolation, match=says):
+            check_sampler(sampler, rounds=40)
