@@ -2,7 +2,7 @@
 
 Every artefact (``experiments/*.py``, the recipes, FreD, population expansion) judges its claims
 through these functions, so every verdict on the results page (``python -m experiments.results``)
-means the same thing (docs: DESIGN.md, "Verdicts"; issues 23 and 50):
+means the same thing (docs/design.md §5, "Verdicts"; issues 23 and 50):
 
 - :func:`compare` — "A beats B" from the per-seed values of both sides. The gap is
   ``mean(A) - mean(B)`` with a two-sided ``level`` (default 90 %) t-interval: **paired** on the

@@ -1,6 +1,6 @@
 """DP mechanisms as objects: what one private aggregation of a federated round is.
 
-A mechanism binds (docs/design.md, principle 10; jax_privacy's privatizers and
+A mechanism binds (docs/design.md §1, principle 10; jax_privacy's privatizers and
 ``DPExecutionPlan``, pfl-research's mechanism objects):
 
 * its **sensitivity**: every client's update is clipped to L2 norm ``clip_norm`` = C (the

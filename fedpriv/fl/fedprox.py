@@ -1,5 +1,5 @@
 """FedProx (Li et al. 2020, MLSys, "Federated Optimization in Heterogeneous Networks", Alg. 2),
-with any DP mechanism: a new FL algorithm in one file (docs/design.md, "Adding an algorithm").
+with any DP mechanism: a new FL algorithm in one file (docs/extending.md, "An algorithm").
 
 Each client minimises the proximal local objective
 

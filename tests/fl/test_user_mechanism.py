@@ -1,4 +1,4 @@
-"""A new DP mechanism in one file (issue 25 item 1; docs/design.md, "Adding a mechanism").
+"""A new DP mechanism in one file (issue 25 item 1; docs/extending.md, "A mechanism").
 
 Everything about ``UnamplifiedGaussian`` lives in this file; no library file names it. It is
 the Gaussian mechanism on the round's cohort sum (McMahan et al. 2018), with its own noise
