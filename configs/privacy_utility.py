@@ -18,7 +18,7 @@ import dataclasses
 
 from configs.common import ConfigError, check, with_lm_config
 from configs.lm_fl import TOKENIZERS, get_config as lm_config
-from fedpriv.recipes.lm import parse_tokenizer
+from fedpriv.registry import parse_tokenizer
 
 
 def _valid_tokenizer(spec) -> bool:

@@ -33,7 +33,7 @@ from fedpriv.errors import ConfigError
 
 __all__ = ["Registry", "UnknownName", "UnknownMechanism", "PluginError", "load_plugin", "split_plugin",
            "MODELS", "OPTIMIZERS", "MECHANISMS", "SAMPLERS", "CORPORA", "PATH_CORPORA",
-           "BATCHINGS", "TOKENIZERS"]
+           "BATCHINGS", "TOKENIZERS", "parse_tokenizer"]
 
 
 class UnknownName(ConfigError):
@@ -210,3 +210,14 @@ PATH_CORPORA.declare("reddit_jsonl", "fedpriv.data.paper_corpora:load_reddit_jso
 BATCHINGS = ("padded", "trimmed", "sorted", "packed")
 # the LM recipes' tokenizers (fedpriv.recipes.lm_data.prepare_data)
 TOKENIZERS = ("sentencepiece", "word_public", "word")
+
+
+def parse_tokenizer(spec: str) -> tuple[str, int | None]:
+    """A tokenizer spec ``name[:vocab size]``: ``"word:5000"`` -> ``("word", 5000)``,
+    ``"sentencepiece"`` -> ``("sentencepiece", None)`` (the config's ``vocab_size``).
+    Raises :class:`ConfigError` for anything else."""
+    name, sep, size = str(spec).partition(":")
+    if name not in TOKENIZERS or (sep and not (size.isdigit() and int(size) > 4)):
+        raise ConfigError(f"tokenizer {spec!r}: expected name[:vocab size] with name in {TOKENIZERS} "
+                          "and a vocabulary size > 4")
+    return name, int(size) if sep else None

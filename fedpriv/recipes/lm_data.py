@@ -11,7 +11,7 @@ import numpy as np
 
 from fedpriv.data import WordTokenizer, load_public_pool, paper_corpora, train_sentencepiece
 from fedpriv.errors import ConfigError
-from fedpriv.registry import CORPORA, PATH_CORPORA, TOKENIZERS
+from fedpriv.registry import CORPORA, PATH_CORPORA, TOKENIZERS, parse_tokenizer
 
 __all__ = ["load_corpus", "load_public", "Prepared", "TOKENIZER_NAMES", "parse_tokenizer",
            "with_tokenizer", "prepare_data"]
@@ -45,17 +45,6 @@ class Prepared:
     stats: dict
     train_text: object = None  # FederatedText of the training users (their raw messages)
     test_text: object = None   # ... and of the test users
-
-
-def parse_tokenizer(spec: str) -> tuple[str, int | None]:
-    """A tokenizer spec ``name[:vocab size]``: ``"word:5000"`` -> ``("word", 5000)``,
-    ``"sentencepiece"`` -> ``("sentencepiece", None)`` (the config's ``vocab_size``).
-    Raises :class:`ConfigError` for anything else."""
-    name, sep, size = str(spec).partition(":")
-    if name not in TOKENIZER_NAMES or (sep and not (size.isdigit() and int(size) > 4)):
-        raise ConfigError(f"tokenizer {spec!r}: expected name[:vocab size] with name in {TOKENIZER_NAMES} "
-                          "and a vocabulary size > 4")
-    return name, int(size) if sep else None
 
 
 def with_tokenizer(cfg, spec: str):
