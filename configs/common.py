@@ -52,9 +52,9 @@ import re
 
 import numpy as np
 
-from fedpriv.dp.accounting import check_delta
 from fedpriv.errors import ConfigError
 from fedpriv.registry import Registry
+from fedpriv.util import check_delta
 
 __all__ = ["ConfigError", "DP_FIELDS", "EXCLUSIVE", "LIMITS", "NONPRIVATE_ALGORITHMS",
            "SIGNED", "apply_overrides", "check", "check_conflicts", "check_limits", "check_signs", "check_types",

@@ -10,7 +10,7 @@ import math
 import numbers
 import time
 
-__all__ = ["next_pow2", "prev_pow2", "check_int", "check_positive", "PhaseTimer"]
+__all__ = ["next_pow2", "prev_pow2", "check_int", "check_positive", "PhaseTimer", "MAX_DELTA", "check_delta"]
 
 
 def next_pow2(n: int) -> int:
@@ -39,6 +39,22 @@ def check_positive(value, name: str, allow_zero: bool = False) -> float:
     if not ok:
         raise ValueError(f"{name} must be a finite number {'>=' if allow_zero else '>'} 0, got {value!r}")
     return float(value)
+
+
+# The largest delta accepted anywhere a guarantee is stated (compute_epsilon, calibration, the
+# ledger, the CLI, every config's delta fields): an (epsilon, delta) guarantee may fail outright
+# with probability delta, so delta must be far below 1 / (number of users); every federated
+# population has hundreds of users or more (the papers: delta = 1e-6, FreD 2e-6). A delta of
+# 0.1 or 0.999999 would be reported as a guarantee while protecting no one.
+MAX_DELTA = 1e-3
+
+
+def check_delta(delta: float) -> float:
+    """``delta`` as a float if it is a number in ``(0, MAX_DELTA]`` (see :data:`MAX_DELTA`)."""
+    if not (isinstance(delta, numbers.Real) and not isinstance(delta, bool) and 0 < delta <= MAX_DELTA):
+        raise ValueError(f"delta must be in (0, {MAX_DELTA:g}], got {delta!r} (a guarantee that fails "
+                         "with probability delta: it must be far below 1 / the number of users)")
+    return float(delta)
 
 
 class PhaseTimer:

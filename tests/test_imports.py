@@ -36,8 +36,9 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = "fedpriv"
 PACKAGES = ("fedpriv", "experiments", "configs")
-# function-level imports in PACKAGES (see the module docstring): 104 before issue 52, 89 after
-LAZY_IMPORT_CEILING = 89
+# function-level imports in PACKAGES (see the module docstring): 104 before issue 52, 89 after it
+# (+1: configs/fred_pipeline.py checks its budget with the FreD release event, issue 54)
+LAZY_IMPORT_CEILING = 90
 LIBRARY_MAY_IMPORT = {"fedpriv.recipes": ("experiments", "experiments.index", "experiments.common")}
 
 

@@ -50,6 +50,7 @@ from dp_accounting.mechanism_calibration import NoBracketIntervalFoundError
 from fedpriv.dp import ddg
 from fedpriv.dp.noise import check_int
 from fedpriv.errors import FedprivError
+from fedpriv.util import MAX_DELTA, check_delta  # noqa: F401 (re-exported)
 
 NeighborRel = dpa.NeighboringRelation
 NEIGHBORING = ("add_remove", "replace_one")
@@ -63,21 +64,8 @@ def check_epsilon(epsilon: float) -> float:
     return float(epsilon)
 
 
-# The largest delta accepted anywhere a guarantee is stated (compute_epsilon, calibration, the
-# ledger, the CLI, every config's delta fields): an (epsilon, delta) guarantee may fail outright
-# with probability delta, so delta must be far below 1 / (number of users); every federated
-# population has hundreds of users or more (the papers: delta = 1e-6, FreD 2e-6). A delta of
-# 0.1 or 0.999999 would be reported as a guarantee while protecting no one.
-MAX_DELTA = 1e-3
-
-
-def check_delta(delta: float) -> float:
-    """``delta`` as a float if it is a number in ``(0, MAX_DELTA]`` (see :data:`MAX_DELTA`)."""
-    if not (isinstance(delta, (int, float, np.integer, np.floating)) and not isinstance(delta, bool)
-            and 0 < delta <= MAX_DELTA):
-        raise ValueError(f"delta must be in (0, {MAX_DELTA:g}], got {delta!r} (a guarantee that fails "
-                         "with probability delta: it must be far below 1 / the number of users)")
-    return float(delta)
+# the largest delta accepted anywhere a guarantee is stated, and its check: fedpriv.util (a leaf
+# module, so the configs check their delta fields without importing the accountants)
 
 
 MAX_ROUNDS = 10**6  # far beyond any FL run; PLD composition of 1e9 rounds does not finish
@@ -474,20 +462,14 @@ def compute_epsilon(events: dpa.DpEvent | Iterable[dpa.DpEvent], delta: float,
     return _EPSILON_CACHE[key]
 
 
-def calibrate_noise_multiplier(make_event: Callable[[float], dpa.DpEvent], epsilon: float,
-                               delta: float, neighboring: str = "add_remove",
-                               accountant: str = "best", tol: float = 1e-4) -> float:
-    """Smallest noise multiplier whose event has epsilon <= ``epsilon`` at ``delta``.
+class _PastMaximum(Exception):
+    """The bracket search of ``calibrate_noise_multiplier`` walked past ``MAX_NOISE_MULTIPLIER``."""
 
-    Bisection (``dp_accounting.calibrate_dp_mechanism``) on ``compute_epsilon``. ``accountant``
-    defaults to "best", the default of ``compute_epsilon``, the ledger and the CLI: z calibrated
-    with the defaults is charged ~``epsilon`` (with "rdp" here and "best" there, a run would add
-    more noise than it is charged for). Pass the accountant the run is charged with.
-    """
-    check_epsilon(epsilon)
-    check_delta(delta)
 
-    class _Acc(dpa.PrivacyAccountant):  # adapter so calibrate_dp_mechanism can drive us
+def _adapter(neighboring: str, accountant: str) -> type:
+    """A ``dp_accounting.PrivacyAccountant`` that ``calibrate_dp_mechanism`` can drive, whose
+    epsilon is ``compute_epsilon``'s (``neighboring``, ``accountant``)."""
+    class _Acc(dpa.PrivacyAccountant):
         def __init__(self):
             super().__init__(NeighborRel.ADD_OR_REMOVE_ONE)
             self.events = []
@@ -502,9 +484,49 @@ def calibrate_noise_multiplier(make_event: Callable[[float], dpa.DpEvent], epsil
 
         def get_epsilon(self, target_delta):
             return compute_epsilon(self.events, target_delta, neighboring, accountant)[0]
+    return _Acc
 
-    class _PastMaximum(Exception):
-        pass
+
+def _bisect(acc_cls, make, epsilon, delta, bracket, tol, lowest, neighboring, accountant) -> float:
+    """``calibrate_dp_mechanism`` from ``bracket``, with one-line errors for a target no
+    multiplier in ``[lowest, MAX_NOISE_MULTIPLIER]`` reaches."""
+    try:
+        try:
+            z = dpa.calibrate_dp_mechanism(acc_cls, make, epsilon, delta, bracket, tol=tol)
+        except _PastMaximum:
+            # the bracket search walked past the largest multiplier accepted
+            eps_max = compute_epsilon(make(MAX_NOISE_MULTIPLIER), delta, neighboring, accountant)[0]
+            if eps_max > epsilon:
+                raise CalibrationError(
+                    f"epsilon {epsilon:g} is too small to calibrate at delta {delta:g}: even the largest "
+                    f"noise multiplier accepted ({MAX_NOISE_MULTIPLIER:g}) gives epsilon {eps_max:.4g}") from None
+            z = dpa.calibrate_dp_mechanism(acc_cls, make, epsilon, delta,
+                                           dpa.ExplicitBracketInterval(lowest, MAX_NOISE_MULTIPLIER), tol=tol)
+    except NoBracketIntervalFoundError as err:
+        eps_low = compute_epsilon(make(lowest), delta, neighboring, accountant)[0]
+        if eps_low <= epsilon:
+            raise CalibrationError(
+                f"epsilon {epsilon:g} is too large to calibrate: even the smallest noise "
+                f"multiplier tried ({lowest:g}) gives epsilon {eps_low:.4g}") from err
+        raise CalibrationError(f"no noise multiplier reaches epsilon {epsilon:g} at delta "
+                               f"{delta:g}") from err
+    return z
+
+
+def calibrate_noise_multiplier(make_event: Callable[[float], dpa.DpEvent], epsilon: float,
+                               delta: float, neighboring: str = "add_remove",
+                               accountant: str = "best", tol: float = 1e-4) -> float:
+    """Smallest noise multiplier whose event has epsilon <= ``epsilon`` at ``delta``.
+
+    Bisection (``dp_accounting.calibrate_dp_mechanism``) on ``compute_epsilon``. ``accountant``
+    defaults to "best", the default of ``compute_epsilon``, the ledger and the CLI: z calibrated
+    with the defaults is charged ~``epsilon`` (with "rdp" here and "best" there, a run would add
+    more noise than it is charged for). Pass the accountant the run is charged with.
+    """
+    check_epsilon(epsilon)
+    check_delta(delta)
+
+    acc_cls = _adapter(neighboring, accountant)
 
     def make(z):  # the user's make_event, checked: a DpEvent, z within the accepted range
         if z > MAX_NOISE_MULTIPLIER:
@@ -543,26 +565,7 @@ def calibrate_noise_multiplier(make_event: Callable[[float], dpa.DpEvent], epsil
         low = z_rdp / 2
         if low >= lowest and compute_epsilon(make(low), delta, neighboring, accountant)[0] > epsilon:
             bracket = dpa.ExplicitBracketInterval(low, z_rdp)
-    try:
-        try:
-            z = dpa.calibrate_dp_mechanism(_Acc, make, epsilon, delta, bracket, tol=tol)
-        except _PastMaximum:
-            # the bracket search walked past the largest multiplier accepted
-            eps_max = compute_epsilon(make(MAX_NOISE_MULTIPLIER), delta, neighboring, accountant)[0]
-            if eps_max > epsilon:
-                raise CalibrationError(
-                    f"epsilon {epsilon:g} is too small to calibrate at delta {delta:g}: even the largest "
-                    f"noise multiplier accepted ({MAX_NOISE_MULTIPLIER:g}) gives epsilon {eps_max:.4g}") from None
-            z = dpa.calibrate_dp_mechanism(_Acc, make, epsilon, delta,
-                                           dpa.ExplicitBracketInterval(lowest, MAX_NOISE_MULTIPLIER), tol=tol)
-    except NoBracketIntervalFoundError as err:
-        eps_low = compute_epsilon(make(lowest), delta, neighboring, accountant)[0]
-        if eps_low <= epsilon:
-            raise CalibrationError(
-                f"epsilon {epsilon:g} is too large to calibrate: even the smallest noise "
-                f"multiplier tried ({lowest:g}) gives epsilon {eps_low:.4g}") from err
-        raise CalibrationError(f"no noise multiplier reaches epsilon {epsilon:g} at delta "
-                               f"{delta:g}") from err
+    z = _bisect(acc_cls, make, epsilon, delta, bracket, tol, lowest, neighboring, accountant)
     # The bisection returns the upper end of its final interval: epsilon(z) <= target.
     return float(z)
 
