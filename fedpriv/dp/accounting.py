@@ -518,13 +518,98 @@ def calibrate_noise_multiplier(make_event: Callable[[float], dpa.DpEvent], epsil
                                accountant: str = "best", tol: float = 1e-4) -> float:
     """Smallest noise multiplier whose event has epsilon <= ``epsilon`` at ``delta``.
 
-    Bisection (``dp_accounting.calibrate_dp_mechanism``) on ``compute_epsilon``. ``accountant``
-    defaults to "best", the default of ``compute_epsilon``, the ledger and the CLI: z calibrated
-    with the defaults is charged ~``epsilon`` (with "rdp" here and "best" there, a run would add
-    more noise than it is charged for). Pass the accountant the run is charged with.
+    Brent's method (``dp_accounting.calibrate_dp_mechanism``) on ``compute_epsilon``: the z
+    returned has epsilon(z) <= ``epsilon`` and lies within ``tol`` of the smallest such z.
+    ``accountant`` defaults to "best", the default of ``compute_epsilon``, the ledger and the
+    CLI: z calibrated with the defaults is charged ~``epsilon`` (with "rdp" here and "best"
+    there, a run would add more noise than it is charged for). Pass the accountant the run is
+    charged with.
+
+    The configs' calibrations are committed (``fedpriv.dp.calibrated``, written by ``python -m
+    experiments.calibrations``): a tabulated z for this exact event is returned only after two
+    evaluations show it is still this calibration's answer -- epsilon(z) <= ``epsilon`` and
+    epsilon(z - tol) > ``epsilon`` -- so the result is the search's own z, at two evaluations
+    instead of the search's ~25 (population_expansion:small's 16 stages: minutes -> seconds).
+    Anything else, or an entry that fails either check, is searched.
     """
     check_epsilon(epsilon)
     check_delta(delta)
+    z = _tabulated(make_event, epsilon, delta, neighboring, accountant, tol)
+    if z is None:
+        z = _search_noise_multiplier(make_event, epsilon, delta, neighboring, accountant, tol)
+        if _RECORDING is not None:
+            _RECORDING.append(CalibrationEntry(
+                float(epsilon), float(delta), neighboring, accountant, float(tol), z,
+                event_digest(make_event(z)),
+                _is_answer(make_event, z, epsilon, delta, neighboring, accountant, tol)))
+    return z
+
+
+@dataclasses.dataclass(frozen=True)
+class CalibrationEntry:
+    """One calibration of ``calibrate_noise_multiplier``: its arguments, the z its search
+    returned, the digest of ``make_event(z)`` (``event_digest``) and whether z passes the
+    table's two checks (``_is_answer``; only then can it be tabulated)."""
+    epsilon: float
+    delta: float
+    neighboring: str
+    accountant: str
+    tol: float
+    z: float
+    digest: str
+    checked: bool = True
+
+    @property
+    def key(self) -> tuple:
+        return (self.epsilon, self.delta, self.neighboring, self.accountant, self.tol)
+
+
+def event_digest(event: dpa.DpEvent) -> str:
+    """A short digest of ``repr(event)`` (dp_accounting's events are frozen dataclasses with a
+    deterministic repr): the table's key for the event a calibration ended at."""
+    import hashlib
+    return hashlib.sha256(repr(event).encode()).hexdigest()[:20]
+
+
+# None, or a list that collects every calibration searched (experiments.calibrations)
+_RECORDING: list | None = None
+# False: never read the committed table (experiments.calibrations, tests of the search)
+_USE_TABLE = True
+
+
+def _table() -> dict:
+    """``fedpriv.dp.calibrated.TABLE`` by (epsilon, delta, neighboring, accountant, tol)."""
+    from fedpriv.dp.calibrated import TABLE
+    return TABLE
+
+
+def _tabulated(make_event, epsilon, delta, neighboring, accountant, tol) -> float | None:
+    """The committed z of this calibration, checked by two evaluations (epsilon(z) <= target <
+    epsilon(z - tol): with epsilon decreasing in z, the search's contract), else None."""
+    if not _USE_TABLE:
+        return None
+    for z, digest in _table().get((float(epsilon), float(delta), neighboring, accountant, float(tol)), ()):
+        # an entry of this event that fails a check is stale (the accountant's numbers moved)
+        if event_digest(make_event(z)) == digest and _is_answer(make_event, z, epsilon, delta, neighboring,
+                                                                 accountant, tol):
+            return z
+    return None
+
+
+def _is_answer(make_event, z, epsilon, delta, neighboring, accountant, tol) -> bool:
+    """epsilon(z) <= ``epsilon`` < epsilon(z - tol): z meets the target, and no z smaller by
+    ``tol`` does (epsilon decreases in z) -- the search's contract."""
+    if z - tol <= 0:
+        return False
+    try:
+        return (compute_epsilon(make_event(z), delta, neighboring, accountant)[0] <= epsilon
+                < compute_epsilon(make_event(z - tol), delta, neighboring, accountant)[0])
+    except (ValueError, dpa.UnsupportedEventError):
+        return False
+
+
+def _search_noise_multiplier(make_event, epsilon, delta, neighboring, accountant, tol) -> float:
+    """``calibrate_noise_multiplier``'s search (no table)."""
 
     acc_cls = _adapter(neighboring, accountant)
 
@@ -559,7 +644,7 @@ def calibrate_noise_multiplier(make_event: Callable[[float], dpa.DpEvent], epsil
         # RDP's z is an upper end (best <= RDP); where PLD does not apply at it, "best" is RDP
         # and the search would be the same. Else bracket [z/2, z] when eps(z/2) > target:
         # PLD at a handful of points instead of the open-ended bracket search (~3x faster).
-        z_rdp = calibrate_noise_multiplier(make_event, epsilon, delta, neighboring, "rdp", tol)
+        z_rdp = _search_noise_multiplier(make_event, epsilon, delta, neighboring, "rdp", tol)
         if _pld_epsilon([make(z_rdp)], delta, neighboring, dry_run=True) is None:
             return z_rdp
         low = z_rdp / 2

@@ -13,7 +13,7 @@ import pathlib
 
 import pytest
 
-from experiments import common
+from experiments import calibrations, common
 from fedpriv.data.errors import ConfigError
 from fedpriv.dp.ledger import PrivacyBudgetExceeded
 from fedpriv.dp.plan import Charge, PlannedRun, PrivacyPlan, account
@@ -79,8 +79,10 @@ def check_accounted(name: str, scale: str) -> None:
     be refused, and no reported epsilon exceeds its claim."""
     if scale == "paper":  # a paper scale plans (both epsilons), or refuses in one line
         pytest.skip("paper scales: tests/experiments/test_paper_configs.py")
-    plan = privacy_plan(name, common.load_config(f"configs/{name}.py:{scale}"))
-    accounts = account(plan)  # raises PrivacyBudgetExceeded / ValueError: the test fails loudly
+    with calibrations.recording(use_table=True) as searched:
+        plan = privacy_plan(name, common.load_config(f"configs/{name}.py:{scale}"))
+        accounts = account(plan)  # raises PrivacyBudgetExceeded / ValueError: the test fails loudly
+    check_tabulated(name, scale, searched)
     if not accounts:
         assert plan.releases_nothing, f"{name}:{scale} charges nothing and does not say why"
         return
@@ -90,6 +92,15 @@ def check_accounted(name: str, scale: str) -> None:
             continue
         assert a.charges, f"{name}:{scale} {a.name}: a DP claim with no charge"
         assert 0 < a.epsilon_dp <= a.budget * (1 + 1e-9), (name, scale, a)
+
+
+def check_tabulated(name: str, scale: str, searched: list) -> None:
+    """Every noise calibration of the plan came from the committed table (fedpriv/dp/calibrated.py,
+    each entry checked by two evaluations as it is read): none was searched."""
+    assert not searched, (
+        f"{name}:{scale} calibrates z = {', '.join(repr(e.z) for e in searched)} by search: the committed "
+        "table lacks it, or holds a stale entry. Run `python -m experiments.calibrations` and commit "
+        "fedpriv/dp/calibrated.py")
 
 
 # ------------------------------------------------------------------ the check refuses

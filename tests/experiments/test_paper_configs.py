@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from experiments import common
+from experiments import calibrations, common
 from fedpriv.data.errors import ConfigError
 from fedpriv.dp.plan import account
 from fedpriv.dp.population import PAPER_POPULATIONS
-from tests.experiments.test_configs import config_names, privacy_plan, scales_of
+from tests.experiments.test_configs import check_tabulated, config_names, privacy_plan, scales_of
 
 PAPER = [n for n in config_names() if "paper" in scales_of(n)]
 # refused on the packaged data, with the reason in the message (the papers' populations/pools
@@ -29,16 +29,18 @@ def _plan(name):
 
 @pytest.mark.parametrize("name", PAPER)
 def test_paper_scale_plans_with_both_epsilons_or_refuses(name):
-    try:
-        plan = _plan(name)
-    except ConfigError as err:
-        msg = str(err)
-        assert "\n" not in msg and msg, name
-        assert name in REFUSED, f"{name}:paper refused unexpectedly: {msg}"
-        assert REFUSED[name] in msg, msg
-        return
-    assert name not in REFUSED, f"{name}:paper now plans: take it off REFUSED"
-    accounts = account(plan)
+    with calibrations.recording(use_table=True) as searched:
+        try:
+            plan = _plan(name)
+        except ConfigError as err:
+            msg = str(err)
+            assert "\n" not in msg and msg, name
+            assert name in REFUSED, f"{name}:paper refused unexpectedly: {msg}"
+            assert REFUSED[name] in msg, msg
+            return
+        assert name not in REFUSED, f"{name}:paper now plans: take it off REFUSED"
+        accounts = account(plan)
+    check_tabulated(name, "paper", searched)
     for a in accounts:
         if a.budget is None:  # non-private baseline / analysis: no claim, nothing simulated
             assert a.epsilon == math.inf and a.paper_noise is None
