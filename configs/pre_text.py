@@ -68,6 +68,9 @@ class PreTextConfig:
     prefix_max: float = 0.7
     vote_k: int = 1                    # votes per message
     messages_per_client: int = 16      # a user's messages that vote (embedding cost: ~16k texts)
+    # FreD's reference set (experiments.pre_text's fred table): at most this many of the test
+    # users' messages, a seeded uniform sample (None: all of them)
+    fred_test_messages: int | None = None
     instructions: tuple = INSTRUCTIONS
     teacher_layers: int | None = None  # None: the whole public LLM; k: its first k blocks only
                                        # (a cheaper, worse generator: for smoke tests)
@@ -90,6 +93,7 @@ class PreTextConfig:
     def __post_init__(self):
         check(self, positive=("num_samples", "pe_rounds", "vote_cohort", "expansion", "max_new",
                               "gen_batch_size", "vote_k", "messages_per_client", "synth_steps", "teacher_layers",
+                              "fred_test_messages",
                               "synth_batch_size", "synth_lr", "public_lr"),
               non_negative=("temperature", "top_k", "public_steps"),
               choices={"init": INITS})
@@ -128,8 +132,12 @@ class PreTextConfig:
 
 
 SCALES = {
+    # smoke: every code path at the least cost its tests need (tests/experiments/test_pre_text.py);
+    # the embedder and the LLM dominate it: 2 voting messages per user, 64 test messages for
+    # FreD's reference, two instructions (one generate call per instruction and round)
     "smoke": dict(num_samples=8, pe_rounds=2, vote_cohort=8, expansion=16, max_new=6, teacher_layers=1,
-                  gen_batch_size=8, messages_per_client=8, synth_steps=4, synth_batch_size=8,
+                  gen_batch_size=8, messages_per_client=2, fred_test_messages=64,
+                  instructions=INSTRUCTIONS[:2], synth_steps=4, synth_batch_size=8,
                   public_steps=4, epsilons=(7.58,)),
     # sized for the 2-core CPU (~100 min of one core for 3 seeds x 2 epsilons; the LLM's
     # generations, ~30-50 tokens/s here, are most of it): a synthetic set of 16 seeds + 256

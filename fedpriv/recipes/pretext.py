@@ -162,8 +162,9 @@ def _perplexity(loss: float) -> float:
     return math.exp(loss) if math.isfinite(loss) and loss < 700 else math.inf
 
 
-# fields that do not identify an arm's computation (the invocation's lists, bookkeeping)
-_NOT_IDENTITY = {"seeds", "epsilons", "arms"}
+# fields that do not identify an arm's computation (the invocation's lists, bookkeeping, the
+# FreD table's evaluation)
+_NOT_IDENTITY = {"seeds", "epsilons", "arms", "fred_test_messages"}
 _LM_NOT_IDENTITY = {"seed", "target_epsilon", "noise_multiplier", "eval_every", "checkpoint_every",
                     "lanes"}
 
@@ -393,7 +394,9 @@ def fred_rows(cfg, rows: list[dict], *, embedder=None, progress: bool = True) ->
     """The Fréchet distance (FreD, Hou et al. 2023; non-private, an evaluation like the test
     accuracy) of each released synthetic set to the test users' messages, beside two anchors of
     the same size per seed: a uniform sample of the public pool (no private signal) and of the
-    training users' messages (the private distribution itself). One row per (seed, set)."""
+    training users' messages (the private distribution itself). The test users' messages are
+    all of them, or a uniform sample of ``cfg.fred_test_messages`` (seeded by the seed). One row
+    per (seed, set)."""
     from fedpriv.fred.distance import fred_nonprivate
     from fedpriv.models.bert import load_embedder
     embedder = embedder or load_embedder()
@@ -405,6 +408,10 @@ def fred_rows(cfg, rows: list[dict], *, embedder=None, progress: bool = True) ->
             continue
         prepared = prepared_data(dataclasses.replace(cfg.lm, seed=seed))
         test = [m for cid in prepared.test_text.client_ids for m in prepared.test_text[cid]]
+        cap = getattr(cfg, "fred_test_messages", None)
+        if cap is not None and cap < len(test):
+            pick = np.random.default_rng([seed, 1]).choice(len(test), cap, replace=False)
+            test = [test[i] for i in sorted(pick)]
         table = embed_store(embedder, test, progress)
         test_emb = np.stack([table[m] for m in test])
         sets = {}
