@@ -30,7 +30,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 # tolerances come from the numerics, and every "bit-identical" test compares two runs under the
 # same flags. FEDPRIV_TEST_XLA_OPT=default runs the suite at XLA's default level instead.
 TEST_XLA_FLAGS = ("" if os.environ.get("FEDPRIV_TEST_XLA_OPT") == "default"
-                  else "--xla_backend_optimization_level=0")
+                  else "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false")
 if TEST_XLA_FLAGS and TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + TEST_XLA_FLAGS).strip()
 
