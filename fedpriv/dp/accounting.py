@@ -589,9 +589,12 @@ def _tabulated(make_event, epsilon, delta, neighboring, accountant, tol) -> floa
     if not _USE_TABLE:
         return None
     for z, digest in _table().get((float(epsilon), float(delta), neighboring, accountant, float(tol)), ()):
+        try:
+            mine = event_digest(make_event(z))
+        except (ValueError, TypeError, ArithmeticError):  # another family's z, outside this one's range
+            continue
         # an entry of this event that fails a check is stale (the accountant's numbers moved)
-        if event_digest(make_event(z)) == digest and _is_answer(make_event, z, epsilon, delta, neighboring,
-                                                                 accountant, tol):
+        if mine == digest and _is_answer(make_event, z, epsilon, delta, neighboring, accountant, tol):
             return z
     return None
 
