@@ -37,6 +37,7 @@ are added by basic composition. The reported epsilon is the smallest of the vali
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import re
 from typing import Callable, Iterable
@@ -47,7 +48,7 @@ import numpy as np
 from dp_accounting import pld, rdp
 from dp_accounting.mechanism_calibration import NoBracketIntervalFoundError
 
-from fedpriv.dp import ddg
+from fedpriv.dp import calibrated, ddg
 from fedpriv.dp.noise import check_int
 from fedpriv.errors import FedprivError
 from fedpriv.util import MAX_DELTA, check_delta  # noqa: F401 (re-exported)
@@ -567,7 +568,6 @@ class CalibrationEntry:
 def event_digest(event: dpa.DpEvent) -> str:
     """A short digest of ``repr(event)`` (dp_accounting's events are frozen dataclasses with a
     deterministic repr): the table's key for the event a calibration ended at."""
-    import hashlib
     return hashlib.sha256(repr(event).encode()).hexdigest()[:20]
 
 
@@ -579,8 +579,7 @@ _USE_TABLE = True
 
 def _table() -> dict:
     """``fedpriv.dp.calibrated.TABLE`` by (epsilon, delta, neighboring, accountant, tol)."""
-    from fedpriv.dp.calibrated import TABLE
-    return TABLE
+    return calibrated.TABLE
 
 
 def _tabulated(make_event, epsilon, delta, neighboring, accountant, tol) -> float | None:
