@@ -19,12 +19,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import os
 import pathlib
 import sys
 import textwrap
 
-from fedpriv.dp import accounting
+from experiments import common
+from fedpriv.data.errors import ConfigError
+from fedpriv.dp import accounting, calibrated
+from fedpriv.dp.plan import account
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 TABLE_PATH = ROOT / "fedpriv" / "dp" / "calibrated.py"
@@ -37,7 +41,6 @@ def config_names() -> list[str]:
 
 
 def scales_of(name: str) -> tuple[str, ...]:
-    import importlib
     scales = getattr(importlib.import_module(f"configs.{name}"), "SCALES", None)
     return tuple(scales) if scales else DEFAULT_SCALES
 
@@ -56,11 +59,7 @@ def recording(use_table: bool = False):
 
 def plan_calibrations(name: str, scale: str, use_table: bool = False) -> list:
     """The calibrations ``configs/<name>.py:<scale>``'s plan searches (a refused scale: none)."""
-    import importlib
 
-    from experiments import common
-    from fedpriv.data.errors import ConfigError
-    from fedpriv.dp.plan import account
     with recording(use_table) as found:
         try:
             cfg = common.load_config(f"configs/{name}.py:{scale}")
@@ -102,7 +101,6 @@ def main(argv=None) -> int:
                     help="check every committed entry by its two evaluations (writes nothing)")
     args = ap.parse_args(argv)
     if args.check:  # each config's plan with the table: what it still searches is missing or stale
-        from fedpriv.dp.calibrated import TABLE
         searched: dict = {}
         for name in config_names():
             for scale in scales_of(name):
@@ -111,7 +109,8 @@ def main(argv=None) -> int:
         for e, where in sorted(searched.items(), key=lambda kv: kv[0].key):
             print(f"searched (not in the table, or stale): epsilon {e.epsilon:g} delta {e.delta:g} "
                   f"{e.accountant}: z = {e.z!r} ({', '.join(sorted(where))})")
-        print(f"{sum(len(r) for r in TABLE.values())} entries; {len(searched)} calibrations of the configs searched")
+        print(f"{sum(len(r) for r in calibrated.TABLE.values())} entries; {len(searched)} calibrations "
+              "of the configs searched")
         return 1 if searched else 0
     found: dict = {}
     for name in config_names():

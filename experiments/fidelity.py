@@ -7,7 +7,7 @@ The logic is ``fedpriv.recipes.fidelity``; this module is its command line.
 """
 from __future__ import annotations
 
-from experiments import common
+from experiments import common, power
 from fedpriv.recipes import fidelity
 
 
@@ -17,7 +17,7 @@ def main(argv=None):
     ap.add_argument("--no-accounting", action="store_true",
                     help="skip the privacy plans' epsilons (fast; the epsilon column says so)")
     args = ap.parse_args(argv)
-    print(f"wrote {fidelity.write(args.out, account_plans=not args.no_accounting)}")
+    print(f"wrote {fidelity.write(args.out, account_plans=not args.no_accounting, power_block=power.block())}")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,10 @@ import glob
 import json
 import os
 
+from experiments import common, page, rejudge
+from experiments.index import ARTEFACTS
 from fedpriv import verdicts as V
+from fedpriv.report import verdicts_from_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BEGIN, END = "<!-- power:begin -->", "<!-- power:end -->"
@@ -36,8 +39,6 @@ TARGET_POWER = 0.8
 
 def judged(summary_dir: str | None = None) -> dict:
     """``{module: [verdicts under the current rules]}`` of the committed compact summaries."""
-    from experiments import rejudge
-    from fedpriv.report import verdicts_from_json
     summary_dir = summary_dir or os.path.join(ROOT, "experiments", "results", "summaries")
     out = {}
     for path in sorted(glob.glob(os.path.join(summary_dir, "*.json"))):
@@ -74,8 +75,6 @@ def row(claim: str, v: V.Verdict, central: bool) -> dict:
 
 def rows(verdicts_by_module: dict | None = None) -> list[dict]:
     """Per artefact of the index (its verdicts: those it shows), central claims first."""
-    from experiments import page
-    from experiments.__main__ import ARTEFACTS
     by_module = judged() if verdicts_by_module is None else verdicts_by_module
     out = []
     for a in ARTEFACTS:
@@ -140,7 +139,6 @@ def write(path: str = os.path.join(ROOT, "docs", "fidelity.md"), text: str | Non
 
 
 def main(argv=None):
-    from experiments import common
     ap = common.ArgumentParser(prog="python -m experiments.power", description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.path.join("docs", "fidelity.md"))
     ap.add_argument("--print", action="store_true", help="print the table instead of writing it")
@@ -153,5 +151,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from experiments import common
     common.cli(main)

@@ -24,13 +24,21 @@ were rebuilt. A summary written by the current code rebuilds to itself.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import glob
 import json
 import os
 import re
 
+import jax
+
+from experiments import common, fred_mixtures, public_training, wang_ablations
 from fedpriv import verdicts as V
+from fedpriv.expansion import pipeline, tables
+from fedpriv.models.lm import count_params
+from fedpriv.recipes import ablations, public
+from fedpriv.report import verdicts_from_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUMMARY_DIR = os.path.join(ROOT, "experiments", "results", "summaries")
@@ -70,7 +78,6 @@ def _fred_tolerance(v: V.Verdict) -> V.Verdict:
 # ----------------------------------------------------------------------------------------------
 
 def _load_config(spec: str):
-    from experiments import common
     return common.load_config(spec)
 
 
@@ -99,8 +106,6 @@ def _store_index(dirs) -> dict:
 
 
 def _public_training(record: dict, verdicts: list) -> tuple[list, str] | None:
-    from experiments import public_training
-    from fedpriv.recipes import public
     cfg = _load_config(record["config"])
     store = getattr(cfg, "reuse_workdir", None)
     if not store or not os.path.isdir(os.path.join(ROOT, store)):
@@ -122,7 +127,6 @@ def _public_training(record: dict, verdicts: list) -> tuple[list, str] | None:
     mft_val = None
     abl = _read(os.path.join(SUMMARY_DIR, "wang_ablations.json"))
     if abl is not None:  # the same data and config (wang_ablations' lm is public_training's small)
-        from fedpriv.report import verdicts_from_json
         t = _first_trivial([verdicts_from_json(d) for d in abl.get("verdicts", [])])
         mft_val = None if t is None else t / 100
     out = public_training.verdicts(cfg, runs, None if mft is None else mft / 100, mft_val)
@@ -138,8 +142,6 @@ _EPS = re.compile(r"eps~([0-9.]+)")
 
 def _wang_ablations(record: dict, verdicts: list) -> tuple[list, str] | None:
     """Tables 4/5 and Figures 2/4 from the per-seed values in the stored sides."""
-    from experiments import wang_ablations
-    from fedpriv.recipes import ablations
     cfg = _load_config(record["config"])
     runs: dict[str, dict] = {"t_prime": {}, "distill_steps": {}, "topk": {}}
 
@@ -191,10 +193,7 @@ def _wang_ablations(record: dict, verdicts: list) -> tuple[list, str] | None:
 def _population_expansion(record: dict, verdicts: list) -> tuple[list, str] | None:
     """Koga Table 1 from the stored sides (every scheme is a side of "X is the best / worst"), the
     models' parameter counts from the config (jax.eval_shape: nothing trained)."""
-    import jax
 
-    from fedpriv.expansion import pipeline, tables
-    from fedpriv.models.lm import count_params
     cfg = _load_config(record["config"])
     summaries, trivial = {}, {}
     for v in _walk(verdicts):
@@ -226,7 +225,6 @@ def _population_expansion(record: dict, verdicts: list) -> tuple[list, str] | No
 def _fred_mixtures(record: dict, verdicts: list) -> tuple[list, str] | None:
     """Hou Table 2 / Figure 2: the stored verdicts (FreD-valued ones with the relative fragility
     rule only), plus Table 2's Y = 99 / 100 rows from the stored per-seed perplexities."""
-    from experiments import fred_mixtures
     before, after, ys = {}, {}, set()
     for v in verdicts:
         target = before if "before FL-finetuning decreases" in v.claim else \
@@ -280,9 +278,7 @@ def current(module: str, record: dict | None, verdicts: list) -> tuple[list, str
 
 
 def main(argv=None):
-    import argparse
 
-    from fedpriv.report import verdicts_from_json
     ap = argparse.ArgumentParser(prog="python -m experiments.rejudge", description=__doc__.splitlines()[0])
     ap.parse_args(argv)
     for path in sorted(glob.glob(os.path.join(SUMMARY_DIR, "*.json"))):

@@ -383,7 +383,7 @@ def render(rows, commit: str | None = None, published: dict | None = None, power
         "(`fedpriv.recipes.fidelity.gpu_estimate`), not measurements. " + MEASURED_GPU,
         "",
     ]
-    from experiments.__main__ import ARTEFACTS
+    from experiments.index import ARTEFACTS
     modules = {a.name: a.module for a in ARTEFACTS}
     body = []
     for r in rows:
@@ -401,14 +401,14 @@ def render(rows, commit: str | None = None, published: dict | None = None, power
 
 
 def write(path: str = "docs/fidelity.md", account_plans: bool = True, privacy_file: str = PRIVACY_FILE,
-          log=None) -> str:
+          log=None, power_block: str = "") -> str:
     """docs/fidelity.md (and, with ``account_plans``, the published runs' privacy declarations
-    ``privacy_file``, which the results page reads); the power table from the committed per-seed
-    values (``experiments.power``)."""
+    ``privacy_file``, which the results page reads); ``power_block``: the power table from the
+    committed per-seed values (``experiments.power.block()``, which ``python -m
+    experiments.fidelity`` passes: the library does not import the experiments' page code)."""
     import json
     import subprocess
 
-    from experiments import power
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True, check=True).stdout.strip()
@@ -425,7 +425,7 @@ def write(path: str = "docs/fidelity.md", account_plans: bool = True, privacy_fi
             json.dump(published, f, indent=1, sort_keys=True, default=str)
             f.write("\n")
         os.replace(tmp, privacy_file)
-    text = render(artefact_rows(account_plans), commit, published, power.block())
+    text = render(artefact_rows(account_plans), commit, published, power_block)
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
