@@ -43,7 +43,7 @@ CHECK = {
     "lm_sweep": "configs/lm_sweep.py:smoke",
     "ddg_comparison": "configs/ddg_comparison.py:smoke",
     "population_expansion": "configs/population_expansion.py:smoke,seeds=0/1",
-    "iw_regime": "configs/iw_regime.py:smoke",
+    "iw_regime": "configs/iw_regime.py:smoke,train=true",
     "pre_text": "configs/pre_text.py:smoke",
     "wang_figure3": "configs/wang_figure3.py:smoke,seeds=0/1",
     "fred_pipeline": "configs/fred_pipeline.py:smoke,seeds=0/1",
@@ -89,12 +89,18 @@ def _numbers(obj, prefix: str = "") -> dict:
 
 
 def run_numbers(workdir: str) -> dict:
-    """{summary file (relative): its numbers} of every run summary below the top level."""
+    """{summary file (relative): its numbers} of every run summary below the top level; where an
+    experiment writes none there (its slices keep other files, e.g. wang_figure3's samples), the
+    numbers (not strings: they name the workdir) of its top-level ``summary.json``."""
     out = {}
     for path in glob.glob(os.path.join(workdir, "**", "summary.json"), recursive=True):
         rel = os.path.relpath(path, workdir)
         if rel != "summary.json" and not rel.startswith("_executor"):
             out[rel] = _numbers(json.load(open(path)))
+    top = os.path.join(workdir, "summary.json")
+    if not out and os.path.exists(top):
+        out["summary.json"] = {k: v for k, v in _numbers(json.load(open(top))).items()
+                               if isinstance(v, (int, float)) and not isinstance(v, bool)}
     return out
 
 
