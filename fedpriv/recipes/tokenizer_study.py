@@ -176,28 +176,35 @@ def verdicts(cfg, rows, variants) -> list:
                                  trivial=(trivial(sized[0][1], "val_token_accuracy"),
                                           trivial(sized[-1][1], "val_token_accuracy")),
                                  names=sized[0][1:] + sized[-1][1:]))
-    # §3.1: SentencePiece "can significantly improve ... upon the unigram tokenizers, especially with
-    # smaller DP noise and eps = 18.71": its per-seed advantage at the largest epsilon exceeds the
-    # one at the smallest (paired by seed); gated by the four models' trivial baselines
-    if len(dp) > 1 and sps:
-        (_, hi), (_, lo), sp = sorted(zip(cfg.epsilons, dp))[-1], sorted(zip(cfg.epsilons, dp))[0], sps[0]
-        for w in words:
-            a, b = get(sp, hi), get(w, hi)
-            c, d = get(sp, lo), get(w, lo)
-            seeds = sorted(set(a) & set(b) & set(c) & set(d))
-            if not seeds:
-                continue
-            gaps = [V.compare("", x, y, higher_is_better=True,
-                              trivial=(trivial(sp, "val_token_accuracy"), trivial(w, "val_token_accuracy")))
-                    for x, y in ((a, b), (c, d))]
-            v = V.compare(f"SentencePiece's advantage over {w} is larger at {hi} than at {lo} "
-                          "(Figure 1: 'especially with smaller DP noise')",
-                          {s: a[s] - b[s] for s in seeds}, {s: c[s] - d[s] for s in seeds},
-                          higher_is_better=True, trivial=None,
-                          names=(f"gap at {hi}", f"gap at {lo}"))
-            if any(sd["trivial"] is not None and sd["mean"] <= sd["trivial"] for g in gaps for sd in g.sides):
-                v = dataclasses.replace(v, status=V.BELOW_TRIVIAL,
-                                        measured=v.measured + "; a model behind a gap is not above its "
-                                        "trivial baseline")
-            out.append(v)
+    return out + _advantage_verdicts(cfg, dp, sps, words, get, trivial)
+
+
+def _advantage_verdicts(cfg, dp, sps, words, get, trivial) -> list:
+    """§3.1: SentencePiece "can significantly improve ... upon the unigram tokenizers, especially
+    with smaller DP noise and eps = 18.71": its per-seed advantage at the largest epsilon exceeds
+    the one at the smallest (paired by seed); gated by the four models' trivial baselines.
+    ``get`` / ``trivial``: :func:`verdicts`' accessors."""
+    out = []
+    if not (len(dp) > 1 and sps):
+        return out
+    (_, hi), (_, lo), sp = sorted(zip(cfg.epsilons, dp))[-1], sorted(zip(cfg.epsilons, dp))[0], sps[0]
+    for w in words:
+        a, b = get(sp, hi), get(w, hi)
+        c, d = get(sp, lo), get(w, lo)
+        seeds = sorted(set(a) & set(b) & set(c) & set(d))
+        if not seeds:
+            continue
+        gaps = [V.compare("", x, y, higher_is_better=True,
+                          trivial=(trivial(sp, "val_token_accuracy"), trivial(w, "val_token_accuracy")))
+                for x, y in ((a, b), (c, d))]
+        v = V.compare(f"SentencePiece's advantage over {w} is larger at {hi} than at {lo} "
+                      "(Figure 1: 'especially with smaller DP noise')",
+                      {s: a[s] - b[s] for s in seeds}, {s: c[s] - d[s] for s in seeds},
+                      higher_is_better=True, trivial=None,
+                      names=(f"gap at {hi}", f"gap at {lo}"))
+        if any(sd["trivial"] is not None and sd["mean"] <= sd["trivial"] for g in gaps for sd in g.sides):
+            v = dataclasses.replace(v, status=V.BELOW_TRIVIAL,
+                                    measured=v.measured + "; a model behind a gap is not above its "
+                                    "trivial baseline")
+        out.append(v)
     return out
