@@ -73,6 +73,12 @@ CENTRAL = {
         ("private FreD separates 99% from 100%", "private FreD separates 99 % from 100 % (Figure 2)", "Figure 2"),
     ],
     "Koga et al. 2023": [
+        # Table 1 in the regime where the private unigrams carry signal (chat_target, ~680 target
+        # users: koga-iw-regime); the two small-target analogues below are the negative case
+        ("[chat_target] a cohort of C beats alpha*C", "cohort C beats alpha C (chat_target: IW has signal)", ""),
+        ("[chat_target] IW outperforms the S u T baseline", "IW beats S u T (chat_target)", ""),
+        ("[chat_target] PT outperforms the S u T baseline", "PT beats S u T (chat_target)", ""),
+        ("[chat_target] IWPT is the best scheme", "IWPT is the best scheme (chat_target)", ""),
         ("[topics] a cohort of C beats alpha*C", "cohort C beats alpha C (SubReddits analogue)", ""),
         ("[spoken_vs_typed] a cohort of C beats alpha*C", "cohort C beats alpha C (CV & Reddits analogue)", ""),
         ("[topics] IW outperforms the S u T baseline", "IW beats S u T (SubReddits analogue)", ""),
