@@ -70,7 +70,9 @@ def train_arms(algorithm: FederatedAlgorithm, init_params: Sequence, dataset: Ma
     structures = {jax.tree_util.tree_structure(p) for p in init_params}
     if len(structures) != 1:
         raise ValueError("train_arms: the arms' parameters must share one pytree structure")
-    _check_args(algorithm, sampler, client_ids, rounds, stage)
+    for p in init_params:  # the loop's input checks (bad inputs refused in one line), per arm
+        _check_args(algorithm, sampler, client_ids, rounds, stage, dataset=dataset, init_params=p, seed=seed,
+                    batch_size=batch_size, max_steps=max_steps, eval_every=eval_every, checkpoint_every=0)
     rounds, dp = int(rounds), algorithm.dp
     event = privacy_event(dp, sampler, rounds) if dp.is_private else None
     executed = (privacy_event(dp, sampler, rounds, simulated=False)

@@ -381,8 +381,8 @@ def _marking_loss(params, batch, rng):
 @pytest.mark.parametrize("lanes,first,batching,chunk", PATHS,
                          ids=[f"{p[0]}lanes-first{int(p[1])}-{p[2]}-chunk{p[3]}" for p in PATHS])
 def test_every_delta_that_reaches_the_sum_is_within_the_clip(lanes, first, batching, chunk):
-    """On every execution path of the engine's round (``algorithms.apply_packed`` on
-    ``cohort.pack_cohort`` lanes, or ``apply`` on a padded cohort), each client's contribution
+    """On every execution path of the engine's round (the one ``apply`` on ``cohort.pack_cohort``
+    lanes, or on a padded cohort), each client's contribution
     to the released sum has norm <= C. Client i's delta lives in row ``i + 1`` of the model only
     (``_marking_loss``) and is >= 340 C before clipping, so the sum (noise 0: the server step
     is the sum over m) shows every client's contribution on its own: each has norm C up to
@@ -405,8 +405,7 @@ def test_every_delta_that_reaches_the_sum_is_within_the_clip(lanes, first, batch
         assert (packed.first is not None) == first
         if first:
             assert float(packed.first.single.sum()) == 3
-        new, metrics = alg.apply_packed(state, packed.lanes, packed.client_mask, jax.random.key(1),
-                                        packed.first)
+        new, metrics = alg.apply(state, packed.lanes, packed.client_mask, jax.random.key(1), packed.first)
     contrib = np.asarray(new.params["w"], np.float64) * k     # the sum (server lr 1, over m = k)
     norms = np.linalg.norm(contrib, axis=1)
     assert float(metrics["num_clients"]) == k and float(metrics["frac_clipped"]) == 1.0
