@@ -11,7 +11,7 @@ apart from the project's checks, claims that had no verdict), the results page a
   key from the published config), Wang Tables 4/5 and Figures 2/4 and Koga Table 1 from the
   per-seed values the stored verdicts keep (every run of those artefacts is a side of some
   verdict), Hou Table 2 / Figure 2 from the stored sides plus its Table 2 rows at Y = 99 / 100
-  and the private release's resolution check (``fedpriv.fred.mixtures.agreement_verdict``, a
+  and the private release's resolution check (``fedpriv.verdicts.orders_agree``, a
   read-time project check: the experiment itself does not write it);
 - **rejudged** (:func:`fedpriv.verdicts.rejudge`) everywhere else: status, p-value and fragility
   recomputed from the stored sides;
@@ -33,7 +33,7 @@ import os
 import re
 
 from fedpriv import verdicts as V
-from fedpriv.fred.mixtures import AGREEMENT_CLAIM, agreement_verdict
+from fedpriv.fred.mixtures import AGREEMENT_CLAIM
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SUMMARY_DIR = os.path.join(ROOT, "experiments", "results", "summaries")
@@ -253,7 +253,7 @@ def _fred_mixtures(record: dict, verdicts: list) -> tuple[list, str] | None:
         if agree is not None:
             at = next((i + 1 for i, v in enumerate(kept) if v.claim.startswith("private FreD (eps=")), len(kept))
             kept = kept[:at] + [_fred_tolerance(agree)] + kept[at:]
-            how += ("; the private release's resolution check (fedpriv.fred.mixtures.agreement_verdict) from the "
+            how += ("; the private release's resolution check (fedpriv.verdicts.orders_agree) from the "
                     "stored per-trial private FreD and the noise-free FreD of the release's estimand")
     return kept + fred_mixtures.table2_pair_verdicts(list(cfg.fl_y_percents), before, after), how
 
@@ -265,10 +265,11 @@ _ESTIMANDS = ("(ours) non-private FreD of exactly what the release estimates",
 
 
 def _fred_agreement(verdicts: list) -> V.Verdict | None:
-    """``agreement_verdict`` from stored verdicts: the noise-free values per Y from the exact
-    verdict of the release's estimand (its measured text, 4 significant digits), the private
-    per-trial values from the sides of the private monotone verdict's parts; None when they
-    cannot be read back or two consecutive noise-free values print equal (direction unknown)."""
+    """Figure 2's resolution check (``fedpriv.verdicts.orders_agree``) from stored verdicts: the
+    noise-free values per Y from the exact verdict of the release's estimand (its measured text, 4
+    significant digits), the private per-trial values from the sides of the private monotone
+    verdict's parts; None when they cannot be read back or two consecutive noise-free values print
+    equal (direction unknown)."""
     exact = next((v for prefix in _ESTIMANDS for v in verdicts if v.claim.startswith(prefix)), None)
     mono = next((v for v in verdicts if v.claim.startswith("private FreD (eps=") and v.parts), None)
     if exact is None or mono is None:
@@ -283,8 +284,8 @@ def _fred_agreement(verdicts: list) -> V.Verdict | None:
     if set(ys) != set(private) or len(ys) < 2 or any(a == b for a, b in zip(vals, vals[1:])):
         return None
     trials = sorted(private[ys[0]])
-    return agreement_verdict([int(y) if y.is_integer() else y for y in ys], vals,
-                             [[private[y][t] for y in ys] for t in trials])
+    return V.orders_agree(AGREEMENT_CLAIM, [int(y) if y.is_integer() else y for y in ys], vals,
+                          [[private[y][t] for y in ys] for t in trials], label="Y")
 
 
 REBUILDERS = {"public_training": _public_training, "wang_ablations": _wang_ablations,

@@ -41,7 +41,7 @@ from fedpriv.fred.embed import HELD_OUT
 from fedpriv.fred.private import fred, private_stats
 
 # read-time code (experiments.results.verdict_code)
-__verdict_code__ = ("monotone_verdict", "separation_verdict", "agreement_verdict")
+__verdict_code__ = ("monotone_verdict", "separation_verdict", "AGREEMENT_CLAIM")
 PUBLIC = "wikipedia"
 RELEASE = "FreD release (mean + covariance)"
 
@@ -234,27 +234,12 @@ def separation_verdict(claim: str, closer: Sequence[float], farther: Sequence[fl
                    basis=f"every one of the {len(closer)} observed trials")
 
 
+#: (ours) Figure 2's resolution check, judged at read time by ``experiments.rejudge`` with
+#: :func:`fedpriv.verdicts.orders_agree` on the stored per-trial private FreD and the noise-free
+#: FreD of the release's estimand
 AGREEMENT_CLAIM = ("(ours) private FreD orders every consecutive pair of Ys as the noise-free FreD of what the "
                    "release estimates does, in every trial (the release's resolution, whatever the data's own "
                    "direction)")
-
-
-def agreement_verdict(ys: Sequence[float], nonprivate: Sequence[float], private, digits: int = 3):
-    """Verdict on the release's resolution: for every consecutive pair of ``ys`` and every trial,
-    the private FreD difference has the sign of the noise-free one (``nonprivate``: one value per
-    Y, the release's estimand; ``private``: ``[trials][Y]``). Separates "private FreD tells the
-    mixtures apart" from "FreD falls with Y", which is a property of the data
-    (:func:`fedpriv.verdicts.check`, a statement about every observed trial)."""
-    from fedpriv import verdicts as V
-    p = np.asarray(private, float)
-    d_np, d_p = np.diff(np.asarray(nonprivate, float)), np.diff(p, axis=1)
-    if p.ndim != 2 or p.shape[1] != len(ys) or len(nonprivate) != len(ys):
-        raise ValueError(f"agreement_verdict: private must be [trials][{len(ys)}], nonprivate [{len(ys)}]")
-    agree = np.sign(d_p) == np.sign(d_np)[None, :]
-    parts = [f"Y={a:g}->{b:g}: noise-free {'+' if g > 0 else '-' if g < 0 else '0'}{abs(g):.{digits}g}, "
-             f"private agrees in {int(k)}/{len(p)}" for a, b, g, k in zip(ys, ys[1:], d_np, agree.sum(0))]
-    return V.check(AGREEMENT_CLAIM, bool(agree.all()), "; ".join(parts),
-                   basis=f"every one of the {len(p)} observed trials", source="project")
 
 
 # ============================================================================================

@@ -206,14 +206,16 @@ def test_agreement_verdict_separates_resolution_from_direction():
     """The release's resolution check: reproduced iff every trial orders every consecutive pair of
     Ys as the noise-free FreD does -- also where the noise-free FreD itself rises (99 -> 100 in
     the published run), and not reproduced when one trial flips one pair."""
-    from fedpriv.fred.mixtures import AGREEMENT_CLAIM, agreement_verdict
+    from fedpriv.fred.mixtures import AGREEMENT_CLAIM
+    from fedpriv.verdicts import orders_agree
+    agreement_verdict = lambda *a: orders_agree(AGREEMENT_CLAIM, *a, label="Y")  # noqa: E731
     ys, nonprivate = (0, 50, 99, 100), [0.35, 0.10, 0.0086, 0.0087]  # rises at 99 -> 100
     private = [[0.89 + t * 1e-3, 0.66 + t * 1e-3, 0.5935 + t * 1e-3, 0.5937 + t * 1e-3] for t in range(5)]
     v = agreement_verdict(ys, nonprivate, private)
     assert v.claim == AGREEMENT_CLAIM and v.status == "reproduced" and v.source == "project"
-    assert "Y=99->100: noise-free +0.0001, private agrees in 5/5" in v.measured
+    assert "Y=99->100: noise-free +0.0001, agrees in 5/5" in v.measured
     private[3][3] = private[3][2] - 1e-5  # trial 3 puts 100 % below 99 %
     v = agreement_verdict(ys, nonprivate, private)
-    assert v.status == "not reproduced" and "Y=99->100: noise-free +0.0001, private agrees in 4/5" in v.measured
-    with pytest.raises(ValueError, match="private must be"):
+    assert v.status == "not reproduced" and "Y=99->100: noise-free +0.0001, agrees in 4/5" in v.measured
+    with pytest.raises(ValueError, match="replicates must be"):
         agreement_verdict(ys, nonprivate, [row[:3] for row in private])
