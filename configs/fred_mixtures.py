@@ -95,10 +95,10 @@ SCALES = {
     # senders' pool holds ~62K): 99% and 100% differ by 198 sentences. Sample-level FreD in the
     # full 384-d embedding on all six Ys, of up to 256 messages per training user (the paper
     # scale's cap; 30,558 sentences of the 528 users at seed 0, against 4,006 at 10: the
-    # release's noise on the mean and covariance scales with 1/n); ~40K pool + ~31K user
-    # sentences embedded at ~100-300 sentences/s; prefinetuning + FL-finetuning (300 steps, 50
-    # rounds: ~50 CPU-s per (Y, seed) in the last published run) on Y = 0/50/99/100 x 3 seeds
-    # (12 runs): Table 2's 99 vs 100
+    # release's noise on the mean and covariance scales with 1/n); 70,122 sentences embedded at
+    # ~70 sentences/s (17 min of the published run's 20 CPU-min); prefinetuning + FL-finetuning
+    # (300 steps, 50 rounds: ~60 s per (Y, seed)) on Y = 0/50/99/100 x 3 seeds (12 runs):
+    # Table 2's 99 vs 100
     "small": dict(max_per_user=256, num_sentences=19_782, fl_y_percents=(0, 50, 99, 100)),
     # the paper's settings (§4.2): 150K-sentence mixtures, sample-level FreD (0.6, 2e-6) per
     # release with no PCA, FL-finetuning at epsilon 1.26 (delta 1e-6), for GPU/TPU; refused on the
