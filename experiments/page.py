@@ -373,6 +373,6 @@ def check_page(page: str, items=None, root: str = ROOT, declarations: dict | Non
                 problems.append(f"{a.name}: Regenerate line {regen[:1]} is not the published command {cmd!r}")
             if simulated(a.module, decl) and not ("SIMULATED" in sec and "SPENT" in sec):
                 problems.append(f"{a.name}: a simulated epsilon without its SIMULATED / SPENT declaration")
-            if re.search(r"fit epsilon [0-9.]+ \(delta [0-9e.-]+\);", sec):
+            if re.search(r"fits? epsilon [0-9.]+ \(delta [0-9e.-]+\);", sec):
                 problems.append(f"{a.name}: 'fit epsilon' without saying the population is simulated")
     return problems

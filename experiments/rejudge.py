@@ -10,7 +10,9 @@ apart from the project's checks, claims that had no verdict), the results page a
   repository: Wang Tables 2/3 from the committed run store (``run_store/wang2``, found by run
   key from the published config), Wang Tables 4/5 and Figures 2/4 and Koga Table 1 from the
   per-seed values the stored verdicts keep (every run of those artefacts is a side of some
-  verdict), Hou Table 2 / Figure 2 from the stored sides plus its Table 2 rows at Y = 99 / 100;
+  verdict), Hou Table 2 / Figure 2 from the stored sides plus its Table 2 rows at Y = 99 / 100
+  and the private release's resolution check (``fedpriv.verdicts.orders_agree``, a
+  read-time project check: the experiment itself does not write it);
 - **rejudged** (:func:`fedpriv.verdicts.rejudge`) everywhere else: status, p-value and fragility
   recomputed from the stored sides;
 - **classified**: every verdict of an artefact beyond the papers (or of our own study, the
@@ -36,6 +38,7 @@ import jax
 from experiments import common, fred_mixtures, public_training, wang_ablations
 from fedpriv import verdicts as V
 from fedpriv.expansion import pipeline, tables
+from fedpriv.fred.mixtures import AGREEMENT_CLAIM
 from fedpriv.models.lm import count_params
 from fedpriv.recipes import ablations, public
 from fedpriv.report import verdicts_from_json
@@ -242,10 +245,47 @@ def _fred_mixtures(record: dict, verdicts: list) -> tuple[list, str] | None:
         return None
     cfg = _load_config(record["config"])
     kept = [_fred_tolerance(v) for v in verdicts if "lower at Y=100 than at Y=99" not in v.claim]
-    return kept + fred_mixtures.table2_pair_verdicts(list(cfg.fl_y_percents), before, after), (
-        "the stored verdicts (FreD-valued ones judged by the relative fragility rule: FreD gaps are ~1e-3) plus "
-        "Table 2's Y=99 / 100 rows by experiments.fred_mixtures.table2_pair_verdicts from the stored per-seed "
-        "perplexities")
+    how = ("the stored verdicts (FreD-valued ones judged by the relative fragility rule: FreD gaps are ~1e-3) plus "
+           "Table 2's Y=99 / 100 rows by experiments.fred_mixtures.table2_pair_verdicts from the stored per-seed "
+           "perplexities")
+    if not any(v.claim == AGREEMENT_CLAIM for v in kept):
+        agree = _fred_agreement(kept)
+        if agree is not None:
+            at = next((i + 1 for i, v in enumerate(kept) if v.claim.startswith("private FreD (eps=")), len(kept))
+            kept = kept[:at] + [_fred_tolerance(agree)] + kept[at:]
+            how += ("; the private release's resolution check (fedpriv.verdicts.orders_agree) from the "
+                    "stored per-trial private FreD and the noise-free FreD of the release's estimand")
+    return kept + fred_mixtures.table2_pair_verdicts(list(cfg.fl_y_percents), before, after), how
+
+
+#: the noise-free FreD verdicts, the release's own estimand first (user level: user-weighted in the
+#: release's space; a PCA basis: pooled in it; else the full embedding)
+_ESTIMANDS = ("(ours) non-private FreD of exactly what the release estimates",
+              "(ours) non-private FreD in the release's PCA basis", "non-private FreD (full 384-d embedding")
+
+
+def _fred_agreement(verdicts: list) -> V.Verdict | None:
+    """Figure 2's resolution check (``fedpriv.verdicts.orders_agree``) from stored verdicts: the
+    noise-free values per Y from the exact verdict of the release's estimand (its measured text, 4
+    significant digits), the private per-trial values from the sides of the private monotone
+    verdict's parts; None when they cannot be read back or two consecutive noise-free values print
+    equal (direction unknown)."""
+    exact = next((v for prefix in _ESTIMANDS for v in verdicts if v.claim.startswith(prefix)), None)
+    mono = next((v for v in verdicts if v.claim.startswith("private FreD (eps=") and v.parts), None)
+    if exact is None or mono is None:
+        return None
+    nonprivate = {float(y): float(x) for y, x in re.findall(r"Y=([0-9.]+): ([-0-9.eE+]+)", exact.measured)}
+    private: dict = {}
+    for p in mono.parts:
+        for side in p.sides:
+            private[float(side["name"].split("=", 1)[1])] = dict(side["values"])
+    ys = sorted(nonprivate)
+    vals = [nonprivate[y] for y in ys]
+    if set(ys) != set(private) or len(ys) < 2 or any(a == b for a, b in zip(vals, vals[1:])):
+        return None
+    trials = sorted(private[ys[0]])
+    return V.orders_agree(AGREEMENT_CLAIM, [int(y) if y.is_integer() else y for y in ys], vals,
+                          [[private[y][t] for y in ys] for t in trials], label="Y")
 
 
 REBUILDERS = {"public_training": _public_training, "wang_ablations": _wang_ablations,

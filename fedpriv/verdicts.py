@@ -82,7 +82,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 __all__ = ["Verdict", "compare", "at_least", "equivalence", "noninferior", "monotone", "combine",
-           "check", "not_testable", "not_run", "legacy", "t_interval", "unigram_perplexity",
+           "check", "orders_agree", "not_testable", "not_run", "legacy", "t_interval", "unigram_perplexity",
            "scaled_effect", "rejudge", "holm", "tally", "decided", "seeds_needed", "power",
            "gap_sd", "STATUSES", "DECIDED", "REPRODUCED", "NOT_REPRODUCED", "EXCLUDED", "INCONCLUSIVE",
            "BELOW_TRIVIAL", "TOO_FEW_SEEDS", "EQUIVALENT", "NOT_EQUIVALENT", "NOT_TESTABLE",
@@ -594,6 +594,25 @@ def check(claim: str, holds: bool, measured: str, *, basis: str, source: str = "
     statistic of fixed data, every observed trial): reproduced iff ``holds``."""
     return Verdict(claim, REPRODUCED if holds else NOT_REPRODUCED, measured, "exact",
                    reason=basis, source=source)
+
+
+def orders_agree(claim: str, xs: Sequence, reference: Sequence[float], replicates, *, label: str = "x",
+                 digits: int = 3, source: str = "project") -> Verdict:
+    """A noisy measurement's resolution against its noise-free reference: for every consecutive
+    pair of ``xs`` and every replicate (``replicates``: ``[replicate][x]``), the difference has
+    the sign of the reference's (``reference``: one value per x). Reproduced iff all agree; a
+    statement about every observed replicate (:func:`check`). It separates "the noisy values tell
+    the xs apart" from the direction the reference itself takes."""
+    p = np.asarray(replicates, float)
+    if p.ndim != 2 or p.shape[1] != len(xs) or len(reference) != len(xs) or len(xs) < 2:
+        raise ValueError(f"orders_agree({claim!r}): replicates must be [n][{len(xs)}] and reference "
+                         f"[{len(xs)}], with >= 2 xs")
+    d_ref = np.diff(np.asarray(reference, float))
+    agree = np.sign(np.diff(p, axis=1)) == np.sign(d_ref)[None, :]
+    parts = [f"{label}={a:g}->{b:g}: noise-free {'+' if g > 0 else '-' if g < 0 else '0'}{abs(g):.{digits}g}, "
+             f"agrees in {int(k)}/{len(p)}" for a, b, g, k in zip(xs, xs[1:], d_ref, agree.sum(0))]
+    return check(claim, bool(agree.all()), "; ".join(parts), basis=f"every one of the {len(p)} observed replicates",
+                 source=source)
 
 
 def not_testable(claim: str, reason: str, *, source: str = "paper") -> Verdict:

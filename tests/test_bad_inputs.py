@@ -737,7 +737,11 @@ _ISSUE54_CONFIGS = [
     ("configs/fred_table.py:smoke,delta=0.01", r"delta must be in \(0, 0\.001\]"),
     ("configs/fred_pipeline.py:smoke,total_epsilon=0.5",
      r"total_epsilon=0\.5 leaves nothing for FL-finetuning: FreD's release alone costs epsilon 0\.87"),
-    ("configs/fred_mixtures.py:smoke,total_epsilon=0.9", r"total_epsilon=0\.9 leaves nothing for FL-finetuning"),
+    ("configs/fred_mixtures.py:smoke,fred_unit=user,total_epsilon=0.9",
+     r"total_epsilon=0\.9 leaves nothing for FL-finetuning"),
+    ("configs/fred_mixtures.py:smoke,fred_unit=client", r"fred_unit must be one of .*sample.*user.*got 'client'"),
+    ("configs/fred_mixtures.py:small,num_sentences=19783", r"num_sentences=19,783 but the packaged wikipedia pool "
+     r"has 19,782 sentences"),
     ("configs/wang_figure3.py:smoke,num_heads=0,arch=transformer", r"num_heads must be >= 1, got 0"),
     ("configs/wang_figure3.py:smoke,num_heads=-1", r"num_heads must be >= 1, got -1"),
     # the parser-level number rules (every config, every field, tuple elements too)

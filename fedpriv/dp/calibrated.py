@@ -146,10 +146,10 @@ TABLE = {
         (0.7953864379651688, '4297c0b8aec38ae2b20b'),
         # fred_pipeline:small
         (1.130549763505361, '40a0f7a7bdbe39f8a987'),
+        # fred_mixtures:small
+        (1.130549763505361, 'f27612c312e9e7ae8d8b'),
         # fred_pipeline:small
         (1.1334061520958663, '16e4a0b1fdb23d0bfd4b'),
-        # fred_mixtures:small
-        (1.1336261859567394, '6986edb93d8ec2864468'),
         # demo:small, lm_fl:small, lm_sweep:small, mf_comparison:small
         (1.228950440642544, '1d95029ef5cd462010b7'),
     ),
@@ -178,11 +178,9 @@ TABLE = {
         (0.2806643589125165, '117054074eb80dcfcefa'),
     ),
     (60.0, 1e-06, 'add_remove', 'best', 0.0001): (
-        # fred_pipeline:smoke
+        # fred_mixtures:smoke, fred_pipeline:smoke
         (0.24674607658515108, '957e7ca71e9740ee8e5b'),
         # fred_pipeline:smoke
         (0.24685455608249346, '2e59e53877ad8929bf80'),
-        # fred_mixtures:smoke
-        (0.24686288446253493, '252e8e4dd9912f60df8e'),
     ),
 }

@@ -250,11 +250,15 @@ SUBSTITUTIONS = {
                    "is DP here (non-private in the paper's §4.1)"],
     "hou-table1-fred": ["both units of privacy shown (sample level as in the paper, user level as ours); a "
                         "public PCA basis besides the full 384-d embedding (MiniLM for ALBERT)"],
-    "hou-table2": ["unit of privacy: USER-level FreD (the paper: SAMPLE-level)", "mixtures of 2,000 sentences "
-                   "(the paper: 150,000): 99 % and 100 % differ by 20 sentences", "model: our LSTM for "
-                   "DistilGPT-2; private: chitchat for StackOverflow-train2"],
-    "hou-figure2": ["unit of privacy: USER-level FreD (the paper: SAMPLE-level), released in a 32-d public PCA "
-                    "basis (the paper: the full embedding)", "mixtures of 2,000 sentences (the paper: 150,000)"],
+    "hou-table2": ["FL-finetuning DP at USER level (the whole epsilon on its own ledger; FreD's SAMPLE-level "
+                   "release, as the paper's, on a separate sample-level ledger: the two are not composed)",
+                   "mixtures of 19,782 sentences, the packaged Wikipedia pool (the paper: 150,000): 99 % and "
+                   "100 % differ by 198 sentences", "model: our LSTM for DistilGPT-2; private: chitchat for "
+                   "StackOverflow-train2"],
+    "hou-figure2": ["unit of privacy: SAMPLE-level FreD as the paper, replace-one (the exact sentence count public, "
+                    "Prop. 3.1's n_2), full 384-d embedding (MiniLM for the paper's embedder), on its own ledger "
+                    "(1.2, 4e-6); 30,558 private sentences (<= 256 per user)", "mixtures of 19,782 sentences "
+                    "(the paper: 150,000): 99 % and 100 % differ by 198"],
     "koga-table1": ["datasets: Simpsons / chitchat (spoken vs typed) and Shakespeare comedies / histories for "
                     "CV & Reddit and SubReddits; 52-76 target users", "40 rounds per scheme (the paper: 2,000); "
                     "LSTM 32/64"],

@@ -5,10 +5,20 @@ verdicts), :mod:`fedpriv.recipes.fred_pipeline` (the data and FreD's declared po
 
 Stages (``fedpriv.fl.stages.run_stages``, resumable; ``workdir/<i>-<name>``): ``FreD`` (embed
 the pools and users once, non-private FreD per Y, one Algorithm-1 release per trial reused for
-every Y; trial 0's release is charged to the pipeline ledger, the other trials are replicates
-of the experiment, each of which would cost the same), then one stage per (Y, seed):
-prefinetune on the mixture, test perplexity, DP-FTRL FL-finetune under a copy of the ledger
-after FreD (z calibrated to what FreD left of the budget), test perplexity.
+every Y; the other trials are replicates of the experiment, each of which would cost the same),
+then one stage per (Y, seed): prefinetune on the mixture, test perplexity, DP-FTRL FL-finetune
+under a copy of the user-level ledger after the FreD stage, test perplexity.
+
+Which ledger trial 0's release is charged to follows the config's ``fred_unit``
+(configs/fred_mixtures.py; ``fedpriv.recipes.plans.fred_mixtures_plan`` states the same):
+
+* ``"sample"`` (the paper): its own sample-level ledger (:func:`fred_ledger`: replace-one, the
+  exact sentence count public, budget ``(2 fred_epsilon, 2 fred_delta)``), recorded in the FreD
+  stage's result as ``fred_ledger``; the pipeline's user-level ledger gets no FreD entry, so
+  every FL-finetuning is calibrated to the whole ``total_epsilon``. (A sample-level release on
+  the user-level ledger is refused by ``fedpriv.fred.private``: fail closed.)
+* ``"user"``: the pipeline's user-level ledger (add/remove, the declared user count); the
+  FL-finetuning is calibrated to what FreD left.
 """
 from __future__ import annotations
 
@@ -37,6 +47,7 @@ from fedpriv.models.metrics import evaluate
 from fedpriv.public.pretrain import adam_with_clipping, train_central
 from fedpriv.recipes import lm as lm_recipe
 from fedpriv.recipes.fred_pipeline import build_data as pipeline_data, fred_declared_users
+from fedpriv.recipes.plans import SAMPLE_RELATION, mixtures_fred_budget
 
 # ============================================================================================
 # The experiment's stages
@@ -60,6 +71,24 @@ def stage_name(y: float, seed: int) -> str:
     return f"Y={y:g}% seed={seed}"
 
 
+def fred_ledger(cfg, pipeline_ledger: PrivacyLedger) -> PrivacyLedger:
+    """The ledger FreD's trial-0 release is charged to: at ``fred_unit="user"`` the pipeline's
+    user-level ledger itself; at ``"sample"`` a fresh sample-level ledger of its own (relation
+    ``plans.SAMPLE_RELATION``, budget ``plans.mixtures_fred_budget``), never the pipeline's."""
+    if cfg.fred_unit == "user":
+        return pipeline_ledger
+    return PrivacyLedger(*mixtures_fred_budget(cfg), neighboring=SAMPLE_RELATION, unit="sample")
+
+
+def fred_release_args(cfg) -> dict:
+    """``fred_vs_y``'s unit, relation and denominator: sample level, replace-one, the exact
+    sentence count (public under replace-one: ``n_public=None``); user level, the pipeline's
+    add/remove with the declared user count (``fred_declared_users``: the exact one is private)."""
+    if cfg.fred_unit == "sample":
+        return {"unit": "sample", "relation": SAMPLE_RELATION, "n_public": None}
+    return {"unit": "user", "relation": "add_remove", "n_public": fred_declared_users(cfg)}
+
+
 def _fred_stage(cfg, pools, fred_private, progress) -> Callable:
 
     def run(ctx) -> dict:
@@ -68,16 +97,21 @@ def _fred_stage(cfg, pools, fred_private, progress) -> Callable:
         priv_emb, pool_emb, throughput = embed_all(embedder, fred_private, pools, cfg.embed_batch,
                                                    os.path.join(ctx.workdir, "embeddings.npz"),
                                                    progress=progress)
+        led = fred_ledger(cfg, ctx.ledger)
         fr = fred_vs_y(priv_emb, pool_emb, cfg.y_percents, cfg.num_sentences,
                        trials=cfg.fred_trials, clip=cfg.fred_clip, epsilon=cfg.fred_epsilon,
-                       delta=cfg.fred_delta, unit="user", seed=cfg.seed, pca_dims=cfg.pca_dims,
-                       n_public=fred_declared_users(cfg), ledger=ctx.ledger, name=RELEASE)
+                       delta=cfg.fred_delta, seed=cfg.seed, pca_dims=cfg.pca_dims,
+                       ledger=led, name=RELEASE, **fred_release_args(cfg))
         return {**fr, "embedder_sentences_per_s": throughput,
                 "embedded_sentences": int(sum(len(v) for v in priv_emb.values())
                                           + sum(len(v) for v in pool_emb.values())),
                 # the declared count (the exact one is private under the add/remove ledger)
-                "private_users": fred_declared_users(cfg), "ledger_after_fred": ctx.ledger.to_dict(),
-                "wall_s": time.time() - t0}
+                "private_users": fred_declared_users(cfg), "fred_unit": cfg.fred_unit,
+                # the release's denominator: the exact sentence count at sample level (public under
+                # replace-one), the declared user count at user level
+                "fred_n": fr["releases"][0]["n"],
+                "fred_ledger": led.to_dict(), "fred_ledger_report": led.report(),
+                "ledger_after_fred": ctx.ledger.to_dict(), "wall_s": time.time() - t0}
     return run
 
 
@@ -97,7 +131,8 @@ def _finetune_stage(cfg, y: float, seed: int, lm_data: Callable, pools, progress
                                   progress=progress, desc=f"prefinetune Y={y:g}%",
                                   log=ctx.log if progress else None)
         before = evaluate(task, params, test_tokens, lm.eval_batch_size)
-        # counterfactual: every (Y, seed) run starts from the ledger after FreD (trial 0)
+        # counterfactual: every (Y, seed) run starts from the user-level ledger after the FreD stage
+        # (FreD's trial 0 at fred_unit="user"; empty at "sample", whose release has its own ledger)
         led = PrivacyLedger.from_dict(ctx.results["FreD"]["ledger_after_fred"])
         s = lm_recipe.run_lm_fl(lm, os.path.join(ctx.workdir, "fl"), prepared=prepared,
                                 init_params=params, ledger=led, progress=progress,

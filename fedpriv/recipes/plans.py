@@ -246,25 +246,57 @@ def fred_pipeline_plan(cfg) -> PrivacyPlan:
 
 def mixtures_release_event(cfg) -> dpa.DpEvent:
     """FreD's trial-0 release in ``fred_mixtures``: two Gaussian releases at ``(fred_epsilon,
-    fred_delta)`` each."""
+    fred_delta)`` each (noise multipliers relative to the release's own sensitivity, at either
+    unit and relation)."""
     return moments.release_event(moments.moment_events(moments.gaussian_sigma(cfg.fred_epsilon,
                                                                                cfg.fred_delta)))
 
 
+#: the neighbouring relation of fred_mixtures' sample-level FreD ledger: replace-one, so that the
+#: exact sentence count is public and the release divides by it (Hou et al. Prop. 3.1, "n_2
+#: known"; ``fedpriv.fred.private`` module doc)
+SAMPLE_RELATION = "replace_one"
+
+
+def mixtures_fred_budget(cfg) -> tuple[float, float]:
+    """The budget of ``fred_mixtures``' own sample-level FreD ledger: ``(2 fred_epsilon,
+    2 fred_delta)``, the pair of releases by basic composition (Hou et al. Prop. 3.1)."""
+    return 2.0 * cfg.fred_epsilon, 2.0 * cfg.fred_delta
+
+
 def fred_mixtures_plan(cfg) -> PrivacyPlan:
-    """``fedpriv.recipes.fred_mixtures.run_mixtures``: FreD's trial-0 release (user level, ``(fred_epsilon,
-    fred_delta)`` per Gaussian release) on the pipeline ledger, then one FL-finetuning per
-    (Y, seed) on its own copy of the ledger after FreD, z calibrated to what FreD left. FreD's
-    other trials are replicate releases, not charged (``fedpriv.fred.mixtures.trials_epsilon``
+    """``fedpriv.recipes.fred_mixtures.run_mixtures``, by FreD's unit of privacy:
+
+    * ``fred_unit="sample"``: two kinds of ledger. FreD's trial-0 release on its own
+      sample-level ledger (replace-one, budget ``mixtures_fred_budget``: Figure 2's diagnostic),
+      and one user-level ledger per (Y, seed) holding only that run's FL-finetuning, z calibrated
+      to the whole ``total_epsilon``. The sample-level release is never charged to a user-level
+      ledger (``fedpriv.fred.private`` refuses it).
+    * ``fred_unit="user"``: FreD's trial-0 release (user level) on the pipeline ledger, then one
+      FL-finetuning per (Y, seed) on its own copy of the ledger after FreD, z calibrated to what
+      FreD left.
+
+    FreD's other trials are replicate releases, not charged (``fedpriv.fred.mixtures.trials_epsilon``
     is their joint cost, stated in the outputs)."""
     from fedpriv.fred.mixtures import RELEASE, trials_epsilon
     check_fred_pools(cfg)
     fred = (Charge(RELEASE, mixtures_release_event(cfg)),)
-    run = lm_run(cfg.lm, fred_train_clients(cfg), "FreD (trial 0) + FL-finetune per (Y, seed)", prior=fred,
-                 budget=cfg.total_epsilon, copies=len(cfg.fl_y_percents) * len(cfg.seeds))
+    copies = len(cfg.fl_y_percents) * len(cfg.seeds)
+    if cfg.fred_unit == "sample":
+        runs = (PlannedRun("FreD (trial 0), SAMPLE level: its own ledger", *mixtures_fred_budget(cfg), fred,
+                           neighboring=SAMPLE_RELATION,
+                           note=f"({cfg.fred_epsilon:g}, {cfg.fred_delta:g}) per Gaussian release, one sentence "
+                                "of one user replaced (the exact sentence count public)"),
+                lm_run(cfg.lm, fred_train_clients(cfg), "FL-finetune per (Y, seed), USER level (no FreD charge)",
+                       budget=cfg.total_epsilon, copies=copies))
+    elif cfg.fred_unit == "user":
+        runs = (lm_run(cfg.lm, fred_train_clients(cfg), "FreD (trial 0) + FL-finetune per (Y, seed)", prior=fred,
+                       budget=cfg.total_epsilon, copies=copies),)
+    else:
+        raise ConfigError(f"fred_unit must be 'sample' or 'user', got {cfg.fred_unit!r}")
     joint = trials_epsilon(cfg.fred_epsilon, cfg.fred_delta, cfg.fred_trials, cfg.lm.delta)
-    return PrivacyPlan((run,), notes=(f"FreD trials 1..{cfg.fred_trials - 1}: replicate releases, not "
-                                      f"charged (all {cfg.fred_trials} together: eps {joint:.3g})",))
+    return PrivacyPlan(runs, notes=(f"FreD trials 1..{cfg.fred_trials - 1}: replicate releases, not "
+                                    f"charged (all {cfg.fred_trials} together: eps {joint:.3g})",))
 
 
 def fred_table_plan(cfg) -> PrivacyPlan:

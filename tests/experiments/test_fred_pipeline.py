@@ -177,26 +177,31 @@ def test_freds_declared_user_count_is_never_read_from_the_private_data(experimen
     """Under the pipelines' add/remove ledger the exact user count is private: FreD divides by a
     declared count. That count is a function of the config alone -- computed with the data
     loaders disabled -- and the FreD stage passes the same value whatever the private data
-    holds (fewer or more users than declared), in both experiments that release FreD."""
+    holds (fewer or more users than declared), in both experiments that release FreD at user
+    level (fred_mixtures' scales release at sample level, replace-one, where the exact sentence
+    count is public: tests/experiments/test_fred_mixtures.py; here its user-level option)."""
     from fedpriv.fl.stages import StageContext
-    from fedpriv.fred import mixtures, pipeline
+    from fedpriv.fred import mixtures as fred_vs_y_module
     from fedpriv.models import bert
+    from fedpriv.recipes import fred_mixtures as mixtures, fred_pipeline as pipeline
 
     def no_private_data(*a, **kw):
         raise AssertionError("the declared count read the private corpus")
 
-    cfg = common.load_config(f"configs/{experiment}.py:smoke")
+    cfg = common.load_config(f"configs/{experiment}.py:smoke"
+                             + (",fred_unit=user" if experiment == "fred_mixtures" else ""))
     for loader in ("load_chitchat", "load_public_pool"):
         monkeypatch.setattr(pipeline, loader, no_private_data)
     declared = pipeline.fred_declared_users(cfg)
     mod = pipeline if experiment == "fred_pipeline" else mixtures
-    seen, real = [], mod.private_stats
+    releaser = pipeline if mod is pipeline else fred_vs_y_module  # where private_stats is called
+    seen, real = [], releaser.private_stats
 
     def recording(*a, **kw):
         seen.append(kw["n_public"])
         return real(*a, **kw)
 
-    monkeypatch.setattr(mod, "private_stats", recording)
+    monkeypatch.setattr(releaser, "private_stats", recording)
     monkeypatch.setattr(mod, "embed_all", _random_embeddings)
     monkeypatch.setattr(bert, "load_embedder", lambda **_: None)
     sentences = [f"public sentence {i}" for i in range(cfg.num_sentences)]

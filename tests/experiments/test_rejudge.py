@@ -70,6 +70,20 @@ def test_project_checks_are_classified():
     assert all(v.source == "paper" for v in new if not v.claim.startswith("(ours"))
 
 
+def test_fred_mixtures_gets_the_resolution_check_from_its_stored_values():
+    """Hou Figure 2: the private release's agreement with the noise-free FreD of its estimand,
+    rebuilt from the committed per-trial values (once, in the page's order: after the private
+    monotone claim); the published sample-level 384-d run agrees in every trial at every Y pair."""
+    from fedpriv.fred.mixtures import AGREEMENT_CLAIM
+    s, old = _load("fred_mixtures")
+    new = rejudge.current("fred_mixtures", s, old)[0]
+    agree = [v for v in new if v.claim == AGREEMENT_CLAIM]
+    assert len(agree) == 1 and agree[0].source == "project"
+    i = new.index(agree[0])
+    assert new[i - 1].claim.startswith("private FreD (eps=")
+    assert "Y=99->100" in agree[0].measured and agree[0].status in ("reproduced", "not reproduced")
+
+
 def test_koga_new_claims_on_constructed_numbers():
     """Koga §4.3: "S u T does not improve much" (T w. C beats S u T), IWPT 13 % below S u T (a
     magnitude claim, scaled to our S u T), DSDSR / DEMix cost more communication (exact, from the
