@@ -40,7 +40,10 @@ def test_rebuilt_verdicts_keep_the_committed_numbers(module):
     assert "rebuilt" in how or "stored verdicts" in how, how
     before, after = _sides(old), _sides(new)
     shared = set(before) & set(after)
-    assert len(shared) >= 0.6 * len(before), (module, len(shared), len(before))
+    # (iw_regime's rebuild re-states four of its nine pairs as Koga Table 1's claims: new text,
+    # the same values, which the check below covers)
+    assert len(shared) >= (0.5 if module == "iw_regime" else 0.6) * len(before), (module, len(shared),
+                                                                                len(before))
     for key in shared:
         assert after[key] == pytest.approx(before[key], rel=1e-12, abs=1e-12), key
     # every value the rebuild uses was committed (the stored sides or, for Tables 2/3, the run store)
@@ -113,3 +116,19 @@ def test_koga_new_claims_on_constructed_numbers():
                 if "communication" in v.claim).status == V.NOT_REPRODUCED
     assert all(v.paper_values is not None for c, v in vs.items()
                if v.kind == "ordering" and "communication" not in c)
+
+
+def test_koga_table1_on_chat_target_is_rebuilt_from_the_study_s_per_seed_values():
+    """Issue 50 item 3: the IW regime study's run judged pairs of schemes only; the rebuild judges
+    Koga et al. Table 1's claims on chat_target from the same per-seed values (paper claims), keeps
+    the study's other pairs as project checks and drops the pairs Table 1's claims repeat."""
+    s, old = _load("iw_regime")
+    new, how = rejudge.current("iw_regime", s, old)
+    table1 = [v for v in new if v.claim.startswith("[chat_target]")]
+    assert table1 and all(v.source == "paper" for v in table1), how
+    assert all(v.source == "project" for v in new if v not in table1)
+    ioc = next(v for v in table1 if "IW outperforms the S u T baseline" in v.claim)
+    stored = next(v for v in old if v.claim.startswith("IW beats S u T") and v.claim.endswith("V = 50)"))
+    assert ioc.gap == pytest.approx(stored.gap) and ioc.ci == pytest.approx(stored.ci)
+    assert not any(v.claim.startswith("IW beats S u T") and v.claim.endswith("V = 50)") for v in new)
+    assert any(v.claim.startswith("IW beats S u T") and v.claim.endswith("V = 1000)") for v in new)  # control
