@@ -12,14 +12,10 @@ TABLE = {
         (12.142169699982201, '52824712f0bc1a527a18'),
     ),
     (1.2, 1e-06, 'add_remove', 'best', 0.0001): (
-        # iw_regime:small
-        (1.0146332162860638, '59c152352ee28830a542'),
-        # iw_regime:small
-        (1.075487212306446, '0c3f1e14c08b8129bcda'),
-        # iw_regime:small
-        (1.1699599195113781, '654fc937f9269a972cc0'),
         # population_expansion:small
         (1.4152633735079594, 'e4ea8f5d51cad9bca0b4'),
+        # iw_regime:small
+        (1.4664342193388056, 'e6f96a82781b8488b44b'),
         # population_expansion:small
         (1.4902120127119665, '90c4e82370ea59e406e9'),
         # population_expansion:small
@@ -28,6 +24,10 @@ TABLE = {
         (1.7462891466065829, '928f4dc78f9c2fedca5e'),
         # population_expansion:small
         (1.8810841402042056, '732b3a812d037030ece8'),
+        # iw_regime:small
+        (1.9105250924289805, 'e42549cf48cc542082ea'),
+        # iw_regime:small
+        (2.1087787598122736, '5a2e3751f4a8f1ba77d0'),
         # population_expansion:small
         (2.14375078599633, 'e53b8932cee562c19cd8'),
         # iw_regime:paper
@@ -75,13 +75,7 @@ TABLE = {
     ),
     (2.0, 1e-06, 'add_remove', 'best', 0.0001): (
         # iw_regime:small
-        (0.8552660039538726, '4afe4879aca356b86df6'),
-        # iw_regime:small
-        (0.8924554941259212, '0003d86bbc7bda21591c'),
-        # iw_regime:small
-        (0.8988573744846013, '39e76f61dbbfd9a5bfe5'),
-        # iw_regime:small
-        (0.9608943501339182, '3590b4ca9e78cea33587'),
+        (1.1027390201142762, 'aa7db8942321b933f0e8'),
         # population_expansion:small
         (1.114460727407551, '4e590bcf9c8bc7401cb7'),
         # population_expansion:small
@@ -90,16 +84,22 @@ TABLE = {
         (1.2313420363120475, '8789c48d2534a7dc8bcb'),
         # population_expansion:small
         (1.2328908247126655, '347df38c491236d48e6b'),
-        # iw_regime:small
-        (1.3032348788370756, '75c3c8d103a85a925d24'),
         # population_expansion:small
         (1.310023937679645, '881119b2dd498be2295a'),
+        # iw_regime:small
+        (1.3125595675652275, 'dd672a7c46115e1310a7'),
+        # iw_regime:small
+        (1.3379322628248866, 'f0709fb7d9c848763664'),
         # population_expansion:small
         (1.388821930778054, '07eb4a3b7097657f76d2'),
+        # iw_regime:small
+        (1.4647794370053144, '43d6ee22780aa90f8c97'),
         # population_expansion:small
         (1.5179191718714082, '08708dfc7530c0966479'),
         # population_expansion:small
         (1.5270213586622623, '3df583460e882fb11012'),
+        # iw_regime:small
+        (3.0947165562749577, 'a7e92e9f070b860dba68'),
         # population_expansion:small
         (7.586391640868534, '281f538b9f270f9c3210'),
         # population_expansion:small
