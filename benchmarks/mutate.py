@@ -322,6 +322,11 @@ def main(argv=None) -> int:
     if args.notes:
         with open(args.notes, "rb") as f:
             notes = {str(k): str(v) for k, v in tomllib.load(f).get("notes", {}).items()}
+    # the scratch tree is no git checkout: its runs record the mutated commit's state, as a worker of
+    # fedpriv.executor does (fedpriv.report.git_state), so tests that check a run's commit still run
+    full = subprocess.run(["git", "-C", ROOT, "rev-parse", args.rev], capture_output=True, text=True).stdout.strip()
+    os.environ["FEDPRIV_GIT_STATE"] = json.dumps({"git_commit": full[:7], "git_commit_full": full,
+                                                  "git_dirty": False, "git_dirty_paths": []})
     outcomes, meta = run(mutants, args.rev, args.timeout, not args.no_baseline)
     report = to_json(mutants, outcomes, meta, notes)
     s = report["summary"]
