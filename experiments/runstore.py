@@ -28,10 +28,12 @@ import argparse
 import glob
 import json
 import os
+import subprocess
 import sys
 
 from fedpriv.data.errors import ConfigError
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STORE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "run_store")
 #: fields a stored run needs: the key that identifies the computation and the commit it ran at
 REQUIRED = ("run_key", "git_commit_full")
@@ -46,6 +48,29 @@ def _outputs_only(paths) -> bool:
     may be truncated, so it is not trusted) are all published outputs, not code: the run then
     ran its commit's code."""
     return bool(paths) and len(paths) < 50 and all(str(p).startswith(OUTPUT_PREFIX) for p in paths)
+
+
+#: the experiments whose runs a store holds (``fedpriv.recipes.public.run_rows``' rows)
+RUN_MODULES = ("experiments.public_training", "experiments.wang_ablations")
+
+
+def _loaded_files(modules=RUN_MODULES) -> set[str]:
+    """Repository-relative paths of every module that importing ``modules`` loads (in a fresh
+    interpreter: what a run of theirs can execute)."""
+    code = ("import sys\n" + "".join(f"import {m}\n" for m in modules)
+            + "print('\\n'.join(getattr(m, '__file__', None) or '' for m in list(sys.modules.values())))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    return {os.path.relpath(f, ROOT) for f in out.stdout.splitlines() if f.startswith(ROOT)}
+
+
+def _not_its_code(paths, loaded=None) -> bool:
+    """Whether a dirty tree's changed files (a full list: fewer than 50) are all Python files that
+    a run of :data:`RUN_MODULES` never imports (today's import graph): the run then executed its
+    commit's code, and its numbers are that commit's."""
+    if not paths or len(paths) >= 50 or not all(str(p).endswith(".py") for p in paths):
+        return False
+    loaded = _loaded_files() if loaded is None else loaded
+    return not set(paths) & loaded
 
 
 def _entry_name(s: dict) -> str:
@@ -90,7 +115,8 @@ def add(workdir: str, store: str) -> dict:
         missing = [k for k in REQUIRED if not s.get(k)]
         if missing:
             raise ConfigError(f"{path}: no {'/'.join(missing)}: a stored run must name the commit it ran at")
-        if s.get("git_dirty") is not False and not _outputs_only(s.get("git_dirty_paths")):
+        if s.get("git_dirty") is not False and not _outputs_only(s.get("git_dirty_paths")) \
+                and not _not_its_code(s.get("git_dirty_paths")):
             raise ConfigError(f"{path}: ran in a work tree with uncommitted changes "
                               f"({', '.join(s.get('git_dirty_paths') or ['unknown'])}): its code has no commit")
         key = s["run_key"]

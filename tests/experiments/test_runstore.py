@@ -102,3 +102,19 @@ def test_a_run_whose_tree_changed_only_published_outputs_is_stored(tmp_path):
     run = _run("f" * 16, git_dirty=True, git_dirty_paths=["experiments/results/summaries/public_training.json",
                                                           "experiments/results/wang-table2-public_training.png"])
     assert runstore.add(_workdir(tmp_path, [run]), store)["added"] == 1
+
+
+def test_a_run_whose_tree_changed_only_code_it_never_imports_is_stored(tmp_path):
+    """A dirty tree whose changed files are Python modules that the store's experiments never
+    import (another experiment's config and page code) ran its commit's code: stored. One file
+    they do import (the recipe, the experiment module) is refused, as is a non-Python file."""
+    loaded = runstore._loaded_files()
+    assert "fedpriv/recipes/public.py" in loaded and "experiments/public_training.py" in loaded
+    assert "experiments/page.py" not in loaded and "configs/iw_regime.py" not in loaded
+    store = str(tmp_path / "store")
+    run = _run("e" * 16, git_dirty=True, git_dirty_paths=["configs/iw_regime.py", "experiments/page.py"])
+    assert runstore.add(_workdir(tmp_path, [run]), store)["added"] == 1
+    for dirty in (["configs/iw_regime.py", "fedpriv/recipes/public.py"], ["docs/x.md"]):
+        bad = _run("c" * 16, git_dirty=True, git_dirty_paths=dirty)
+        with pytest.raises(ConfigError, match="uncommitted changes"):
+            runstore.add(_workdir(tmp_path / dirty[-1].replace("/", "_"), [bad]), str(tmp_path / "s2"))
