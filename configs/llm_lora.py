@@ -139,8 +139,12 @@ LM_SCALE = {
 
 
 def get_config(arg: str = "small") -> LlmLoraConfig:
-    split_spec(arg, "small")
-    return with_lm_config(LlmLoraConfig, SCALES, LM_SCALE, arg, public_config)
+    # a field of this config the user overrides replaces the scale's before the config is built
+    # (lora_server_lrs=0.5 with epsilons=18.71: the scale's two lrs would not match one epsilon)
+    _, overrides = split_spec(arg, "small")
+    named = {o.partition("=")[0].strip() for o in overrides}
+    scales = {k: {f: v for f, v in d.items() if f not in named} for k, d in SCALES.items()}
+    return with_lm_config(LlmLoraConfig, scales, LM_SCALE, arg, public_config)
 
 
 def privacy_plan(cfg):

@@ -230,8 +230,8 @@ def notes(cfg, out: dict, spec: str, workdir: str) -> list[str]:
         *R.epsilon_note(out["runs"]),
         f"(a) {c.arch} (embed {c.embed_dim}, hidden {c.hidden_dim}, {out['small_params']:,} params) on the teacher's "
         f"BPE restricted to {d.get('vocab_kept')} ids + UNK; public pre-training by distillation "
-        f"({c.long_distill_steps} steps on {c.long_q:g} of the {d.get('num_sequences')}-sentence pool); DP-FTRL server "
-        f"lr " + ", ".join(f"{R.public.at_epsilon(c, e).server_lr:g} at eps {e:g}" for e in c.epsilons)
+        f"({c.long_distill_steps} steps on {c.long_q:g} of a {c.pool_size or 'whole'}-sentence public pool); "
+        f"DP-FTRL server lr " + ", ".join(f"{R.public.at_epsilon(c, e).server_lr:g} at eps {e:g}" for e in c.epsilons)
         + f", client lr {c.client_lr:g}, clip {c.clip_norm:g}, {c.max_local_steps} local steps of {c.batch_size}, "
         f"<= {c.max_examples_per_client} examples per user; UNK targets trained (train_on_unk={c.train_on_unk})",
         f"(b) SmolLM2-135M-Instruct over its full BPE ({d.get('llm_vocab_size'):,} ids), frozen weights "
@@ -264,7 +264,7 @@ def main(argv=None):
     rows = per_run_rows(cfg, out["runs"])
     common.write_table(rows, workdir, "llm_lora_runs")
     common.write_table(cost_table(cfg, out), workdir, "costs", title="Client cost per round, per arm")
-    phases = {}
+    phases = {f"invocation: {k}": [v] for k, v in out.get("phase_seconds", {}).items()}
     for r in out["runs"]:
         for k, v in (r.get("phase_seconds") or {}).items():
             phases.setdefault(f"{r['arm']}: {k}", []).append(v)

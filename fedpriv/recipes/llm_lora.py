@@ -581,22 +581,55 @@ def _run_zero_shot(cfg, teacher, data, scorer, key, log) -> dict:
             **report.git_state()}
 
 
-def run_arms(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) -> dict:
+def small_restriction(cfg, teacher, public_texts):
+    """(a)'s vocabulary: `public.prepare`'s restriction (the ``vocab_kept`` most frequent teacher
+    tokens of ``vocab_texts`` public sentences drawn with ``pool_seed``), built without the pool's
+    teacher passes (checked equal to prepare's wherever (a) trains)."""
+    c = cfg.lm
+    if c.vocab_kept is None:
+        return distill.VocabRestriction.full(teacher)
+    n = len(public_texts)
+    rng = np.random.default_rng(c.pool_seed)
+    idx = (np.arange(n) if c.vocab_texts is None or c.vocab_texts >= n
+           else np.sort(rng.choice(n, c.vocab_texts, replace=False)))
+    return vocab.restriction_from_texts(teacher, [public_texts[i] for i in idx], c.vocab_kept)
+
+
+def run_arms(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print,
+             teacher_cache: str | None = None) -> dict:
     """Every (seed, epsilon, arm) of ``cfg`` (module docstring). Returns ``{"runs": [summary],
-    "baselines": {...}, "data": {...}, "small_params": int}``."""
+    "baselines": {...}, "data": {...}, "small_params": int}``. ``teacher_cache``: where (a)'s
+    distillation corpus is cached (default: the fedpriv cache's ``teacher_passes``, keyed by
+    content and shared by workdirs)."""
+    from fedpriv.data.cache import resolve_cache_dir
     os.makedirs(workdir, exist_ok=True)
-    teacher = run_teacher(cfg, teacher)
-    prepared = public.prepare(cfg.lm, teacher, os.path.join(workdir, "teacher_cache"), progress, log)
-    data = prepare_llm_data(cfg, teacher, progress)
-    if list(prepared.train.client_ids) != list(data.train.client_ids):  # fail closed: one population
-        raise ConfigError("the small LM's and the LLM's training users differ (tokenization dropped users)")
-    restriction = prepared.tokenizer.restriction
-    log_q = unk_log_q(data.full, restriction, teacher, lm.load_public(cfg.lm, progress=False).texts)
-    scorer = Scorer(data, restriction, log_q, cfg.eval_batch_size)
-    small_train = prepared.train.concat_examples()["tokens"]
-    base = {s: scorer.baselines(s, small_train) for s in ("val", "test")}
-    small_params = count_params(jax.eval_shape(small_task(cfg, prepared.tokenizer.vocab_size)[0].init,
+    phases = lm.PhaseTimer()  # this invocation's shared work (the arms time their own)
+    with phases("load the public LLM (GGUF, dequantized)"):
+        teacher = run_teacher(cfg, teacher)
+    with phases("data: users in the LLM's tokens, (a)'s vocabulary, byte accounting, baselines"):
+        data = prepare_llm_data(cfg, teacher, progress)
+        public_texts = lm.load_public(cfg.lm, progress=False).texts
+        restriction = small_restriction(cfg, teacher, public_texts)
+        log_q = unk_log_q(data.full, restriction, teacher, public_texts)
+        scorer = Scorer(data, restriction, log_q, cfg.eval_batch_size)
+        small_train = to_restricted(data.train.concat_examples()["tokens"], data.full, restriction)
+        base = {s: scorer.baselines(s, small_train) for s in ("val", "test")}
+    small_params = count_params(jax.eval_shape(small_task(cfg, restriction.student_vocab_size)[0].init,
                                                jax.random.key(0)))
+    prepared = None
+
+    def small_data():
+        nonlocal prepared
+        if prepared is None:  # the public pool's teacher passes (minutes on a CPU): only to train (a)
+            cache = teacher_cache or str(resolve_cache_dir() / "teacher_passes")
+            with phases("(a)'s data: the public pool's teacher passes (cached), private users in (a)'s ids"):
+                prepared = public.prepare(cfg.lm, teacher, cache, progress, log)
+            if list(prepared.train.client_ids) != list(data.train.client_ids):  # fail closed: one population
+                raise ConfigError("the small LM's and the LLM's training users differ (tokenization dropped users)")
+            if not np.array_equal(prepared.tokenizer.restriction.kept_teacher_ids, restriction.kept_teacher_ids):
+                raise ConfigError("(a)'s vocabulary differs from public.prepare's: the comparison would misalign")
+        return prepared
+
     runs = []
     if "zero_shot" in cfg.arms:
         sub = os.path.join(workdir, "zero_shot")
@@ -608,6 +641,7 @@ def run_arms(cfg, workdir: str, *, teacher=None, progress: bool = True, log=prin
             os.makedirs(sub, exist_ok=True)
             report.save_json(s, os.path.join(sub, "summary.json"))
         runs.append(s)
+    llm_config = dataclasses.replace(teacher.config, vocab_size=data.full.student_vocab_size)
     for seed in cfg.lm.seeds:
         for eps in cfg.lm.epsilons:
             for arm in cfg.arms:
@@ -619,17 +653,20 @@ def run_arms(cfg, workdir: str, *, teacher=None, progress: bool = True, log=prin
                 if s is None:
                     log(f"[seed {seed}, eps {eps:g}] {ARM_LABELS[arm]}")
                     if arm == "small_lm":
-                        s = _run_small(cfg, seed, eps, prepared, scorer, sub, key, progress, log)
+                        s = _run_small(cfg, seed, eps, small_data(), scorer, sub, key, progress, log)
                     else:
-                        lcfg = lora_config(cfg, arm, small_params, dataclasses.replace(
-                            teacher.config, vocab_size=data.full.student_vocab_size))
+                        lcfg = lora_config(cfg, arm, small_params, llm_config)
                         s = _run_lora(cfg, arm, seed, eps, teacher, data, scorer, lcfg, sub, key, progress, log)
                     os.makedirs(sub, exist_ok=True)
                     report.save_json(s, os.path.join(sub, "summary.json"))
                     log(f"  -> test bits/byte {s['test']['bits_per_byte']:.4f}, accuracy "
                         f"{s['test']['accuracy']:.4f} ({s['wall_clock_s']:.0f} s)")
                 runs.append(s)
-    return {"runs": runs, "baselines": base, "data": {**data.stats, **prepared.stats}, "small_params": small_params,
+    stats = {**data.stats, "vocab_kept": len(restriction.kept_teacher_ids), "public_pool_sentences": len(public_texts)}
+    if prepared is not None:
+        stats.update({k: v for k, v in prepared.stats.items() if k in ("num_sequences", "pool_sources")})
+    return {"runs": runs, "baselines": base, "data": stats, "small_params": small_params,
+            "phase_seconds": phases.as_dict(),
             "unk_rate_small": float(np.mean(~scorer.common["test"][data.test[:, 1:] > M.EOS]))}
 
 
