@@ -10,8 +10,9 @@ of `fedpriv.models.lora.LoraTask.loss_with` on a batch of B real chat-length row
 tokens, right-padded to L+1) with the cached lower-block output, then an SGD update of the
 adapters — and reports, per step: CPU seconds (``resource.getrusage``, user + system of this
 process: on a machine shared with other jobs the wall clock is not a measurement) and wall
-seconds (median of ``--repeats`` after a warm-up), XLA's FLOP count of the compiled step
-(``compiled.cost_analysis()``) beside a closed form, XLA's temporary + argument bytes
+seconds (median of ``--repeats`` after a warm-up), the matmul FLOPs counted on the step's jaxpr
+(`fedpriv.models.flops`) beside the closed form and XLA's own count (``cost_analysis()``, which
+counts the blocks' loop body once), XLA's temporary + argument bytes
 (``memory_analysis()``) and the process's peak RSS. Also: the cache pass (the lower 30 - k
 blocks, per token), and the largest logit difference of bfloat16 frozen weights and of a
 bfloat16 cache against float32 (on the same batch). A figure, not a test: rerun on a quiet
@@ -52,23 +53,6 @@ def timed(fn, repeats: int):
     return statistics.median(walls), statistics.median(cpus)
 
 
-def step_flops_closed_form(config, lora, k: int, tokens: int) -> float:
-    """FLOPs of one LoRA client step on ``tokens`` positions (multiply-add = 2 FLOPs), counting
-    the matmuls only: forward of k blocks + head, backward to the activations through both
-    (≈ the forward again), and the adapters' own forward/backward (≈ 3x their forward).
-    Attention scores (O(L^2 d) per block) are included; norms and softmaxes are not."""
-    from fedpriv.models.lora import target_shapes
-    c = config
-    hq, hkv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
-    L = tokens  # per-row positions enter only through the attention term below
-    block = 2 * (c.dim * hq + 2 * c.dim * hkv + hq * c.dim + 3 * c.dim * c.ffn_dim)
-    head = 2 * c.dim * c.vocab_size
-    shapes = target_shapes(c)
-    adapter = 2 * sum(lora.rank * sum(shapes[t]) for t in lora.targets)
-    per_token = 2 * (k * block + head) + 3 * k * adapter
-    return float(per_token * L)
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--top-layers", default="1,2,4,30")
@@ -82,7 +66,9 @@ def main(argv=None):
     args = ap.parse_args(argv)
 
     from fedpriv.models import gguf, lora as L
+    from fedpriv.models.flops import matmul_flops
     from fedpriv.public import distill
+    from fedpriv.recipes.llm_lora import lora_step_flops
 
     c0 = cpu_seconds()
     teacher = gguf.cached_teacher()
@@ -131,7 +117,8 @@ def main(argv=None):
             "step_wall_s": wall, "step_cpu_s": cpu, "compile_cpu_s": compile_cpu,
             "task_build_cpu_s": build_cpu,
             "xla_flops": float(cost.get("flops", float("nan"))) if cost else None,
-            "closed_form_flops": step_flops_closed_form(task.config, lora, k, B * T),
+            "matmul_flops": matmul_flops(step, task.frozen, adapters, opt_state, b),
+            "closed_form_flops": lora_step_flops(task.config, lora, B, T),
             "xla_temp_bytes": getattr(mem, "temp_size_in_bytes", None),
             "xla_argument_bytes": getattr(mem, "argument_size_in_bytes", None),
             "cache_pass_wall_s_per_token": cache_wall / real_tokens,

@@ -115,7 +115,8 @@ SCALES = {
     # seconds: the teacher's first 2 blocks (LoRA on the top 1, the other cached), a handful of
     # users with 2 short messages each, 2 rounds
     "smoke": dict(teacher_layers=2, top_layers=1, rank=2, lora_examples_per_client=2, lora_batch_size=2,
-                  eval_batch_size=8, arms=("small_lm", "lora", "zero_shot")),
+                  eval_batch_size=8, arms=("small_lm", "lora", "zero_shot"), lora_server_lrs=(0.3,),
+                  lora_clip_norm=0.5),
     # the comparison on this CPU: (a) at its published hyper-parameters (wang-table2), the LoRA
     # arms at lora_server_lrs per epsilon; the DP-FTRL schedule of every private arm is lm's
     "small": dict(lora_server_lrs=(0.05, 0.5)),

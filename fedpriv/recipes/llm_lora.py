@@ -57,6 +57,7 @@ from fedpriv.fl import algorithms as algs
 from fedpriv.fl.frozen import build_frozen_algorithm
 from fedpriv.fl.loop import train
 from fedpriv.models import lora as L, metrics as M
+from fedpriv.models.flops import matmul_flops
 from fedpriv.models.lm import count_params, make_lm, make_lm_task
 from fedpriv.public import distill, vocab
 from fedpriv.public.algorithm import PrivateTraining, algorithm1
@@ -232,24 +233,27 @@ def small_lm_step_flops(model_cfg, rows: int, length: int) -> float:
 
 
 def lora_step_flops(llama_config, lora_cfg: L.LoraConfig, rows: int, length: int) -> float:
-    """FLOPs of one LoRA client step on ``rows`` x ``length`` positions (closed form, matmuls):
-    the k adapted blocks and the tied head forward (``2 (k·block + d·V)`` per position, block =
-    ``d·(Hh + 2Gh) + Hh·d + 3 d·F`` plus the attention scores ``2·length·Hh``), backward to the
-    activations through the frozen weights (= the forward again; no weight gradient), and the
-    adapters' forward + backward (3 x ``2 r (d_in + d_out)`` per target). Checked against XLA's
-    count (`tests/experiments/test_llm_lora.py`)."""
+    """FLOPs of one LoRA client step on ``rows`` x ``length`` positions (closed form, matmuls;
+    multiply-add = 2). Per position, MACs: the k adapted blocks' projections ``P = d·(Hh + 2Gh)
+    + Hh·d + 3 d·F`` forward and backward to the activations through the frozen weights (2P; no
+    weight gradient; the lowest block's input gradient too: the blocks run as one loop body),
+    their attention ``2·length·Hh`` forward and twice that backward, the tied head ``d·V``
+    forward and backward, and the adapters' forward + both gradients (3 x ``r (d_in + d_out)``
+    per target). Equal to `fedpriv.models.flops.matmul_flops` of the step
+    (`tests/experiments/test_llm_lora.py`)."""
     c = llama_config
     hq, hkv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
     k = lora_cfg.adapted(c.n_layers)
-    block = c.dim * (hq + 2 * hkv) + hq * c.dim + 3 * c.dim * c.ffn_dim + 2 * length * hq
+    proj = c.dim * (hq + 2 * hkv) + hq * c.dim + 3 * c.dim * c.ffn_dim
     shapes = L.target_shapes(c)
     adapter = sum(lora_cfg.rank * sum(shapes[t]) for t in lora_cfg.targets)
-    per_position = 2 * 2 * (k * block + c.dim * c.vocab_size) + 3 * 2 * k * adapter
-    return float(per_position * rows * length)
+    macs = k * (2 * proj + 6 * length * hq) + 2 * c.dim * c.vocab_size + 3 * k * adapter
+    return float(2 * macs * rows * length)
 
 
 def lower_flops(llama_config, lora_cfg: L.LoraConfig, length: int) -> float:
-    """FLOPs of the cache pass per position: the N - k frozen lower blocks' forward."""
+    """FLOPs of the cache pass per position (of rows of ``length``): the N - k frozen lower
+    blocks' forward (projections and attention, matmuls)."""
     c = llama_config
     hq, hkv = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
     block = c.dim * (hq + 2 * hkv) + hq * c.dim + 3 * c.dim * c.ffn_dim + 2 * length * hq
@@ -275,36 +279,43 @@ def _client_step(loss, opt):
 
 
 def small_lm_costs(cfg, task, model_cfg, params) -> dict:
-    """Client cost per round of (a): bytes down/up (float32 params), FLOPs (closed form, padded
-    batches), XLA's peak bytes of one compiled local step."""
+    """Client cost per round of (a): bytes down/up (float32 params), the matmul FLOPs of its local
+    steps on padded batches (counted on the step's jaxpr, `fedpriv.models.flops`; the closed form
+    beside), XLA's peak bytes of one compiled local step."""
     c = cfg.lm
     steps = c.max_local_steps or 1
     opt = optax.sgd(c.client_lr)
     batch = {"tokens": jnp.zeros((c.batch_size, c.seq_len + 1), jnp.int32),
              "mask": jnp.ones((c.batch_size,), jnp.float32)}
-    compiled = jax.jit(_client_step(lambda p, b: task.loss_fn(p, b, None), opt)).lower(
-        params, opt.init(params), batch).compile()
+    step = _client_step(lambda p, b: task.loss_fn(p, b, None), opt)
+    compiled = jax.jit(step).lower(params, opt.init(params), batch).compile()
     n = count_params(params)
     return {"params": n, "down_bytes": 4 * n, "up_bytes": 4 * n, "local_steps": steps,
-            "flops": steps * small_lm_step_flops(model_cfg, c.batch_size, c.seq_len),
+            "flops": steps * matmul_flops(step, params, opt.init(params), batch),
+            "flops_closed_form": steps * small_lm_step_flops(model_cfg, c.batch_size, c.seq_len),
             "step_peak_bytes": _xla_memory(compiled), "model_bytes": 4 * n}
 
 
 def lora_costs(cfg, task: L.LoraTask, adapters) -> dict:
     """Client cost per round of a LoRA arm: bytes down/up (float32 adapters; the frozen LLM is a
-    one-time download, ``model_bytes``), FLOPs (closed form) of the local steps and, once per
-    example, of the cache pass, XLA's peak bytes of one compiled local step."""
+    one-time download, ``model_bytes``), the matmul FLOPs of the local steps (counted on the
+    step's jaxpr; the closed form beside) and, once per example, of the cache pass (closed form),
+    XLA's peak bytes of one compiled local step."""
     steps, B, T = cfg.lora_local_steps, cfg.lora_batch_size, cfg.lm.seq_len
     opt = optax.sgd(cfg.lora_client_lr)
     batch = {"tokens": jnp.zeros((B, T + 1), jnp.int32), "mask": jnp.ones((B,), jnp.float32)}
     if task.lora.adapted(task.config.n_layers) < task.config.n_layers:
         batch["hidden"] = jnp.zeros((B, T, task.config.dim), jnp.dtype(cfg.cache_dtype))
-    compiled = jax.jit(lambda fz, p, s, b: _client_step(lambda pp, bb: task.loss_with(fz, pp, bb), opt)(p, s, b)
-                       ).lower(task.frozen, adapters, opt.init(adapters), batch).compile()
+    def step(fz, p, s, b):
+        return _client_step(lambda pp, bb: task.loss_with(fz, pp, bb), opt)(p, s, b)
+
+    args = (task.frozen, adapters, opt.init(adapters), batch)
+    compiled = jax.jit(step).lower(*args).compile()
     frozen_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(task.frozen))
     n = task.num_params
     return {"params": n, "down_bytes": 4 * n, "up_bytes": 4 * n, "local_steps": steps,
-            "flops": steps * lora_step_flops(task.config, task.lora, B, T),
+            "flops": steps * matmul_flops(step, *args),
+            "flops_closed_form": steps * lora_step_flops(task.config, task.lora, B, T),
             "cache_flops_per_example": lower_flops(task.config, task.lora, T) * T,
             "step_peak_bytes": _xla_memory(compiled), "model_bytes": frozen_bytes}
 
@@ -520,7 +531,7 @@ def _run_lora(cfg, arm, seed, eps, teacher, data, scorer, lora_cfg, sub, key, pr
                for n, t in (("train", data.train.concat_examples()["tokens"]), ("val", data.val),
                             ("test", data.test))}
     train_ds = _lora_train_dataset(data, hid["train"])
-    fcfg = dataclasses.replace(cfg.lm, seed=seed, target_epsilon=eps, noise_multiplier=None,
+    fcfg = dataclasses.replace(public.at_epsilon(cfg.lm, eps), seed=seed, target_epsilon=eps, noise_multiplier=None,
                                server_lr=cfg.lora_server_lr(eps), client_lr=cfg.lora_client_lr,
                                clip_norm=cfg.lora_clip_norm, batch_size=cfg.lora_batch_size,
                                max_examples_per_client=cfg.lora_examples_per_client,
