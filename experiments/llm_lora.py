@@ -236,8 +236,8 @@ def notes(cfg, out: dict, spec: str, workdir: str) -> list[str]:
         f"<= {c.max_examples_per_client} examples per user; UNK targets trained (train_on_unk={c.train_on_unk})",
         f"(b) SmolLM2-135M-Instruct over its full BPE ({d.get('llm_vocab_size'):,} ids), frozen weights "
         f"{cfg.frozen_dtype}, lower-block cache {cfg.cache_dtype}; {lora_desc}; server lr "
-        + ", ".join(f"{cfg.lora_server_lr(e):g} at eps {e:g}" for e in c.epsilons)
-        + f", client lr {cfg.lora_client_lr:g}, clip {cfg.lora_clip_norm:g}, {cfg.lora_local_steps} local step(s) "
+        + ", ".join(f"{cfg.lora_server_lr(e):g} (clip {cfg.lora_clip(e):g}) at eps {e:g}" for e in c.epsilons)
+        + f", client lr {cfg.lora_client_lr:g}, {cfg.lora_local_steps} local step(s) "
         f"of {cfg.lora_batch_size}, <= {cfg.lora_examples_per_client} examples per user",
         f"test set (every arm): {d.get('test_examples')} examples of the test users (<= {cfg.lora_examples_per_client} "
         f"per user), {d.get('test_targets'):,} targets, {d.get('test_bytes'):,.0f} bytes; (a)'s UNK share of "

@@ -407,7 +407,7 @@ _LM_NOT_IDENTITY = {"seeds", "epsilons", "epsilon_server_lrs", "seed", "target_e
                     "max_eval_examples", "eval_batch_size"}
 _LORA_FIELDS = {"rank", "alpha", "targets", "top_layers", "upload_targets", "frozen_dtype", "cache_dtype",
                 "lora_examples_per_client", "lora_batch_size", "lora_local_steps", "lora_client_lr",
-                "lora_clip_norm", "lora_server_lrs"}
+                "lora_clip_norm", "lora_clip_norms", "lora_server_lrs"}
 
 
 def run_key(cfg, arm: str, seed: int | None, eps: float | None) -> str:
@@ -419,8 +419,10 @@ def run_key(cfg, arm: str, seed: int | None, eps: float | None) -> str:
         fields = {k: v for k, v in fields.items() if k not in _LORA_FIELDS}
         lmf["server_lr"] = public.at_epsilon(cfg.lm, eps).server_lr
     else:
-        fields.pop("lora_server_lrs", None)
+        for name in ("lora_server_lrs", "lora_clip_norms", "lora_clip_norm"):
+            fields.pop(name, None)
         fields["lora_server_lr"] = None if eps is None else cfg.lora_server_lr(eps)
+        fields["lora_clip"] = None if eps is None else cfg.lora_clip(eps)
     fields.update(lm=lmf, arm=arm, seed=seed, epsilon=None if eps is None else float(eps))
     return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
@@ -480,8 +482,9 @@ def _run_small(cfg, seed, eps, prepared, scorer, sub, key, progress, log) -> dic
     private = PrivateTraining(alg, sampler, prepared.train, ids, rounds=cfg.lm.rounds,
                               batch_size=cfg.lm.batch_size, seed=seed, max_steps=cfg.lm.max_local_steps,
                               eval_fn=eval_fn, eval_every=cfg.lm.eval_every,
-                              checkpoint_every=cfg.lm.checkpoint_every, progress=progress,
-                              log_fn=_log_row(log), lanes=cfg.lm.lanes, batching=cfg.lm.batching)
+                              checkpoint_every=cfg.lm.checkpoint_every, stage="dp-ftrl (small_lm)",
+                              progress=progress, log_fn=_log_row(log), lanes=cfg.lm.lanes,
+                              batching=cfg.lm.batching)
     spec = public.row_spec("pretrain_distill_long", cfg.lm, seed)
     init = task.init(jax.random.key(seed))
     with phases("public pre-training + DP-FTRL (rounds, compile, checkpoints; without evaluation)",
@@ -533,7 +536,7 @@ def _run_lora(cfg, arm, seed, eps, teacher, data, scorer, lora_cfg, sub, key, pr
     train_ds = _lora_train_dataset(data, hid["train"])
     fcfg = dataclasses.replace(public.at_epsilon(cfg.lm, eps), seed=seed, target_epsilon=eps, noise_multiplier=None,
                                server_lr=cfg.lora_server_lr(eps), client_lr=cfg.lora_client_lr,
-                               clip_norm=cfg.lora_clip_norm, batch_size=cfg.lora_batch_size,
+                               clip_norm=cfg.lora_clip(eps), batch_size=cfg.lora_batch_size,
                                max_examples_per_client=cfg.lora_examples_per_client,
                                max_local_steps=cfg.lora_local_steps)
     ids = list(train_ds.client_ids)
@@ -699,7 +702,7 @@ def privacy_plan(cfg) -> PrivacyPlan:
             if arm == "zero_shot":
                 continue
             fcfg = base if arm == "small_lm" else dataclasses.replace(
-                base, server_lr=cfg.lora_server_lr(e), client_lr=cfg.lora_client_lr, clip_norm=cfg.lora_clip_norm,
+                base, server_lr=cfg.lora_server_lr(e), client_lr=cfg.lora_client_lr, clip_norm=cfg.lora_clip(e),
                 batch_size=cfg.lora_batch_size, max_examples_per_client=cfg.lora_examples_per_client,
                 max_local_steps=cfg.lora_local_steps)
             sim = " (SIMULATED population's epsilon)" if cfg.lm.simulated_population else ""

@@ -50,6 +50,7 @@ def test_smoke_writes_the_tables_and_every_private_arm_spends_its_plans_event(sm
         assert 0 < s["test"]["bits_per_byte"] < 100 and s["val_curve"]
         eps = cfg.lm.epsilons[0]  # each arm runs its own server lr (the LoRA arms' differs from (a)'s)
         assert s["server_lr"] == (cfg.lm.server_lr if arm == "small_lm" else cfg.lora_server_lr(eps))
+        assert s["clip_norm"] == (cfg.lm.clip_norm if arm == "small_lm" else cfg.lora_clip(eps))
     assert len(spent) == 1  # equal epsilon: every private arm charged the same event
     zero = json.load(open(os.path.join(smoke, "zero_shot", "summary.json")))
     assert zero["epsilon"] == 0 and "ledger" not in zero
@@ -141,6 +142,7 @@ def test_the_upload_matched_rank_is_the_closest():
 @pytest.mark.parametrize("override,match", [
     ("arms=small_lm/gpt", "distinct names"),
     ("lora_server_lrs=0.1", "one positive server lr per epsilon"),
+    ("lora_clip_norms=0.1/1/2", "one positive clip norm per epsilon"),
     ("epsilons=18.71", "one positive server lr per epsilon"),
     ("rows=none", "pretrain_distill_long"),
     ("top_layers=3", "exceeds the teacher"),
@@ -152,5 +154,5 @@ def test_the_config_refuses_an_unequal_or_broken_comparison(override, match):
     with pytest.raises(ConfigError, match=match):
         common.load_config(f"configs/llm_lora.py:{scale},{override}")
     one = common.load_config("configs/llm_lora.py:small,epsilons=18.71,epsilon_server_lrs=0.5,server_lr=0.5,"
-                             "lora_server_lrs=0.5")
-    assert one.lora_server_lr(18.71) == 0.5
+                             "lora_server_lrs=0.5,lora_clip_norms=0.3")
+    assert one.lora_server_lr(18.71) == 0.5 and one.lora_clip(18.71) == 0.3
