@@ -133,8 +133,9 @@ SCALES = {
     # schedule. LoRA's, from 20-40-round pilots (seed 0, validation bits per byte, zero-shot 2.006):
     #   eps 18.71: server lr 0.5, clip 1.0 -> 1.751 at round 20 (clip 0.1, lr 1.0: 1.770)
     #   eps 1.77: clip 0.1 (the updates' norms start at ~0.05: clip 1.0 would be 10x the noise),
-    #     server lr 0.5 -> 1.819 at round 15, 1.847 at 20 (noisy); 0.2 for the 100-round runs
-    "small": dict(lora_server_lrs=(0.2, 0.5), lora_clip_norms=(0.1, 1.0)),
+    #     server lr 0.5 -> 1.819 at round 15, 1.847 at 20 (noisy)
+    # 20 rounds (LM_SCALE): the pilots' horizon, hence their lrs at both epsilons
+    "small": dict(lora_server_lrs=(0.5, 0.5), lora_clip_norms=(0.1, 1.0)),
     # the paper's population and noise (cohort 100, 400 rounds), for a GPU
     "paper": dict(lora_server_lrs=(0.2, 0.5), lora_clip_norms=(0.1, 1.0), lora_examples_per_client=16,
                   lora_batch_size=16),
@@ -146,11 +147,18 @@ LM_SCALE = {
     # wang-table2's published (a): pretrain_distill_long, LSTM 96/128, teacher BPE restricted to
     # 3000 ids, clip 1.0, server lr 0.05 at eps 1.77 / 0.5 at 18.71, cohort 16 with the noise of
     # 100 (Wang et al.'s per-round noise, simulated StackOverflow), here for `rounds` rounds.
-    # train_on_unk: bits per byte need p(UNK) (a density over all text), so UNK targets are trained
+    # train_on_unk: bits per byte need p(UNK) (a density over all text), so UNK targets are trained.
+    # rounds=20 (not wang-table2's 800): the budget of one CPU core, ~100 CPU-min for the whole grid
+    # (3 seeds x 2 epsilons x small_lm/lora/lora_upload + zero-shot). Measured on one core
+    # (benchmarks/lora_step.py --top-layers 2,30 --batch 8): a LoRA client step 0.39 CPU-s, so a
+    # round of 16 clients ~6.5 CPU-s, an evaluation of the ~850 validation examples ~20 CPU-s:
+    # ~4 CPU-min per LoRA run at 20 rounds evaluated every 5, x12, + (a)'s pre-training per run.
+    # A short-horizon comparison: every arm (and (a)'s DP-FTRL) gets the same 20 rounds
     "small": "small,rows=pretrain_distill_long,epsilons=1.77/18.71,simulated_population=wang_stackoverflow,"
              "clip_norm=1.0,server_lr=0.05,epsilon_server_lrs=0.05/0.5,train_on_unk=true,seeds=0/1/2,"
-             "rounds=100,eval_every=25,checkpoint_every=25,max_eval_examples=2000",
-    "paper": "paper,rows=pretrain_distill_long,epsilons=1.77/18.71,train_on_unk=true,epsilon_server_lrs=0.05/0.5,"
+             "rounds=20,eval_every=5,checkpoint_every=5,max_eval_examples=2000",
+    "paper": "paper,rows=pretrain_distill_long,archs=none,student_server_lrs=none,epsilons=1.77/18.71,"
+             "train_on_unk=true,epsilon_server_lrs=0.05/0.5,"
              "server_lr=0.05,clip_norm=1.0,rounds=400,eval_every=50,checkpoint_every=50",
 }
 

@@ -111,9 +111,11 @@ def aggregate(cfg, out: dict, rows: list[dict]) -> list[dict]:
     return table
 
 
-def cost_table(cfg, out: dict) -> list[dict]:
+def cost_table(cfg, out: dict, rows: list[dict]) -> list[dict]:
     """Per arm: the client's cost per round (closed-form FLOPs, XLA's peak bytes of a step,
-    bytes down/up) and the measured CPU seconds per round of this CPU (the runs' training phase)."""
+    bytes down/up), the measured CPU seconds per round of this CPU (the runs' training phase) and
+    the server's rounds to reach the target validation bits per byte at each epsilon (per seed,
+    '-': not within the run; ``per_run_rows``)."""
     table = []
     for arm in cfg.arms:
         rs = [r for r in out["runs"] if r["arm"] == arm]
@@ -137,6 +139,10 @@ def cost_table(cfg, out: dict) -> list[dict]:
                                                            common.pm(train_cpu, 1, 2)),
             "CPU s of the cache pass (measured)": None if not cache_cpu or not max(cache_cpu) else
             common.pm(cache_cpu, 1, 1),
+            **{f"rounds to target, eps {e:g} (per seed)": "/".join(
+                "-" if r["rounds_to_target"] is None else str(r["rounds_to_target"])
+                for r in sorted((r for r in rows if r["arm"] == arm and r["epsilon"] == e), key=lambda r: r["seed"]))
+               for e in cfg.lm.epsilons},
             "runs": len(rs)})
     return table
 
@@ -263,7 +269,7 @@ def main(argv=None):
     out = R.run_arms(cfg, workdir)
     rows = per_run_rows(cfg, out["runs"])
     common.write_table(rows, workdir, "llm_lora_runs")
-    common.write_table(cost_table(cfg, out), workdir, "costs", title="Client cost per round, per arm")
+    common.write_table(cost_table(cfg, out, rows), workdir, "costs", title="Client cost per round, per arm")
     phases = {f"invocation: {k}": [v] for k, v in out.get("phase_seconds", {}).items()}
     for r in out["runs"]:
         for k, v in (r.get("phase_seconds") or {}).items():

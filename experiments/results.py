@@ -50,7 +50,6 @@ import shutil
 import subprocess
 import sys
 
-
 from experiments import common, compact, index, page as P, rejudge
 from experiments.compact import (  # noqa: F401 (re-exported: the compact summaries' API)
     COMPACT_FILE,

@@ -39,7 +39,7 @@ def build_frozen_algorithm(make_loss: Callable[[Any], Callable], frozen: Any, cl
         ``build_algorithm`` (``local_epochs``, ``chunk_size``, ``compute_dtype``; ``client``
         hooks are not supported here: they would close over the loss).
     Returns:
-      a ``FederatedAlgorithm`` whose ``apply`` / ``apply_packed`` take the usual arguments.
+      a ``FederatedAlgorithm`` whose ``apply`` takes the usual arguments (packed or padded cohort).
     """
     if "client" in kwargs or "jit" in kwargs:
         raise ValueError("build_frozen_algorithm builds its own jitted round from make_loss "
@@ -49,11 +49,7 @@ def build_frozen_algorithm(make_loss: Callable[[Any], Callable], frozen: Any, cl
                               expected_cohort_size=expected_cohort_size, jit=False, **kwargs)
     base = build(make_loss(frozen))  # init, dp and the fields (init never calls the loss)
 
-    def apply_packed(fz, state, lanes, client_mask, key, first=None):
-        return build(make_loss(fz)).apply_packed(state, lanes, client_mask, key, first)
+    def apply(fz, state, cohort, client_mask, key, first=None, client_states=None):
+        return build(make_loss(fz)).apply(state, cohort, client_mask, key, first, client_states)
 
-    def apply(fz, state, batches, client_mask, key):
-        return build(make_loss(fz)).apply(state, batches, client_mask, key)
-
-    return dataclasses.replace(base, apply=functools.partial(jax.jit(apply), frozen),
-                               apply_packed=functools.partial(jax.jit(apply_packed), frozen))
+    return dataclasses.replace(base, apply=functools.partial(jax.jit(apply), frozen))

@@ -57,6 +57,8 @@ def test_smoke_writes_the_tables_and_every_private_arm_spends_its_plans_event(sm
     verdicts = json.load(open(os.path.join(smoke, "verdicts.json")))
     assert any("beats the small LM at equal epsilon (test bits per byte)" in v["claim"] for v in verdicts)
     assert any("equal upload" in v["claim"] and v["status"] == "not run yet" for v in verdicts)  # not a smoke arm
+    costs = open(os.path.join(smoke, "costs.md")).read()  # per arm: the client cost and the rounds to target
+    assert all(R.ARM_LABELS[a] in costs for a in cfg.arms) and f"rounds to target, eps {eps:g}" in costs
 
 
 def test_a_rerun_reads_the_finished_arms_back_and_another_config_is_refused(smoke, capsys):
