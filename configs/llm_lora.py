@@ -151,12 +151,15 @@ LM_SCALE = {
     # rounds=20 (not wang-table2's 800): the budget of one CPU core, ~100 CPU-min for the whole grid
     # (3 seeds x 2 epsilons x small_lm/lora/lora_upload + zero-shot). Measured on one core
     # (benchmarks/lora_step.py --top-layers 2,30 --batch 8): a LoRA client step 0.39 CPU-s, so a
-    # round of 16 clients ~6.5 CPU-s, an evaluation of the ~850 validation examples ~20 CPU-s:
-    # ~4 CPU-min per LoRA run at 20 rounds evaluated every 5, x12, + (a)'s pre-training per run.
-    # A short-horizon comparison: every arm (and (a)'s DP-FTRL) gets the same 20 rounds
+    # round of 16 clients ~6.5 CPU-s; the first grid run (seed 0, eps 1.77, lora): 135 CPU-s of
+    # training for 20 rounds and 23 CPU-s per evaluation of the ~840 validation examples (6 at
+    # eval_every=5: half the run), (a) 150 CPU-s (its public pre-training 1875 steps). Hence
+    # eval_every=10 (evaluations at rounds 10 and 20: rounds to target in steps of 10): ~4 CPU-min
+    # per LoRA run, x12, + 6 x 2.5 for (a). A short-horizon comparison: every arm (and (a)'s
+    # DP-FTRL) gets the same 20 rounds
     "small": "small,rows=pretrain_distill_long,epsilons=1.77/18.71,simulated_population=wang_stackoverflow,"
              "clip_norm=1.0,server_lr=0.05,epsilon_server_lrs=0.05/0.5,train_on_unk=true,seeds=0/1/2,"
-             "rounds=20,eval_every=5,checkpoint_every=5,max_eval_examples=2000",
+             "rounds=20,eval_every=10,checkpoint_every=5,max_eval_examples=2000",
     "paper": "paper,rows=pretrain_distill_long,archs=none,student_server_lrs=none,epsilons=1.77/18.71,"
              "train_on_unk=true,epsilon_server_lrs=0.05/0.5,"
              "server_lr=0.05,clip_norm=1.0,rounds=400,eval_every=50,checkpoint_every=50",
