@@ -90,6 +90,10 @@ BUILTIN = (
              "the public LLM guided by DP votes vs on-device DP-FTRL at equal epsilon; synthetic "
              "pre-training + DP-FTRL", "pre_text", "pre_text",
              outputs=("pre_text.md", "rounds_to_match.png", "fred.md", "phases.md", "samples.md")),
+    Artefact("llm-lora", "beyond the papers", "the public LLM as the on-device model: DP-FTRL LoRA of "
+             "SmolLM2-135M vs the small LM trained with its help (public pre-training + distillation) vs the "
+             "LLM zero-shot, at equal epsilon and equal upload, in bits per byte, with each arm's client cost",
+             "llm_lora", "llm_lora", outputs=("llm_lora.md", "costs.md", "phases.md", "llm_lora.png")),
     Artefact("koga-iw-regime", "Koga et al. 2023", "IW/IWPT given a fair test: TV of the private target "
              "unigrams vs N_T, eps0, vocabulary, per-user bound; IW/IWPT vs baselines on a large target "
              "(chat_target), 3 seeds, + a no-signal control", "iw_regime", "iw_regime",

@@ -54,6 +54,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # first; every other file follows in collection order. Only the order changes, never a test.
 SLOWEST_FILES_FIRST = (
     "tests/experiments/test_pre_text.py",
+    "tests/experiments/test_llm_lora.py",
     "tests/experiments/test_lm_experiments.py",
     "tests/experiments/test_configs_heavy.py",
     "tests/experiments/test_fred_pipeline.py",

@@ -354,3 +354,198 @@ def most_frequent_token_accuracy(train_tokens, eval_tokens) -> float:
         return 0.0
     most = np.bincount(tr).argmax()
     return float(np.mean(ev == most))
+
+
+# ----------------------------------------------------------------------------------------------
+# Bits per byte: a tokenizer-independent metric (issue 53)
+# ----------------------------------------------------------------------------------------------
+#
+# Models with different tokenizers (a small LM over a restricted vocabulary with UNK, the public
+# LLM over its full byte-level BPE) are compared by the code length they give the same text:
+#
+#     bits per byte = ( Σ_t −log2 p(y_t | y_<t)  +  Σ_{t: y_t = UNK} −log2 q(w_t | UNK) )
+#                     / Σ_t bytes(y_t)
+#
+# over the scored targets t of the evaluation examples (every non-PAD target), where
+#
+# * bytes(y_t) is the number of UTF-8 bytes of text the target token covers: a text token its
+#   own bytes (byte-level BPE: one byte per character of the token string, `byte_level_token_bytes`);
+#   **EOS counts one byte** (the message boundary, a newline in a byte stream of messages) and
+#   its NLL counts; **BOS is never a target** (it is the first input) and covers nothing; an
+#   example truncated at ``seq_len`` tokens has no EOS target and covers the bytes of its kept
+#   tokens only (the same tokens for every model evaluated on the same examples);
+# * an **UNK target** of a restricted-vocabulary model stands for a token w_t outside its
+#   vocabulary; UNK alone does not identify the bytes, so the code length adds −log2 q(w_t | UNK)
+#   for a fixed, public distribution q over the folded tokens (e.g. their public-pool unigram
+#   frequencies, `unk_code_lengths`): ``p(UNK) · q(w | UNK)`` is then a proper distribution over
+#   the full vocabulary and the bits per byte a real code length, comparable across tokenizers.
+#   A model without UNK targets has no such term.
+#
+# A uniform model over a byte-level vocabulary of n symbols (each covering one byte, EOS one
+# byte) gives log2(n) bits per byte (`tests/models/test_bits_per_byte.py`).
+
+LN2 = float(np.log(2.0))
+
+
+def _bytes_to_unicode() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the printable character standing for each byte 0..255
+    (Radford et al. 2019; the `tokenizers` ByteLevel pre-tokenizer's table), inverted."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def byte_level_token_bytes(token_strings, special_ids=()) -> np.ndarray:
+    """``int32[V]``: UTF-8 bytes each token of a byte-level BPE vocabulary decodes to (every
+    character of a token string stands for one byte); 0 for ``special_ids`` (control tokens,
+    never text). A non-special token with a character outside the byte alphabet raises
+    ValueError (the accounting would be wrong)."""
+    table = _bytes_to_unicode()
+    special = set(int(i) for i in special_ids)
+    out = np.zeros((len(token_strings),), np.int32)
+    for i, s in enumerate(token_strings):
+        if i in special:
+            continue
+        if any(ch not in table for ch in s):
+            raise ValueError(f"token {i} ({s!r}) is not a byte-level BPE string: its bytes are unknown")
+        out[i] = len(s)
+    return out
+
+
+def target_byte_counts(tokens: np.ndarray, token_bytes: np.ndarray, eos_bytes: int = 1) -> np.ndarray:
+    """``float64[N, L]``: bytes covered by each target ``tokens[:, 1:]`` (project ids of a
+    vocabulary with no UNK, e.g. the teacher's full BPE): ``token_bytes[id]`` for a text token,
+    ``eos_bytes`` for EOS, 0 for PAD. UNK or BOS targets raise ValueError (their bytes are
+    unknown: count them in the full vocabulary and pass the restricted model's UNK cost apart)."""
+    t = np.asarray(tokens)[:, 1:]
+    bad = (t == UNK) | (t == BOS)
+    if bad.any():
+        raise ValueError(f"{int(bad.sum())} UNK/BOS targets: bytes are counted on full-vocabulary ids")
+    out = np.asarray(token_bytes, np.float64)[t]
+    out[t == EOS] = eos_bytes
+    out[t == PAD] = 0.0
+    return out
+
+
+def unk_code_lengths(restricted_tokens: np.ndarray, full_tokens: np.ndarray,
+                     log_q: np.ndarray) -> np.ndarray:
+    """``float64[N, L]`` nats: ``−log q(w_t | UNK)`` at every UNK target of ``restricted_tokens``,
+    ``w_t`` the aligned target of ``full_tokens`` (the same examples in full-vocabulary ids), 0
+    elsewhere. ``log_q``: ``float[V_full]``, log-probabilities of the folded tokens (finite for
+    every token that may be folded). Raises ValueError if the two token arrays are not aligned
+    (PAD in one and not the other)."""
+    r, f = np.asarray(restricted_tokens)[:, 1:], np.asarray(full_tokens)[:, 1:]
+    if r.shape != f.shape or np.any((r == PAD) != (f == PAD)):
+        raise ValueError("the restricted and full-vocabulary tokens are not the same examples aligned")
+    out = np.zeros(r.shape, np.float64)
+    unk = r == UNK
+    lq = np.asarray(log_q, np.float64)[f[unk]]
+    if not np.all(np.isfinite(lq)):
+        raise ValueError("log_q is not finite on a folded target: q must cover every folded token")
+    out[unk] = -lq
+    return out
+
+
+def bits_per_byte(nll: np.ndarray, target_bytes: np.ndarray, extra_nats: np.ndarray | None = None,
+                  scored: np.ndarray | None = None) -> dict:
+    """Bits per byte of per-target NLLs (module section above).
+
+    Args:
+      nll: ``float[N, L]`` nats, −log p(target) of each position.
+      target_bytes: ``float[N, L]`` bytes each target covers (`target_byte_counts`).
+      extra_nats: optional ``float[N, L]`` nats added per target (`unk_code_lengths`).
+      scored: ``bool[N, L]`` positions counted (default: ``target_bytes > 0``).
+    Returns:
+      ``dict(bits_per_byte, bits, bytes, targets)`` (float64 sums; bits_per_byte nan on 0 bytes).
+    """
+    nll = np.asarray(nll, np.float64)
+    nb = np.asarray(target_bytes, np.float64)
+    scored = nb > 0 if scored is None else np.asarray(scored, bool)
+    nats = np.where(scored, nll, 0.0).sum()
+    if extra_nats is not None:
+        nats += np.where(scored, np.asarray(extra_nats, np.float64), 0.0).sum()
+    nbytes = float(np.where(scored, nb, 0.0).sum())
+    bits = float(nats / LN2)
+    return {"bits_per_byte": bits / nbytes if nbytes > 0 else float("nan"), "bits": bits,
+            "bytes": nbytes, "targets": int(scored.sum())}
+
+
+def unigram_log_probs(train_tokens, vocab_size: int, smoothing: float = 0.5,
+                      never=(PAD, UNK, BOS)) -> np.ndarray:
+    """``float64[V]`` log-probabilities of the add-``smoothing`` unigram of the targets of
+    ``train_tokens`` (``int[N, L+1]`` or a sequence of such), over every id except ``never``
+    (−inf there): the unigram baseline of `bits_per_byte`."""
+    arrays = [train_tokens] if isinstance(train_tokens, np.ndarray) and train_tokens.ndim == 2 else list(train_tokens)
+    flat = np.concatenate([np.asarray(a)[:, 1:].ravel() for a in arrays if np.asarray(a).size] or
+                          [np.zeros((0,), np.int64)])
+    counts = np.bincount(flat[flat != PAD].astype(np.int64), minlength=vocab_size).astype(np.float64)
+    counts += smoothing
+    counts[list(never)] = 0.0
+    with np.errstate(divide="ignore"):
+        return np.log(counts / counts.sum())
+
+
+def per_token_scores(score_fn: Callable, tokens: np.ndarray, batch_size: int,
+                     features: Mapping[str, np.ndarray] | None = None,
+                     trim: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """Per-target NLL and top-1 correctness of many examples: ``(nll float32[N, L],
+    correct bool[N, L])`` in input order (0 / False at PAD targets and past a batch's width).
+
+    ``score_fn(batch) -> (nll float[B, w-1], correct bool[B, w-1])`` on a batch ``{'tokens':
+    int32[B, w], 'mask': float32[B], **features}`` (e.g. a jitted
+    `fedpriv.models.lora.LoraTask.scores_with` with its arguments bound, or `task_scores`);
+    ``features``: per-example arrays ``[N, L, ...]`` aligned with the inputs (e.g. the cached
+    lower-block output), sliced to each batch's rows and width. Batches as `evaluate`
+    (length-sorted, a few widths, short batches padded with PAD examples of mask 0).
+    """
+    tokens = _check_tokens(tokens, batch_size)
+    n, full = tokens.shape
+    nll = np.zeros((n, full - 1), np.float32)
+    correct = np.zeros((n, full - 1), bool)
+    for rows, tok, mask, _ in _length_batches(tokens, None, batch_size, trim):
+        batch = {"tokens": tok, "mask": mask}
+        for name, arr in (features or {}).items():
+            x = np.zeros((batch_size, tok.shape[1] - 1) + arr.shape[2:], arr.dtype)
+            x[: len(rows)] = arr[rows, : tok.shape[1] - 1]
+            batch[name] = x
+        a, b = score_fn(batch)
+        k, w = len(rows), tok.shape[1] - 1
+        nll[rows, :w] = np.asarray(a)[:k]
+        correct[rows, :w] = np.asarray(b)[:k]
+    real = tokens[:, 1:] != PAD
+    return np.where(real, nll, 0.0).astype(np.float32), correct & real
+
+
+@functools.lru_cache(maxsize=64)
+def _scores_fn(apply: Callable) -> Callable:
+    def fn(params, tokens):
+        inputs, targets = split_tokens(tokens)
+        logits = apply(params, inputs, None)
+        return token_nll(logits, targets), top1_correct(logits, targets)
+    return jax.jit(fn)
+
+
+def task_scores(task, params) -> Callable:
+    """`per_token_scores`' ``score_fn`` of an ``LMTask`` (its ``apply``, params an argument)."""
+    fn = _scores_fn(task.apply)
+    return lambda batch: fn(params, batch["tokens"])
+
+
+def byte_level_summary(nll: np.ndarray, correct: np.ndarray, tokens: np.ndarray,
+                       target_bytes: np.ndarray, extra_nats: np.ndarray | None = None) -> dict:
+    """Bits per byte (`bits_per_byte`) and the model's own in-vocabulary next-token accuracy
+    (``accuracy``: targets not PAD/UNK/BOS/EOS, as `lm_sums`) of per-target scores
+    (`per_token_scores`) of ``tokens int[N, L+1]`` (the model's own ids)."""
+    out = bits_per_byte(nll, target_bytes, extra_nats, scored=np.asarray(tokens)[:, 1:] != PAD)
+    acc = in_vocab_mask(np.asarray(tokens)[:, 1:])
+    out["accuracy"] = float(np.asarray(correct)[acc].mean()) if acc.any() else float("nan")
+    out["accuracy_targets"] = int(acc.sum())
+    out["nll_nats_per_target"] = float(np.asarray(nll, np.float64)[np.asarray(tokens)[:, 1:] != PAD].mean())
+    return out

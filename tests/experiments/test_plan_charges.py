@@ -51,6 +51,8 @@ SLOW = {
     "wang_figure3": "loads the GGUF teacher and trains a non-private oracle (as public_training)",
     "pre_text": "loads the GGUF teacher and generates with it; tests/experiments/test_pre_text.py "
                 "compares every arm's ledger with its plan on the real smoke run",
+    "llm_lora": "loads the GGUF teacher; tests/experiments/test_llm_lora.py compares every private "
+                "arm's ledger with its plan on the real smoke run",
 }
 
 
