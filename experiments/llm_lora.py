@@ -22,6 +22,7 @@ import numpy as np
 from experiments import common
 from fedpriv import verdicts as V
 from fedpriv.recipes import llm_lora as R
+from fedpriv.report import plot_curves
 
 PERCENT = 100
 
@@ -216,7 +217,6 @@ def curves_figure(cfg, out: dict, path: str) -> str | None:
         curves["zero-shot LLM"] = ([0, cfg.lm.rounds], [zero["val"]["bits_per_byte"]] * 2)
     if not curves:
         return None
-    from fedpriv.report import plot_curves
     return plot_curves(curves, path, "DP-FTRL round", "validation bits per byte (lower is better)",
                        title="validation bits per byte per round (mean over seeds)")
 

@@ -52,7 +52,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedpriv.models import llama, metrics
+from fedpriv.models import bucketing, llama, metrics
+from fedpriv.models.lm import LMTask
 
 TARGETS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 FROZEN_DTYPES = ("float32", "bfloat16")
@@ -344,7 +345,6 @@ class LoraTask:
         """An `fedpriv.models.lm.LMTask` closing over ``frozen`` (default ``self.frozen``): the
         plain ``loss_fn(params, batch, rng)`` contract. Under ``jit`` the closed-over arrays are
         embedded in the program: for the engine use `fedpriv.fl.frozen`."""
-        from fedpriv.models.lm import LMTask
         fz = self.frozen if frozen is None else frozen
 
         def apply(params, tokens_in, domain=None, rng=None, segments=None, positions=None):
@@ -388,7 +388,6 @@ def cache_hidden(task: LoraTask, tokens: np.ndarray, batch_size: int = 64,
     the batch width stay 0 and are never read for a real target). ``dtype``: storage ("float32",
     exact; "bfloat16" halves the memory: measure what it moves).
     """
-    from fedpriv.models import bucketing
     tokens = np.asarray(tokens, np.int32)
     n, full = tokens.shape
     d = task.config.dim

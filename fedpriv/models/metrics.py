@@ -36,6 +36,7 @@ import numpy as np
 import optax
 
 from fedpriv.data.tokenizers import BOS_ID as BOS, EOS_ID as EOS, PAD_ID as PAD, SPECIAL_IDS, UNK_ID as UNK
+from fedpriv.models import bucketing
 
 SPECIAL_TOKENS = SPECIAL_IDS.as_tuple()  # (PAD, UNK, BOS, EOS)
 
@@ -197,7 +198,6 @@ def _length_batches(tokens: np.ndarray, domain, batch_size: int, trim: bool):
     models, PAD targets are not scored). Otherwise consecutive full-width batches (one shape).
     Short batches are padded to ``batch_size`` rows with PAD examples of mask 0.
     """
-    from fedpriv.models import bucketing
     n, full = tokens.shape
     if trim and n:
         widths = bucketing.width_buckets(full)

@@ -48,6 +48,7 @@ import numpy as np
 import optax
 
 from fedpriv import report
+from fedpriv.data.cache import resolve_cache_dir
 from fedpriv.data.errors import ConfigError
 from fedpriv.data.federated import FederatedDataset
 from fedpriv.dp import accounting
@@ -56,12 +57,13 @@ from fedpriv.dp.plan import PrivacyPlan
 from fedpriv.fl import algorithms as algs
 from fedpriv.fl.frozen import build_frozen_algorithm
 from fedpriv.fl.loop import train
-from fedpriv.models import lora as L, metrics as M
+from fedpriv.models import gguf, lora as L, metrics as M
 from fedpriv.models.flops import matmul_flops
 from fedpriv.models.lm import count_params, make_lm, make_lm_task
 from fedpriv.public import distill, vocab
 from fedpriv.public.algorithm import PrivateTraining, algorithm1
-from fedpriv.recipes import lm, public
+from fedpriv.recipes import lm, plans, public
+from fedpriv.recipes.pretext import truncated_teacher
 
 __all__ = ["ARM_LABELS", "LlmData", "prepare_llm_data", "hidden_cache", "lora_config", "upload_rank",
            "run_arms", "privacy_plan", "small_lm_step_flops", "lora_step_flops", "run_key"]
@@ -78,8 +80,6 @@ SMOOTHING = 0.5  # add-1/2: the unigram baseline and q(token | UNK)
 def run_teacher(cfg, teacher=None):
     """The public LLM of ``cfg``: the packaged SmolLM2-135M (``cached_teacher``), or its first
     ``teacher_layers`` blocks (smoke tests)."""
-    from fedpriv.models import gguf
-    from fedpriv.recipes.pretext import truncated_teacher
     return truncated_teacher(teacher or gguf.cached_teacher(cfg.lm.teacher_path), cfg.teacher_layers)
 
 
@@ -171,7 +171,6 @@ def hidden_cache(task: L.LoraTask, tokens: np.ndarray, dtype: str, fingerprint: 
     and kept on disk in the fedpriv cache (``lora_hidden/<key>.npy``, read memory-mapped), keyed
     by the teacher's fingerprint, the split point, the frozen and cache dtypes and the tokens.
     Concurrent processes wait on one lock: one computes, the others read."""
-    from fedpriv.data.cache import resolve_cache_dir
     n_lower = task.config.n_layers - task.lora.adapted(task.config.n_layers)
     key = hashlib.sha256(json.dumps([fingerprint, n_lower, task.lora.frozen_dtype, dtype, list(tokens.shape)])
                          .encode() + np.ascontiguousarray(tokens, np.int32).tobytes()).hexdigest()[:24]
@@ -615,7 +614,6 @@ def run_arms(cfg, workdir: str, *, teacher=None, progress: bool = True, log=prin
     "baselines": {...}, "data": {...}, "small_params": int}``. ``teacher_cache``: where (a)'s
     distillation corpus is cached (default: the fedpriv cache's ``teacher_passes``, keyed by
     content and shared by workdirs)."""
-    from fedpriv.data.cache import resolve_cache_dir
     os.makedirs(workdir, exist_ok=True)
     phases = lm.PhaseTimer()  # this invocation's shared work (the arms time their own)
     with phases("load the public LLM (GGUF, dequantized)"):
@@ -692,7 +690,6 @@ def privacy_plan(cfg) -> PrivacyPlan:
     users, the schedule ``cfg.lm``'s (every private arm the same event: (a) with its own
     lr / clip, which the event does not depend on; (b)'s with the LoRA clients' fields). The
     zero-shot arm charges nothing (the public LLM; evaluation only)."""
-    from fedpriv.recipes import plans
     n = plans.lm_train_clients(cfg.lm)
     runs = []
     for e in cfg.lm.epsilons:
