@@ -146,7 +146,7 @@ def ablation_verdicts(cfg, swept: dict) -> list:
 def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) -> dict:
     t0, lm, eps = time.time(), cfg.lm, cfg.lm.epsilons
     swept = sweeps(cfg, workdir, teacher=teacher, progress=progress, log=log)
-    out, verdicts = {}, []
+    out = {}
     notes = [f"{lm.corpus} users, DP-FTRL T={lm.rounds}, cohort {lm.cohort_size}, q={lm.q:g}, "
              f"{lm.distill_steps} distillation steps (batch {lm.central_batch_size}), top-{lm.topk}"
              f" (an ablation's swept field takes its grid values instead), seeds {list(lm.seeds)}; "
@@ -166,21 +166,8 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
             out[name] = ablations.t_prime_table(runs, lm.rounds, tps, eps, row, paper=paper,
                                              metric=METRIC)
             common.write_table(out[name], workdir, name, title=title, notes=notes)
-        verdicts += ablations.t_prime_verdicts(runs, lm.rounds, tps, eps, row="mid_dm",
-                                               metric=METRIC, table="Table 4")
-        verdicts += ablations.t_prime_verdicts(runs, lm.rounds, tps, eps, row="mid_random",
-                                               metric=METRIC, table="Table 5")
-        verdicts += ablations.dm_vs_random_verdicts(runs, lm.rounds, tps, eps, metric=METRIC)
-        verdicts += ablations.skipped_epsilon_verdicts(  # the paper's other budget, listed "not run yet"
-            lambda e: [v for row, table in (("mid_dm", "Table 4"), ("mid_random", "Table 5"))
-                       for v in ablations.t_prime_verdicts([], lm.rounds, tps, [e], row=row, metric=METRIC,
-                                                           table=table)]
-            + ablations.dm_vs_random_verdicts([], lm.rounds, tps, [e], metric=METRIC),
-            eps, f"{len(tps)} T' points x seeds of DP-FTRL")
-    for ab, field, grid, xlabel, claim in (
-            ("distill_steps", "distill_steps", cfg.distill_steps_grid, "distillation steps",
-             "more distillation steps help (up to a point)"),
-            ("topk", "topk", cfg.topk_grid, "top-k teacher logits", "larger top-k helps")):
+    for ab, field, xlabel in (("distill_steps", "distill_steps", "distillation steps"),
+                              ("topk", "topk", "top-k teacher logits")):
         if ab not in cfg.ablations:
             continue
         runs = out[f"{ab}_runs"] = swept[ab]
@@ -193,11 +180,7 @@ def run(cfg, workdir: str, *, teacher=None, progress: bool = True, log=print) ->
         common.plot_curves(curves, os.path.join(workdir, f"accuracy_vs_{ab}.png"), xlabel,
                            "validation accuracy (%)", f"{lm.corpus}, DP-FTRL T={lm.rounds}: "
                            f"pre-training w/ distillation (mean ± std, seeds {list(lm.seeds)})")
-        verdicts += [v for e in eps for v in ablations.sweep_verdicts(
-            runs, field, e, f"{claim} (eps~{e:g}; Figure 2/4)", metric=METRIC)]
-        verdicts += ablations.skipped_epsilon_verdicts(
-            lambda e: [V.not_run(f"{claim} (eps~{e:g}; Figure 2/4)", "not run")], eps,
-            f"{len(grid)} {xlabel} points x seeds of DP-FTRL")
+    verdicts = ablation_verdicts(cfg, swept)  # the same function the results page rebuilds with
     every = [r for k, v in out.items() if k.endswith("_runs") for r in v]
     common.write_table([{k: r.get(k) for k in ("row", "seed", "target_epsilon", "epsilon",
                                                "t_prime", "distill_steps", "topk",
