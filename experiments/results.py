@@ -43,6 +43,7 @@ shows (e.g. from an empty ``runs/``); ``--force`` overrides.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import re
@@ -235,21 +236,41 @@ def code_changes(commit: str, paths, repo: str | None = None, loaded=None) -> li
     (the ``fedpriv/*.py`` files a run imported), a ``fedpriv/`` Python file the run never
     imported (its data files always count)."""
     repo = repo or ROOT
-    names = _git(["diff", "--name-only", commit, "HEAD", "--", *paths], repo)
+    raw = _git(["diff", "--raw", "--no-abbrev", "--no-renames", commit, "HEAD", "--", *paths], repo)
     loaded = set(loaded) if loaded else None
     out = []
-    for f in (names.splitlines() if names else []):
+    for line in (raw.splitlines() if raw else []):
+        meta, _, f = line.partition("\t")
         if loaded is not None and f.startswith("fedpriv/") and f.endswith(".py") and f not in loaded:
             continue
         if f.endswith(".py"):
-            old = _git(["show", f"{commit}:{f}"], repo)
-            new = _git(["show", f"HEAD:{f}"], repo)
-            drop = verdict_code(new)  # HEAD's declaration, applied to both versions
-            if old is not None and new is not None and _code(old, drop) is not None and \
-                    _code(old, drop) == _code(new, drop):
+            old_blob, new_blob = meta.split()[2:4]
+            drop = _blob_verdict_code(new_blob, repo)  # HEAD's declaration, applied to both versions
+            old = _blob_code(old_blob, drop, repo)
+            if old is not None and old == _blob_code(new_blob, drop, repo):
                 continue
         out.append(f)
     return out
+
+
+_NO_BLOB = "0" * 40
+
+
+@functools.lru_cache(maxsize=None)
+def _blob(sha: str, repo: str) -> str | None:
+    """The text of git blob ``sha`` (None for a missing side: an added or deleted file).
+    Blobs are immutable, so it is cached (the page asks for the same blob once per artefact)."""
+    return None if sha == _NO_BLOB else _git(["cat-file", "-p", sha], repo)
+
+
+@functools.lru_cache(maxsize=None)
+def _blob_verdict_code(sha: str, repo: str) -> tuple[str, ...]:
+    return verdict_code(_blob(sha, repo))
+
+
+@functools.lru_cache(maxsize=None)
+def _blob_code(sha: str, drop: tuple[str, ...], repo: str) -> str | None:
+    return _code(_blob(sha, repo), drop)
 
 
 def staleness(commit: str | None, paths, repo: str | None = None, loaded=None) -> dict:
@@ -480,14 +501,16 @@ def _shown(page: str) -> set[str]:
 
 
 def build(runs: str = "runs", out: str = os.path.join("experiments", "RESULTS.md"), *,
-          summary_dir: str | None = None, repo: str | None = None, force: bool = False) -> str:
+          summary_dir: str | None = None, repo: str | None = None, force: bool = False,
+          items: list[dict] | None = None) -> str:
     """Write the results page ``out`` (figures under ``<dir of out>/results/``); returns it.
+    ``items``: :func:`collect`'s of the same arguments, when the caller has them already.
 
     Refuses (:class:`ConfigError`, nothing written) when an artefact that the existing page shows
     with results would have none (e.g. an empty ``runs/`` and no compact summaries), unless
     ``force``."""
     out_dir = os.path.dirname(out) or "."
-    items = collect(runs, summary_dir, repo)
+    items = collect(runs, summary_dir, repo) if items is None else items
     if os.path.exists(out) and not force:
         with open(out) as f:
             lost = sorted(_shown(f.read()) - {i["artefact"].name for i in items if i["source"]})

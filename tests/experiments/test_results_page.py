@@ -16,8 +16,8 @@ def rendered(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("page")
     (tmp / "runs").mkdir()
     out = tmp / "RESULTS.md"
-    text = results.build(str(tmp / "runs"), str(out), force=True)
-    return text, results.collect(str(tmp / "runs"))
+    items = results.collect(str(tmp / "runs"))
+    return results.build(str(tmp / "runs"), str(out), force=True, items=items), items
 
 
 def test_the_rendered_page_has_none_of_the_problems(rendered):
