@@ -21,7 +21,7 @@ TINY = llama.LlamaConfig(vocab_size=50, dim=16, n_layers=2, n_heads=4, n_kv_head
 def teacher():
     # No skip: `make setup` installs the teacher, so a missing file is a broken set-up (the
     # error names `make setup`).
-    return gguf.load_teacher(gguf.find_teacher_gguf())
+    return gguf.cached_teacher()
 
 
 def test_config_from_gguf_metadata(teacher):
@@ -141,3 +141,45 @@ def test_missing_teacher_file_names_make_setup():
         gguf.find_teacher_gguf(package="no_such_package_fedpriv")
     with pytest.raises(FileNotFoundError, match="make setup"):
         gguf.load_teacher("/nonexistent/teacher.gguf")
+
+
+def test_parsed_gguf_is_cached_by_file_contents(tmp_path, monkeypatch):
+    """load_gguf's on-disk cache: a hit returns the parse bit for bit without parsing again; a
+    changed file, an incomplete entry (no JSON) and an unwritable cache all parse again."""
+    calls = []
+    params = {"embed": np.arange(16, dtype=np.float32).reshape(4, 4) / 7,
+              "final_norm": np.float32([1.5, -2.25, 1e-8, 0.0]),
+              "layers": {"wq": np.full((2, 4, 4), np.float32(1 / 3)), "attn_norm": np.ones((2, 4), np.float32)}}
+    config = llama.LlamaConfig(vocab_size=4, dim=4, n_layers=2, n_heads=1, n_kv_heads=1, ffn_dim=5,
+                         norm_eps=9.999999747378752e-06)
+    meta = {"tokens": ["a", "Ġb", "<|x|>", "\u00e9"], "merges": ["a b"], "token_types": [1, 1, 3, 1],
+            "pre": "smollm", "model": "gpt2", "bos_id": 1, "eos_id": 2, "unk_id": None, "add_bos": False}
+
+    def parse(path):
+        calls.append(path)
+        return params, config, meta
+    monkeypatch.setattr(gguf, "_parse_gguf", parse)
+    f = tmp_path / "m.gguf"
+    f.write_bytes(b"one")
+    cache = tmp_path / "cache"
+    first = gguf.load_gguf(f, cache_dir=cache)
+    again = gguf.load_gguf(f, cache_dir=cache)
+    assert len(calls) == 1
+    assert again[1] == config and again[2] == meta
+    flat = lambda p: jax.tree_util.tree_leaves_with_path(p)  # noqa: E731
+    assert [k for k, _ in flat(again[0])] == [k for k, _ in flat(params)]
+    for (_, a), (_, b) in zip(flat(again[0]), flat(params)):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    assert first[0] is params
+    f.write_bytes(b"two")  # another file: parsed again
+    gguf.load_gguf(f, cache_dir=cache)
+    assert len(calls) == 2
+    for j in (cache / "gguf").glob("*.json"):  # an entry without its JSON is incomplete
+        j.unlink()
+    gguf.load_gguf(f, cache_dir=cache)
+    assert len(calls) == 3
+    blocked = tmp_path / "afile"
+    blocked.write_text("")
+    for _ in range(2):  # an unwritable cache is bypassed: parsed every time, never an error
+        assert gguf.load_gguf(f, cache_dir=blocked)[1] == config
+    assert len(calls) == 5
