@@ -50,27 +50,50 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 # of tests (--loadscope-reorder), which put the slowest files (a few long tests each:
 # test_configs_heavy*.py, test_lm_experiments.py, test_fred_*.py, test_public_training.py) at
 # the end of the queue, where one worker ran them while the other sat idle. Instead the files
-# below, the slowest measured on the 2-core CPU (cold caches, --durations), go first, slowest
-# first; every other file follows in collection order. Only the order changes, never a test.
+# below, every file over ~10 s measured on the 2-core CPU (--durations=0, summed per file; the
+# executor's by its time under -n 2, where its workers compete), go first, slowest first (the
+# smoke runs' LLM teacher and BERT users at the head, so each xdist worker warms those caches
+# once); every other file (each < 10 s) follows in collection order, which keeps the tail
+# short. Only the order changes, never a test.
 SLOWEST_FILES_FIRST = (
     "tests/experiments/test_pre_text.py",
     "tests/experiments/test_llm_lora.py",
-    "tests/experiments/test_lm_experiments.py",
-    "tests/experiments/test_configs_heavy.py",
-    "tests/experiments/test_fred_pipeline.py",
-    "tests/experiments/test_population_expansion.py",
-    "tests/experiments/test_plan_charges.py",
-    "tests/public/test_algorithm.py",
-    "tests/fl/test_resume.py",
-    "tests/experiments/test_configs_heavy_iw.py",
-    "tests/experiments/test_fred_mixtures.py",
-    "tests/experiments/test_paper_configs.py",
-    "tests/experiments/test_configs.py",
-    "tests/dp/test_ddg.py",
-    "tests/experiments/test_public_training.py",
-    "tests/experiments/test_wang.py",
     "tests/test_audit.py",
+    "tests/executor/test_experiments.py",
+    "tests/fl/test_resume.py",
+    "tests/public/test_algorithm.py",
+    "tests/experiments/test_public_training.py",
+    "tests/experiments/test_plan_charges.py",
+    "tests/test_extensions.py",
+    "tests/test_bad_inputs.py",
+    "tests/dp/test_ddg.py",
+    "tests/experiments/test_lm_experiments.py",
+    "tests/fl/test_packed.py",
+    "tests/experiments/test_configs.py",
+    "tests/experiments/test_fred_mixtures.py",
+    "tests/experiments/test_configs_heavy.py",
+    "tests/test_packaging.py",
+    "tests/fl/test_hooks.py",
+    "tests/fl/test_workdir_lock.py",
+    "tests/test_cli.py",
+    "tests/experiments/test_fred_pipeline.py",
+    "tests/fl/test_samplers_loop.py",
+    "tests/models/test_lora.py",
+    "tests/models/test_llama.py",
+    "tests/dp/test_privacy_events.py",
+    "tests/dp/test_jax_privacy_crosscheck.py",
+    "tests/fl/test_multiprocess.py",
+    "tests/dp/test_accounting_ledger.py",
+    "tests/experiments/test_population_expansion.py",
+    "tests/experiments/test_iw_regime.py",
+    "tests/models/test_length_buckets.py",
+    "tests/fl/test_ddg_engine.py",
+    "tests/synth/test_votes.py",
+    "tests/experiments/test_runstore.py",
     "tests/models/test_generate.py",
+    "tests/experiments/test_configs_heavy_iw.py",
+    "tests/experiments/test_paper_configs.py",
+    "tests/experiments/test_wang.py",
     "tests/experiments/test_ddg_comparison.py",
 )
 
