@@ -50,7 +50,10 @@ CHECK = {
 }
 SKIP = {"wall_clock_s", "s_per_round", "seconds", "time", "git_commit", "git_commit_full", "git_dirty",
         "git_dirty_paths", "reused_from", "wall_s", "phase_seconds", "cpu_s", "started", "finished",
-        "embedder_sentences_per_s", "tokens_per_s", "timings", "teacher",
+        "embedder_sentences_per_s", "tokens_per_s", "timings", "teacher", "schemes_wall_clock_s",
+        # text and bookkeeping: the notes' "Regenerate:" lines name each workdir; "skipped" says
+        # whether a run was read back (a worker's runs are, when the parent assembles the tables)
+        "notes", "skipped",
         # the invocation's config as a run records it: a slice records its own (one seed, one
         # epsilon, one arm); what a run computed is checked by its numbers and its run key
         "config"}
