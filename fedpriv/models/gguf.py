@@ -18,9 +18,11 @@ executor and of the test suite parses the teacher once per machine instead of on
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import importlib.util
+import json
 import os
 import site
 import sys
@@ -31,6 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedpriv.data import cache
 from fedpriv.models.llama import LlamaConfig, Teacher
 
 GGUF_FILENAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -171,8 +174,6 @@ def load_gguf(path: str | os.PathLike, *, cache_dir: str | os.PathLike | None = 
       params (layout of `init_params`, numpy float32), config, and a dict with keys tokens,
       merges, token_types, pre, bos_id, eos_id, unk_id, add_bos.
     """
-    from fedpriv.data import cache
-
     folder = cache.resolve_cache_dir(cache_dir) / "gguf"
     key = cache.cache_key("gguf", _CACHE_VERSION, [cache.file_digest(path)], {})
     hit = _read_parsed(folder, key)
@@ -192,8 +193,6 @@ def _flat(params: dict, prefix: str = "") -> dict:
 
 def _read_parsed(folder: Path, key: str):
     """The cached ``load_gguf`` result of ``key``, or None (absent, incomplete or unreadable)."""
-    import dataclasses
-    import json
     meta_path, arrays_path = folder / f"{key}.json", folder / f"{key}.npz"
     try:
         with open(meta_path) as f:
@@ -216,8 +215,6 @@ def _read_parsed(folder: Path, key: str):
 def _write_parsed(folder: Path, key: str, params: dict, config: LlamaConfig, meta: dict) -> None:
     """Best effort (``fedpriv.data.cache.try_write``): the arrays, then the JSON that marks the
     entry complete."""
-    import dataclasses
-    from fedpriv.data import cache
     flat = _flat(params)
     try:
         folder.mkdir(parents=True, exist_ok=True)
