@@ -8,6 +8,7 @@ exactly the event the mechanism declares, written here independently with ``dp_a
 import math
 import pathlib
 import re
+import sys
 import textwrap
 import types
 
@@ -37,6 +38,24 @@ def doc_file(name: str) -> str:
         if first.strip() == f"# file: {name}":
             return rest
     raise AssertionError(f"docs/extending.md shows no file {name}")
+
+
+@pytest.fixture(autouse=True)
+def _registries_as_found():
+    """A plugin registers its names in the library's registries, which live as long as the
+    process: after each test they hold what they held before it, and the plugin modules
+    (``ext_*``) are forgotten, so that every later test of this xdist worker (files run in any
+    order) sees the built-ins only and a plugin imported again registers again."""
+    from fedpriv import registry
+    from fedpriv.recipes import algorithms
+    regs = [v for mod in (registry, algorithms) for v in vars(mod).values() if isinstance(v, registry.Registry)]
+    before = [dict(r._entries) for r in regs]
+    yield
+    for r, entries in zip(regs, before):
+        r._entries.clear()
+        r._entries.update(entries)
+    for name in [m for m in sys.modules if m.startswith("ext_")]:
+        del sys.modules[name]
 
 
 def _plugin(tmp_path, monkeypatch, name: str, text: str) -> None:
