@@ -36,7 +36,6 @@ import re
 import jax
 
 from experiments import common, fred_mixtures, public_training, wang_ablations
-from experiments.iw_regime import TABLE1_PAIRS
 from fedpriv import verdicts as V
 from fedpriv.expansion import pipeline, tables
 from fedpriv.fred.mixtures import AGREEMENT_CLAIM
@@ -228,44 +227,6 @@ def _population_expansion(record: dict, verdicts: list) -> tuple[list, str] | No
                  f"(vocabulary {cfg.vocab_words} + 4)")
 
 
-def _iw_regime(record: dict, verdicts: list) -> tuple[list, str] | None:
-    """Koga Table 1 on chat_target (the regime where the release carries signal) from the stored
-    per-seed values of the study's pairwise verdicts (a run from before the study judged Table 1's
-    claims), the pairwise ones as the project's checks (those Table 1's claims repeat dropped),
-    and the control arm's as they were. The models' parameter counts from the config."""
-    cfg = _load_config(record["config"])
-    tcfg = cfg.training_config()
-    table_tag = f"V = {tcfg.vocab_words})"
-    summaries, trivial, keep = {}, {}, []
-    for v in verdicts:
-        if v.claim.startswith("[chat_target]"):
-            return None  # a run that judged Table 1's claims itself: nothing to rebuild
-        pair = re.match(r"(.+?) beats (.+?) \(", v.claim)
-        in_table = v.claim.endswith(table_tag)
-        for side in (v.sides if in_table else ()):
-            if side.get("trivial") is not None:
-                trivial["chat_target"] = float(side["trivial"])
-            for seed, x in (side["values"].items() if isinstance(side["values"], dict) else ()):
-                summaries[(side["name"], seed)] = {"dataset": "chat_target", "scheme": side["name"],
-                                                   "seed": int(seed), "test_ppl": x}
-        if not (in_table and pair and pair.groups() in TABLE1_PAIRS):
-            keep.append(dataclasses.replace(v, source="project"))
-    if not summaries:
-        return None
-    ran = tuple(s for s in tcfg.schemes if any(k[0] == s for k in summaries))
-    models = {s.name: s.model for s in tcfg.training_schemes}
-    sizes = {}
-    for model in {models[s] for s in ran}:
-        task = pipeline.build_task(model, tcfg, tcfg.vocab_words + 4)
-        sizes[model] = count_params(jax.eval_shape(task.init, jax.random.key(0)))
-    for s in summaries.values():
-        s["num_params"] = sizes.get(models.get(s["scheme"]))
-    out = tables.verdicts(list(summaries.values()), tcfg, trivial or None)
-    return out + keep, (f"Table 1's claims on chat_target rebuilt by fedpriv.expansion.tables.verdicts from "
-                        f"the {len(summaries)} per-seed values the committed pairwise verdicts keep (schemes "
-                        f"run: {', '.join(ran)}; the others not run); the pairwise checks as project checks")
-
-
 def _fred_mixtures(record: dict, verdicts: list) -> tuple[list, str] | None:
     """Hou Table 2 / Figure 2: the stored verdicts (FreD-valued ones with the relative fragility
     rule only), plus Table 2's Y = 99 / 100 rows from the stored per-seed perplexities."""
@@ -328,8 +289,7 @@ def _fred_agreement(verdicts: list) -> V.Verdict | None:
 
 
 REBUILDERS = {"public_training": _public_training, "wang_ablations": _wang_ablations,
-              "population_expansion": _population_expansion, "fred_mixtures": _fred_mixtures,
-              "iw_regime": _iw_regime}
+              "population_expansion": _population_expansion, "fred_mixtures": _fred_mixtures}
 
 
 def _read(path: str) -> dict | None:
