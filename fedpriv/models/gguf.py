@@ -26,6 +26,7 @@ import json
 import os
 import site
 import sys
+import zipfile
 from pathlib import Path
 from typing import Sequence
 
@@ -200,7 +201,7 @@ def _read_parsed(folder: Path, key: str):
         with np.load(arrays_path) as z:
             flat = {k: z[k] for k in entry["arrays"]}
         config = LlamaConfig(**{f.name: entry["config"][f.name] for f in dataclasses.fields(LlamaConfig)})
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile):  # a damaged entry: parse again
         return None
     params: dict = {}
     for name, arr in flat.items():

@@ -178,8 +178,14 @@ def test_parsed_gguf_is_cached_by_file_contents(tmp_path, monkeypatch):
         j.unlink()
     gguf.load_gguf(f, cache_dir=cache)
     assert len(calls) == 3
+    gguf.load_gguf(f, cache_dir=cache)
+    assert len(calls) == 3  # the entry was written again: a hit
+    for z in (cache / "gguf").glob("*.npz"):  # truncated arrays (BadZipFile): parsed again, no error
+        z.write_bytes(z.read_bytes()[: z.stat().st_size // 2])
+    assert gguf.load_gguf(f, cache_dir=cache)[1] == config
+    assert len(calls) == 4
     blocked = tmp_path / "afile"
     blocked.write_text("")
     for _ in range(2):  # an unwritable cache is bypassed: parsed every time, never an error
         assert gguf.load_gguf(f, cache_dir=blocked)[1] == config
-    assert len(calls) == 5
+    assert len(calls) == 6
