@@ -214,14 +214,9 @@ def _read_parsed(folder: Path, key: str):
 
 
 def _write_parsed(folder: Path, key: str, params: dict, config: LlamaConfig, meta: dict) -> None:
-    """Best effort (``fedpriv.data.cache.try_write``): the arrays, then the JSON that marks the
-    entry complete."""
+    """Best effort (``fedpriv.data.cache.try_write``, which creates ``folder`` or warns once): the
+    arrays, then the JSON that marks the entry complete."""
     flat = _flat(params)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
-        cache.warn_unwritable(folder, err, directory=True)
-        return
     if cache.try_write(folder / f"{key}.npz", lambda f: np.savez(f, **flat)):
         cache.try_write_json(folder / f"{key}.json", {"arrays": sorted(flat), "meta": meta,
                                                        "config": dataclasses.asdict(config)})
