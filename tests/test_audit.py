@@ -100,7 +100,9 @@ def engine_rows():
     The audits, their settings and the assertions below are the same as in the test process."""
     flags = os.environ.get("XLA_FLAGS", "").replace(TEST_XLA_FLAGS, "").strip() if TEST_XLA_FLAGS \
         else os.environ.get("XLA_FLAGS", "")
-    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's fedpriv
+    env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu",
+               PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
     p = subprocess.run([sys.executable, "-c", _ENGINE_SCRIPT, json.dumps(ENGINE_RUNS)], env=env,
                        capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stderr[-3000:]
