@@ -24,7 +24,7 @@ demo: setup
 	$(PY) -m experiments.demo --config configs/demo.py:small --workdir runs/demo --no-publish
 
 # Bytecode is cached even where the environment turns it off (PYTHONDONTWRITEBYTECODE): the suite
-# starts two xdist workers and ~100 subprocesses that each import fedpriv, and without the cache
+# starts two xdist workers and many subprocesses that each import fedpriv, and without the cache
 # every one of them compiles fedpriv's and the tests' sources again (pytest's collection alone:
 # 11.5 s -> 5.4 s a worker, measured on this 2-core CPU). __pycache__ is git-ignored.
 test: setup

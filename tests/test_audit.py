@@ -98,8 +98,7 @@ def engine_rows():
     by running, not compiling, and the suite's optimisation level 0 (tests/conftest.py) makes a
     DP-FedAvg round ~3x slower (measured here: 71 ms vs 21 ms a round, 171 clients x d 10,000).
     The audits, their settings and the assertions below are the same as in the test process."""
-    flags = os.environ.get("XLA_FLAGS", "").replace(TEST_XLA_FLAGS, "").strip() if TEST_XLA_FLAGS \
-        else os.environ.get("XLA_FLAGS", "")
+    flags = os.environ.get("XLA_FLAGS", "").replace(TEST_XLA_FLAGS, "").strip()  # the suite's flags off
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's fedpriv
     env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu",
                PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
@@ -138,7 +137,7 @@ def test_broken_mechanism_exceeds_the_accountant(mech, brk, engine_rows):
 def test_the_engine_audits_ran_the_presets_in_the_subprocess(engine_rows):
     """The subprocess audited exactly the presets (not a smaller or changed setting)."""
     for (mech, _), row in engine_rows.items():
-        want = dataclasses.asdict(audit.AuditSettings(**audit.PRESETS[mech]))
+        want = dataclasses.asdict(_preset(mech))
         assert row["settings"] == want
 
 
