@@ -74,6 +74,9 @@ class PreTextConfig:
     instructions: tuple = INSTRUCTIONS
     teacher_layers: int | None = None  # None: the whole public LLM; k: its first k blocks only
                                        # (a cheaper, worse generator: for smoke tests)
+    embed_batch: int = 64              # the embedder's rows per batch for the synthetic sets and
+                                       # FreD's sets (every batch is padded to it: smaller for a
+                                       # few texts, as the smoke's 8-18)
     # synthetic_ft: the votes' share of epsilon (alone); DP-FTRL gets the rest (composed)
     ft_vote_share: float = 0.25
     # every arm's starting point: "public" = the LSTM pre-trained centrally on the public pool
@@ -93,6 +96,7 @@ class PreTextConfig:
     def __post_init__(self):
         check(self, positive=("num_samples", "pe_rounds", "vote_cohort", "expansion", "max_new",
                               "gen_batch_size", "vote_k", "messages_per_client", "synth_steps", "teacher_layers",
+                              "embed_batch",
                               "fred_test_messages",
                               "synth_batch_size", "synth_lr", "public_lr"),
               non_negative=("temperature", "top_k", "public_steps"),
@@ -136,7 +140,7 @@ SCALES = {
     # the embedder and the LLM dominate it: 2 voting messages per user, 64 test messages for
     # FreD's reference, two instructions (one generate call per instruction and round)
     "smoke": dict(num_samples=8, pe_rounds=2, vote_cohort=8, expansion=16, max_new=6, teacher_layers=1,
-                  gen_batch_size=8, messages_per_client=2, fred_test_messages=64,
+                  gen_batch_size=8, messages_per_client=2, fred_test_messages=64, embed_batch=16,
                   instructions=INSTRUCTIONS[:2], synth_steps=4, synth_batch_size=8,
                   public_steps=4, epsilons=(7.58,)),
     # sized for the 2-core CPU (~100 min of one core for 3 seeds x 2 epsilons; the LLM's

@@ -89,14 +89,33 @@ def _logits(params, c: LlamaConfig, x):
     return jnp.einsum("bld,vd->blv", x, head)
 
 
+def kth_largest(x, k: int):
+    """``float32 [B, V]`` -> ``[B, 1]``: each row's ``k``-th largest value, exactly
+    ``lax.top_k(x, k)[0][:, -1:]`` (ties counted, -0.0 below +0.0), at a fraction of its cost
+    on CPU, where XLA's TopK sorts every row (measured here: 8 x 49,152 logits, k 50: ~100 ms
+    a call, 0.16 s of each decoding step of the smoke's one-layer teacher). A bisection over
+    the 32 bits of the floats' order-preserving ``uint32`` image: bit by bit from the top, the
+    largest key ``t`` with at least ``k`` entries ``>= t``, which is the k-th largest key."""
+    bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+    sign = jnp.uint32(0x80000000)
+    key = jnp.where(bits >= sign, ~bits, bits | sign)  # negatives reversed below non-negatives
+
+    def take(b, t):
+        cand = t | jnp.left_shift(jnp.uint32(1), (31 - b).astype(jnp.uint32))
+        return jnp.where((key >= cand[:, None]).sum(axis=-1) >= k, cand, t)
+
+    t = jax.lax.fori_loop(0, 32, take, jnp.zeros(x.shape[:1], jnp.uint32))
+    back = jnp.where(t >= sign, t & ~sign, ~t)
+    return jax.lax.bitcast_convert_type(back, jnp.float32)[:, None].astype(x.dtype)
+
+
 def _sample(logits, key, temperature: float, top_k: int):
     """``logits [B, V]`` -> token ids ``[B]``: greedy at temperature 0, else top-k sampling."""
     if temperature == 0:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     logits = logits / temperature
     if 0 < top_k < logits.shape[-1]:
-        kth = jax.lax.top_k(logits, top_k)[0][:, -1:]
-        logits = jnp.where(logits < kth, _NEG_INF, logits)
+        logits = jnp.where(logits < kth_largest(logits, top_k), _NEG_INF, logits)
     return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
 
 

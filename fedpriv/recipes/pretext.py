@@ -221,7 +221,7 @@ def _pretext(cfg, teacher, embedder, clients_emb, num_clients, seed, eps_votes, 
     plan = R.plan_votes(ledger, vote_sampler(cfg, num_clients, seed), cfg.pe_rounds, z,
                         tagged_key(seed, "pretext", "votes"), k=cfg.vote_k)
     prompts = [E.chat_prompt(teacher, s) for s in cfg.instructions]
-    res = E.evolve(teacher, lambda t: embedder.embed(t, progress=False), plan, clients_emb, prompts,
+    res = E.evolve(teacher, lambda t: embedder.embed(t, cfg.embed_batch, progress=False), plan, clients_emb, prompts,
                    settings(cfg), tagged_key(seed, "pretext", "generate"), log=log)
     os.makedirs(sub, exist_ok=True)
     with open(os.path.join(sub, "synthetic.jsonl"), "w") as f:
@@ -424,7 +424,7 @@ def fred_rows(cfg, rows: list[dict], *, embedder=None, progress: bool = True) ->
         sets["public pool sample"] = [pool[i] for i in rng.choice(len(pool), size, replace=False)]
         sets["training users' messages"] = [train[i] for i in rng.choice(len(train), size, replace=False)]
         for name, texts in sets.items():
-            emb = embedder.embed(texts, progress=False)
+            emb = embedder.embed(texts, cfg.embed_batch, progress=False)
             out.append({"seed": seed, "set": name, "size": len(texts),
                         "fred_to_test_users": float(fred_nonprivate(emb, test_emb))})
     return out

@@ -66,6 +66,38 @@ def test_sampling_follows_keys_and_top_k(teacher):
     assert G.generate(teacher, prompts, jax.random.key(9), max_new=8, top_k=1, stop_ids=()) == g
 
 
+def test_kth_largest_is_top_ks_kth_value_and_sampling_is_unchanged(teacher):
+    """The bisection that replaced ``lax.top_k`` in `_sample` gives the value top_k gives (and
+    so the same mask) on rows with ties, infinities, signed zeros and any magnitude, for every
+    k; sampling with it draws the tokens the top_k threshold draws."""
+    rng = np.random.default_rng(0)
+    kth = jax.jit(G.kth_largest)  # one shape, k traced: one compile
+    for trial in range(120):
+        x = (rng.normal(size=(4, 199)) * 10.0 ** rng.uniform(-40, 30)).astype(np.float32)
+        if trial % 3 == 0:
+            x = np.round(x)  # ties
+        x[rng.random(x.shape) < (0.2 if trial % 5 == 0 else 0)] = -np.inf
+        if trial % 7 == 0:
+            x[rng.random(x.shape) < 0.3], x[rng.random(x.shape) < 0.3] = 0.0, -0.0
+        k = int(rng.integers(1, 200))
+        want = np.sort(x, axis=1)[:, -k:][:, :1]  # what lax.top_k(x, k)[0][:, -1:] holds
+        got = np.asarray(kth(jnp.asarray(x), k))
+        np.testing.assert_array_equal(got, want)  # equal values (0.0 == -0.0: the same mask)
+        assert ((x < got) == (x < want)).all()
+    x = jnp.asarray(rng.normal(size=(3, 50)), jnp.float32)
+    np.testing.assert_array_equal(G.kth_largest(x, 7), jax.lax.top_k(x, 7)[0][:, -1:])
+    logits = jnp.asarray(rng.normal(size=(6, CFG.vocab_size)).astype(np.float32))
+
+    def by_top_k(lg, key, temperature, k):  # the sampler as it was, with lax.top_k
+        lg = lg / temperature
+        lg = jnp.where(lg < jax.lax.top_k(lg, k)[0][:, -1:], llama._NEG_INF, lg)
+        return jax.random.categorical(key, lg, axis=-1).astype(jnp.int32)
+
+    for s in range(20):
+        key = jax.random.key(s)
+        assert (np.asarray(G._sample(logits, key, 0.7, 5)) == np.asarray(by_top_k(logits, key, 0.7, 5))).all()
+
+
 def test_bad_prompts_are_refused(teacher):
     with pytest.raises(ValueError, match="prompt 0 has 0 tokens"):
         G.generate(teacher, [[]], jax.random.key(0), max_new=2)
