@@ -90,13 +90,13 @@ SCALES = {
     "smoke": dict(max_per_user=2, num_sentences=100, y_percents=(0, 50, 99, 100),
                   fl_y_percents=(0, 100), seeds=(0,), fred_trials=3, prefinetune_steps=3,
                   prefinetune_batch=16, total_epsilon=60.0, embed_batch=16, embed_max_length=16),
-    # the CPU reproduction (one core, ~85 CPU-min): mixtures of 19,782 sentences, the largest the
+    # the CPU reproduction (one core, ~57 CPU-min): mixtures of 19,782 sentences, the largest the
     # packaged pools fill (the Wikipedia pool: 19,782 sentences, 19,656 distinct; the held-out
     # senders' pool holds ~62K): 99% and 100% differ by 198 sentences. Sample-level FreD in the
     # full 384-d embedding on all six Ys, of up to 256 messages per training user (the paper
     # scale's cap; 30,558 sentences of the 528 users at seed 0, against 4,006 at 10: the
     # release's noise on the mean and covariance scales with 1/n); 70,122 sentences embedded at
-    # ~70 sentences/s (17 min of the published run's 20 CPU-min); prefinetuning + FL-finetuning
+    # 40-240 sentences/s (10 min of the published run's 56 CPU-min); prefinetuning + FL-finetuning
     # (300 steps, 50 rounds: ~60 s per (Y, seed)) on Y = 0/50/99/100 x 16 seeds (64 runs):
     # Table 2's 99 vs 100 after FL (paper: -0.04) needs ~16 seeds (docs/fidelity.md's power
     # table, from the 3-seed pilot's paired sd 0.105 against the effect scaled to our level)
