@@ -34,17 +34,8 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 # Results differ from the default level only by float rounding (fusion, no FMA contraction):
 # tolerances come from the numerics, and every "bit-identical" test compares two runs under the
 # same flags. FEDPRIV_TEST_XLA_OPT=default runs the suite at XLA's default settings instead.
-# One Eigen thread per process (--xla_cpu_multi_thread_eigen=false): the suite runs two xdist
-# workers on two cores, each starting subprocesses, so a second intra-op thread per process only
-# competes with the other worker (its spinning threads burn CPU time); kept by the subprocesses
-# that drop the compile flags (tests/test_audit.py). Measured under -n 2 on this 2-core CPU, warm
-# caches: test_pre_text.py + test_llm_lora.py + test_audit.py 69.9 s wall / 119 CPU-s -> 58.8 s /
-# 99 CPU-s.
-_DEFAULT = os.environ.get("FEDPRIV_TEST_XLA_OPT") == "default"
-TEST_XLA_COMPILE_FLAGS = ("" if _DEFAULT
-                          else "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false")
-TEST_XLA_THREAD_FLAGS = "" if _DEFAULT else "--xla_cpu_multi_thread_eigen=false"
-TEST_XLA_FLAGS = " ".join(f for f in (TEST_XLA_COMPILE_FLAGS, TEST_XLA_THREAD_FLAGS) if f)
+TEST_XLA_FLAGS = ("" if os.environ.get("FEDPRIV_TEST_XLA_OPT") == "default"
+                  else "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false")
 if TEST_XLA_FLAGS and TEST_XLA_FLAGS not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + TEST_XLA_FLAGS).strip()
 

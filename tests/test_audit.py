@@ -20,7 +20,7 @@ from scipy.optimize import brentq
 
 from fedpriv import audit
 from fedpriv.fl import samplers as samplers_lib
-from tests.conftest import TEST_XLA_COMPILE_FLAGS
+from tests.conftest import TEST_XLA_FLAGS
 
 CLEARLY = 1.25  # a broken variant must beat the accountant's epsilon by at least 25%
 
@@ -94,12 +94,11 @@ print(json.dumps(rows))
 @pytest.fixture(scope="module")
 def engine_rows():
     """``{(mechanism, variant): audit row}`` of the presets' nine engine audits, run once in one
-    subprocess at XLA's default compile settings (one Eigen thread, as the suite): an audit is
-    32-100 rounds of the real engine, dominated by running, not compiling, and the suite's
-    optimisation level 0 (tests/conftest.py) makes a DP-FedAvg round ~3x slower (measured here:
-    71 ms vs 21 ms a round, 171 clients x d 10,000). The audits, their settings and the
-    assertions below are the same as in the test process."""
-    flags = os.environ.get("XLA_FLAGS", "").replace(TEST_XLA_COMPILE_FLAGS, "").strip()  # compile flags off
+    subprocess at XLA's default settings: an audit is 32-100 rounds of the real engine, dominated
+    by running, not compiling, and the suite's optimisation level 0 (tests/conftest.py) makes a
+    DP-FedAvg round ~3x slower (measured here: 71 ms vs 21 ms a round, 171 clients x d 10,000).
+    The audits, their settings and the assertions below are the same as in the test process."""
+    flags = os.environ.get("XLA_FLAGS", "").replace(TEST_XLA_FLAGS, "").strip()  # the suite's flags off
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # this checkout's fedpriv
     env = dict(os.environ, XLA_FLAGS=flags, JAX_PLATFORMS="cpu",
                PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
