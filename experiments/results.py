@@ -90,7 +90,9 @@ most-frequent-token accuracy), "inconclusive (too few seeds)" with fewer than 2;
 claims as equivalence within a margin no wider than the smallest effect the paper calls meaningful
 ("equivalent" / "not shown equivalent"); "not testable here" / "not run yet" with the reason and
 what would test it. *fragile*: a decided verdict whose interval edge lies within 0.1 (metric
-units) or 10 % of the gap of its boundary; it is not counted as decided. "after Holm": the
+units) or 10 % of the gap of its boundary (for "not reproduced", of 0 and, where the paper's
+effect is scaled, of that effect too: across 0 alone it would still be "the paper's effect
+excluded"); it is not counted as decided. "after Holm": the
 decision after Holm's step-down over all claims of the same paper (family-wise 10 %; the
 project's own checks are a separate family). *project*: the project's own check (a substitute
 contrast, a diagnostic, work beyond the papers, or a claim the paper's own table contradicts), not

@@ -54,8 +54,11 @@ Beside each status a verdict carries:
 - ``fragile``: a decided verdict whose deciding interval edge lies within
   ``max(fragile_abs, 10 % of the distance of the point estimate)`` of its boundary (0, the
   margin or the paper's effect): float-level differences between reruns can flip it, so it is
-  not counted as decided (:func:`tally`). ``fragile_abs``: 0.1 in the metric's units by default
-  (0.1 point of accuracy %, 0.1 of perplexity); a metric of another scale states its own.
+  not counted as decided (:func:`tally`). A "not reproduced" whose interval also lies short of
+  the paper's scaled effect by more than that tolerance is not fragile at its edge near 0: moved
+  across 0 it would be "not reproduced (the paper's effect excluded)", the same decision.
+  ``fragile_abs``: 0.1 in the metric's units by default (0.1 point of accuracy %, 0.1 of
+  perplexity); a metric of another scale states its own.
 - ``source``: ``"paper"`` — a claim the paper makes (its own numbers agree with it) — or
   ``"project"`` — the project's own check (a substitute contrast, a diagnostic, a claim the
   paper's own table contradicts, work beyond the papers). Counts keep them apart.
@@ -327,6 +330,16 @@ def _fragile(dist: float, estimate_dist: float, tol: float, boundary: float = 0.
     return dist < max(tol, FRAGILE_REL * abs(estimate_dist))
 
 
+def _fragile_below(hi: float, g: float, tol: float, effect: float | None) -> bool:
+    """Fragility of "not reproduced" (the oriented interval below 0, upper edge ``hi``): its edge
+    near 0 is fragile, unless the interval also lies short of the paper's effect (oriented, > 0)
+    by more than the tolerance there -- then an edge moved across 0 gives "not reproduced (the
+    paper's effect excluded)", which is the same decision (the claim is not reproduced)."""
+    if not _fragile(-hi, g, tol):
+        return False
+    return effect is None or effect <= 0 or _fragile(effect - hi, effect - g, tol, effect)
+
+
 def _decide_ordering(ok_a, ok_b, gap, ci, se, df, sign, effect, tol, magnitude=False):
     """(status, p_value, fragile, effect_excluded) of "A beats B" (``magnitude``: by at least
     ``effect``) from the oriented interval; ``effect`` oriented (> 0 in the claimed direction)."""
@@ -345,14 +358,14 @@ def _decide_ordering(ok_a, ok_b, gap, ci, se, df, sign, effect, tol, magnitude=F
         if lo > effect:
             return REPRODUCED, p_beyond, _fragile(lo - effect, g - effect, tol, effect), excl
         if hi < 0:
-            return NOT_REPRODUCED, p0, _fragile(-hi, g, tol), excl
+            return NOT_REPRODUCED, p0, _fragile_below(hi, g, tol, effect), excl
         if hi < effect:
             return EXCLUDED, p_short, _fragile(effect - hi, effect - g, tol, effect), excl
         return INCONCLUSIVE, p_beyond, False, excl
     if lo > 0:
         return REPRODUCED, p0, _fragile(lo, g, tol), excl
     if hi < 0:
-        return NOT_REPRODUCED, p0, _fragile(-hi, g, tol), excl
+        return NOT_REPRODUCED, p0, _fragile_below(hi, g, tol, effect), excl
     if effect is not None and effect > 0 and hi < effect:
         return EXCLUDED, _p_one_sided_twice(effect - g, se, df), _fragile(effect - hi, effect - g, tol, effect), excl
     return INCONCLUSIVE, p0, False, excl

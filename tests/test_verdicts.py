@@ -500,6 +500,30 @@ def test_fragility():
     assert t["fragile"] == 1 and t["decided"] == 2
 
 
+def test_fragility_of_not_reproduced_against_the_paper_effect():
+    """A "not reproduced" whose upper edge sits near 0 is fragile -- unless its interval also lies
+    short of the paper's scaled effect by more than the tolerance: moved across 0 it would be "the
+    paper's effect excluded", the same decision. Near a small effect it stays fragile."""
+    base = {0: 0.0, 1: 0.0, 2: 0.0}
+    kw = dict(higher_is_better=True, trivial=None)
+    sd = 0.95 / (stats.t.ppf(0.95, 2) / math.sqrt(3))
+    a = {0: -1.0 - sd, 1: -1.0, 2: -1.0 + sd}  # gap -1, upper edge -0.05
+    v = V.compare("c", a, base, **kw)
+    assert v.status == V.NOT_REPRODUCED and v.ci[1] == pytest.approx(-0.05) and v.fragile
+    far = V.compare("c", a, base, paper_effect=1.0, paper_scaling="x", **kw)  # 1.05 short of it
+    assert far.status == V.NOT_REPRODUCED and not far.fragile and far.decided
+    # the same data against a 0.02 effect: 0.07 short of it, within 10 % of the gap to it (0.102)
+    near = V.compare("c", a, base, paper_effect=0.02, paper_scaling="x", **kw)
+    assert near.status == V.NOT_REPRODUCED and near.fragile and not near.decided
+    # the edge moved across 0 by a float-level amount: "the paper's effect excluded", decided too
+    moved = V.compare("c", {k: x + 0.06 for k, x in a.items()}, base, paper_effect=1.0, paper_scaling="x", **kw)
+    assert moved.status == V.EXCLUDED and moved.decided
+    # the lower-is-better orientation: the same
+    lo = V.compare("c", {k: -x for k, x in a.items()}, base, higher_is_better=False, trivial=None,
+                   paper_effect=-1.0, paper_scaling="x")
+    assert lo.status == V.NOT_REPRODUCED and not lo.fragile
+
+
 def test_holm_by_hand_and_combined_claims():
     """Holm's step-down against hand computations: with p = (0.01, 0.03, 0.04, 0.30) at
     alpha 0.10, m = 4: 0.01 <= 0.025 yes, 0.03 <= 0.0333 yes, 0.04 <= 0.05 yes, 0.30 <= 0.10 no.
