@@ -30,6 +30,7 @@ import argparse
 import dataclasses
 import glob
 import json
+import math
 import os
 import re
 
@@ -145,6 +146,16 @@ _SIDE = re.compile(r"^T'=[^(]*\((\d+)\)$")
 _EPS = re.compile(r"eps~([0-9.]+)")
 
 
+def _fraction(pct: float) -> float:
+    """``pct / 100`` as the float whose ``100 *`` gives ``pct`` back where one of its neighbours does
+    (the verdicts store percentages, the runs fractions: a rebuild must not move the last digit)."""
+    t = pct / 100
+    for cand in (t, math.nextafter(t, math.inf), math.nextafter(t, -math.inf)):
+        if 100 * cand == pct:
+            return cand
+    return t
+
+
 def _wang_ablations(record: dict, verdicts: list) -> tuple[list, str] | None:
     """Tables 4/5 and Figures 2/4 from the per-seed values in the stored sides."""
     cfg = _load_config(record["config"])
@@ -154,7 +165,7 @@ def _wang_ablations(record: dict, verdicts: list) -> tuple[list, str] | None:
         r = runs[ab].setdefault(key + (seed,), {"row": row, "target_epsilon": eps, "seed": int(seed), **extra})
         r["val_accuracy"] = value / 100
         if trivial is not None:
-            r[ablations.TRIVIAL_KEY] = trivial / 100
+            r[ablations.TRIVIAL_KEY] = _fraction(trivial)
 
     def with_parent(vs, parent=""):
         for v in vs:

@@ -94,6 +94,8 @@ def _trivial(runs) -> float | None:
     """The trivial baseline (%) of these runs: the mean of their most-frequent-token validation
     accuracy (:data:`TRIVIAL_KEY`, recorded per run by the experiment); None if none has it."""
     vals = [100 * r[TRIVIAL_KEY] for r in runs if r.get(TRIVIAL_KEY) is not None]
+    if vals and all(v == vals[0] for v in vals):  # one validation set: its value, not a float mean of
+        return vals[0]                            # copies (which moves the last digit with the count)
     return sum(vals) / len(vals) if vals else None
 
 
