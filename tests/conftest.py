@@ -9,7 +9,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # compile and run each other's programs in turn. Tests that need several cores (the executor's
 # pools) widen it again for their duration (`all_cores`). ALL_CPUS: the cores before pinning.
 # Measured on this 2-core CPU, the whole suite under -n 2 (warm caches): 543 s wall and 1,019
-# CPU-s unpinned, 501 s and 915 CPU-s pinned. FEDPRIV_TEST_PIN=0 leaves the workers unpinned.
+# CPU-s unpinned, 501 s and 915 CPU-s pinned (two sessions apart); fresh clones back to back:
+# 598 s / 1,108 CPU-s unpinned, 577 s / 1,080 pinned. FEDPRIV_TEST_PIN=0 leaves them unpinned.
 _AFFINITY = hasattr(os, "sched_getaffinity") and hasattr(os, "sched_setaffinity")  # Linux
 ALL_CPUS = tuple(sorted(os.sched_getaffinity(0))) if _AFFINITY else tuple(range(os.cpu_count() or 1))
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
