@@ -1,3 +1,4 @@
+import contextlib
 import os
 
 # Tests run on the CPU; keep XLA from grabbing every core's threads twice over.
@@ -22,23 +23,23 @@ if (_AFFINITY and _WORKER.startswith("gw") and os.environ.get("FEDPRIV_TEST_PIN"
         pass
 
 
-class all_cores:  # noqa: N801 (a context manager used like a function)
+@contextlib.contextmanager
+def all_cores():
     """Within it this process (and what it starts) may use every core again (ALL_CPUS)."""
+    saved = os.sched_getaffinity(0) if _AFFINITY else None
+    _set_affinity(set(ALL_CPUS) if _AFFINITY else None)
+    try:
+        yield
+    finally:
+        _set_affinity(saved)
 
-    def __enter__(self):
-        self._saved = os.sched_getaffinity(0) if _AFFINITY else None
-        self._set(set(ALL_CPUS))
 
-    def __exit__(self, *exc):
-        self._set(self._saved)
-
-    @staticmethod
-    def _set(cpus):
-        if cpus is not None:
-            try:
-                os.sched_setaffinity(0, cpus)
-            except (OSError, ValueError):  # as above: left as it is
-                pass
+def _set_affinity(cpus):
+    if cpus is not None:
+        try:
+            os.sched_setaffinity(0, cpus)
+        except (OSError, ValueError):  # as above: left as it is
+            pass
 
 
 # Experiments called through their main() run every run in the test process (--workers 0)
