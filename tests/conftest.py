@@ -15,12 +15,19 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 _AFFINITY = hasattr(os, "sched_getaffinity") and hasattr(os, "sched_setaffinity")  # Linux
 ALL_CPUS = tuple(sorted(os.sched_getaffinity(0))) if _AFFINITY else tuple(range(os.cpu_count() or 1))
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
+
+
+def _set_affinity(cpus):
+    if cpus is not None:
+        try:
+            os.sched_setaffinity(0, cpus)
+        except (OSError, ValueError):  # a sandbox that forbids it: left as it is (workers unpinned)
+            pass
+
+
 if (_AFFINITY and _WORKER.startswith("gw") and os.environ.get("FEDPRIV_TEST_PIN", "1") != "0"
         and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) <= len(ALL_CPUS)):
-    try:
-        os.sched_setaffinity(0, {ALL_CPUS[int(_WORKER[2:]) % len(ALL_CPUS)]})
-    except (OSError, ValueError):  # a sandbox that forbids it: the workers stay unpinned
-        pass
+    _set_affinity({ALL_CPUS[int(_WORKER[2:]) % len(ALL_CPUS)]})
 
 
 @contextlib.contextmanager
@@ -32,14 +39,6 @@ def all_cores():
         yield
     finally:
         _set_affinity(saved)
-
-
-def _set_affinity(cpus):
-    if cpus is not None:
-        try:
-            os.sched_setaffinity(0, cpus)
-        except (OSError, ValueError):  # as above: left as it is
-            pass
 
 
 # Experiments called through their main() run every run in the test process (--workers 0)
