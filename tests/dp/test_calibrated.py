@@ -2,7 +2,7 @@
 experiments.calibrations``): ``calibrate_noise_multiplier`` returns a tabulated z only for the
 exact event the search ended at and only while two evaluations show it is still the search's
 answer (epsilon(z) <= target < epsilon(z - tol)); anything else is searched. The table holds
-what the search returns (two configs' calibrations searched afresh here); that every config's
+what the search returns, within its tolerance (two configs' calibrations searched afresh here); that every config's
 plan finds its calibrations there is checked where the plans are accounted
 (tests/experiments/test_configs.py, test_paper_configs.py).
 """
@@ -37,7 +37,12 @@ def searched(family):
     (entry,) = found
     assert entry.z == z and entry.checked and entry.key == (eps, delta, "add_remove", "best", TOL)
     assert entry.digest == acc.event_digest(make(z))
-    assert (entry.z, entry.digest) in TABLE[entry.key]
+    # the committed entry is the search's answer as the machine that wrote the table computed it:
+    # PLD's float evaluations may differ in the last digits between CPUs (measured: z 0.6836360931192768
+    # in the table, 0.683636093119277 searched on an AMD EPYC), so the entry is compared within the
+    # search's own resolution, and its two evaluations must accept it here (else it is not used)
+    tabulated = acc._tabulated(make, eps, delta, "add_remove", "best", TOL)
+    assert tabulated is not None and abs(tabulated - entry.z) < TOL, (tabulated, entry.z)
     return entry
 
 
