@@ -96,7 +96,7 @@ BUILTIN = (
              "llm_lora", "llm_lora", outputs=("llm_lora.md", "costs.md", "phases.md", "llm_lora.png")),
     Artefact("koga-iw-regime", "Koga et al. 2023", "IW/IWPT given a fair test: TV of the private target "
              "unigrams vs N_T, eps0, vocabulary, per-user bound; IW/IWPT vs baselines on a large target "
-             "(chat_target), 16 seeds, + a no-signal control", "iw_regime", "iw_regime",
+             "(chat_target), 24 seeds, + a no-signal control", "iw_regime", "iw_regime",
              outputs=("regime.md", "regime_vocab.png", "table.md", "control.md", "negative.md")),
     Artefact("koga-figure1", "Koga et al. 2023", "latency model: exact vs bounds vs Monte Carlo (Prop. 3.1)",
              "latency_figure", "latency_figure", outputs=("latency.md", "latency.png")),

@@ -6,7 +6,7 @@ target population N_T (subsamples of the 1,144 chitchat senders), eps0, the voca
 per-user bound vary; the signal IW must beat is TV(u_T, u_{S u T}). Also the negative case: the
 50-80 T training users of Table 1's two datasets. (2) Koga et al. Table 1 in the regime where
 (1) finds signal (issue 50): all eight schemes on ``chat_target`` (T = chitchat senders, ~680
-training users), 500 rounds per scheme at the small scale, 16 seeds, the unigram model as a
+training users), 500 rounds per scheme at the small scale, 24 seeds, the unigram model as a
 row; Table 1's claims (``fedpriv.expansion.tables.verdicts``, "[chat_target] ...") are judged
 as paper claims, the study's further pairs and the control arm as the project's checks.
 

@@ -130,7 +130,7 @@ def test_koga_table1_on_chat_target_is_judged_by_the_run_itself():
     assert len(table1) == 12 and all(v.source == "paper" for v in table1)
     assert all(v.source == "project" for v in new if v not in table1)
     ioc = next(v for v in table1 if "IW outperforms the S u T baseline" in v.claim)
-    seeds = len(common.load_config(s["config"]).seeds)  # the published config's (small: 16)
+    seeds = len(common.load_config(s["config"]).seeds)  # the published config's (small: 24)
     assert [sd["name"] for sd in ioc.sides] == ["IW", "S u T"] and all(sd["n"] == seeds for sd in ioc.sides)
     assert any(v.claim.startswith("IW beats S u T") and v.claim.endswith("V = 1000)") for v in new)  # control
     assert [v.to_json() for v in new] == [v.to_json() for v in rejudge.current("iw_regime", s, new)[0]]
