@@ -95,7 +95,7 @@ SCALES = {
                   seeds=(0,), rounds=2, max_eval_examples=32),
     # the CPU study: the full regime grid (3 seeds) + Table 1's 8 schemes x 3 seeds at the
     # population expansion small scale (LSTM 32/64, C = 40 trained / 5000 noise) on chat_target,
-    # 500 rounds per scheme (40 before issue 50: DEMix, IW and IWPT had not converged), 8 seeds:
+    # 500 rounds per scheme (40 before issue 50: DEMix, IW and IWPT had not converged), seeds:
     # the 3-seed run (~53 s per scheme and seed on one core) measured paired seed sds of
     # 0.03-0.12 perplexity on gaps of 0.01-0.24, which left 7 of its 12 Table 1 claims fragile
     # or inconclusive at 3 seeds (t(2) = 2.92); 8 seeds narrow the intervals ~2.5x. 24 seeds

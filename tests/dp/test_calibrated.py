@@ -2,8 +2,8 @@
 experiments.calibrations``): ``calibrate_noise_multiplier`` returns a tabulated z only for the
 exact event the search ended at and only while two evaluations show it is still the search's
 answer (epsilon(z) <= target < epsilon(z - tol)); anything else is searched. The table holds
-what the search returns, within its tolerance (two configs' calibrations searched afresh here); that every config's
-plan finds its calibrations there is checked where the plans are accounted
+what the search returns, within its tolerance (two configs' calibrations searched afresh here);
+that every config's plan finds its calibrations there is checked where the plans are accounted
 (tests/experiments/test_configs.py, test_paper_configs.py).
 """
 import pytest
