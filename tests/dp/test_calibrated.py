@@ -116,8 +116,11 @@ def test_the_rendered_table_is_read_back(family, searched, searches, monkeypatch
 
 
 def test_the_table_holds_what_the_search_returns_for_dp_ftrl():
-    """demo:smoke's DP-FTRL (a tree: "best" is RDP's search): the committed z of its plan."""
+    """demo:smoke's DP-FTRL (a tree: "best" is RDP's search): the committed z of its plan, within
+    the search's own resolution (``key[-1]``, its tol; the last digits of a float search may differ
+    between CPUs, as the PLD fixture above measured)."""
     found = calibrations.plan_calibrations("demo", "smoke")
     assert found
     for e in found:
-        assert (e.z, e.digest) in TABLE[e.key], e
+        tol = e.key[-1]
+        assert any(abs(z - e.z) < tol for z, _ in TABLE.get(e.key, ())), (e, TABLE.get(e.key))
