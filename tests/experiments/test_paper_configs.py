@@ -203,7 +203,9 @@ def test_published_run_keys_did_not_move():
     8 rows x seeds 0-2 (96), and at eps 1.77 the seeds the power analysis asked for (issue 50):
     seeds 3-7 of three LSTM rows (15), seeds 3-6 of the other five (20), seeds 3-5 of the eight
     Transformer rows (24); at eps 18.71 seeds 3-6 of the eight rows of both students (64) and
-    seed 7 of the eight Transformer rows (8)."""
+    seed 7 of the eight Transformer rows (8); and (issue 50, seventh session) at eps 1.77 LSTM
+    seeds 7-26 and 28-35 of `mid_dm` / `mid_random` (56) and 7-14 of `mid_random_lm` /
+    `mid_dm_priv_only` (16)."""
     import json
     import os
 
@@ -212,4 +214,4 @@ def test_published_run_keys_did_not_move():
     s = json.load(open(os.path.join(SUMMARY_DIR, "public_training.json")))
     from fedpriv.report import verdicts_from_json
     _, how = rejudge._public_training(s, [verdicts_from_json(d) for d in s["verdicts"]])
-    assert "from the 243 runs of the committed run store" in how
+    assert "from the 315 runs of the committed run store" in how
