@@ -205,7 +205,7 @@ def test_published_run_keys_did_not_move():
     Transformer rows (24); at eps 18.71 seeds 3-6 of the eight rows of both students (64) and
     seed 7 of the eight Transformer rows (8); and (issue 50, seventh session) at eps 1.77 LSTM
     seeds 7-26 and 28-35 of `mid_dm` / `mid_random` (56) and 7-14 of `mid_random_lm` /
-    `mid_dm_priv_only` (16)."""
+    `mid_dm_priv_only` (16); (eighth session) seeds 27 and 36-47 of `mid_dm` / `mid_random` (26)."""
     import json
     import os
 
@@ -214,4 +214,4 @@ def test_published_run_keys_did_not_move():
     s = json.load(open(os.path.join(SUMMARY_DIR, "public_training.json")))
     from fedpriv.report import verdicts_from_json
     _, how = rejudge._public_training(s, [verdicts_from_json(d) for d in s["verdicts"]])
-    assert "from the 315 runs of the committed run store" in how
+    assert "from the 341 runs of the committed run store" in how
