@@ -48,6 +48,8 @@ SLOW = {
     "public_training": "loads the 135M-parameter GGUF teacher (minutes on 2 CPU cores); its FL "
                        "runs are lm_fl's, whose plan-vs-run charges are checked here",
     "wang_ablations": "loads the GGUF teacher (as public_training)",
+    "wang_pool": "public_training's experiment and plan (plans.public_training_plan) on another pool: as "
+                 "public_training",
     "wang_figure3": "loads the GGUF teacher and trains a non-private oracle (as public_training)",
     "pre_text": "loads the GGUF teacher and generates with it; tests/experiments/test_pre_text.py "
                 "compares every arm's ledger with its plan on the real smoke run",
