@@ -113,3 +113,20 @@ def test_every_claim_the_review_found_without_a_verdict_has_one(rendered):
             t = counts[paper][src]
             assert {"by_status", "decided", "fragile", "testable", "holm"} <= set(t)
             assert t["holm"]["decided"] <= t["decided"] + t["fragile"]
+
+
+def test_central_screen_shows_the_tested_verdict_of_a_claim_another_artefact_cannot_test():
+    from experiments.index import Artefact
+    from fedpriv import verdicts as V
+    claim = "[eps 1.77] distribution matching on 0.08% performs as well as distillation on 1% (Table 2)"
+    untestable = V.not_testable(claim, "the public pool is too small")
+    tested = V.compare("[whole pool] " + claim, [11.0, 11.5, 12.0], [10.0, 10.2, 10.1], higher_is_better=True,
+                       trivial=None)
+    arts = [Artefact("table", "Wang et al. 2023", "x", "public_training", "public_training"),
+            Artefact("pool", "Wang et al. 2023", "x", "wang_pool", "wang_pool")]
+    items = [{"artefact": arts[0], "verdicts": [untestable]}, {"artefact": arts[1], "verdicts": [tested]}]
+    row = [line for line in P.central_screen(items, {}) if line.startswith("| DM on 0.08 %")]
+    assert len(row) == 1 and tested.status in row[0] and row[0].endswith("| pool |")
+    # only the untestable one: it is shown, with its status
+    row = [line for line in P.central_screen(items[:1], {}) if line.startswith("| DM on 0.08 %")]
+    assert V.NOT_TESTABLE in row[0] and row[0].endswith("| table |")
