@@ -52,6 +52,10 @@ def test_verdicts_decide_the_1_percent_claims_and_leave_out_rows_it_does_not_run
                 or "nearest feasible" in v.claim]
     one = [v for v in got if "distillation on 1% of the public data is at least as good" in v.claim]
     assert len(one) == 1 and one[0].status == V.NOT_REPRODUCED  # 3 points worse: far past the margin
+    assert one[0].source == "paper"
+    # a claim wang-table2 tests too is a project check here (the paper's claim counts once)
+    twice = [v for v in got if "public pre-training beats no public training" in v.claim]
+    assert len(twice) == 1 and twice[0].source == "project" and twice[0].claim.endswith(wang_pool.COUNTED_THERE)
     dm = [v for v in got if "distribution matching on 0.08% performs as well as distillation on 1%" in v.claim]
     assert len(dm) == 1 and dm[0].kind == "equivalence"
     # the distillation row 3 points better instead: the claim holds
