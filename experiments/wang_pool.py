@@ -66,7 +66,10 @@ def verdicts(cfg, runs: list[dict], mft, mft_val=None) -> list:
         if not _in_design(cfg, v):
             continue
         if any(s in v.claim for s in NEW_HERE):
-            out.append(dataclasses.replace(v, claim=TAG + v.claim))
+            # a claim the paper's own numbers contradict is a project check, run or not (public.py's
+            # "not run yet" of it keeps the default source)
+            source = "project" if "[not the paper's claim here" in v.claim else v.source
+            out.append(dataclasses.replace(v, claim=TAG + v.claim, source=source))
         else:
             out.append(dataclasses.replace(v, claim=TAG + v.claim + COUNTED_THERE, source="project"))
     return out

@@ -70,6 +70,10 @@ def test_a_row_of_the_design_not_run_yet_stays_visible():
     acc = {"none": [10.0, 10.4, 9.8], "pretrain_lm": [14.0, 14.3, 13.9]}
     got = wang_pool.verdicts(cfg, _runs(acc), mft=0.04)
     missing = [v for v in got if v.status == V.NOT_RUN]
+    # DM on 0.08 % vs distillation on 1 %: the paper's own 28.01 vs 28.68 differ by more than its
+    # smallest meaningful gap, so a project check whether it ran or not
+    dm = [v for v in missing if "performs as well as distillation on 1%" in v.claim]
+    assert len(dm) == 1 and dm[0].source == "project"
     assert [v for v in missing if "pretrain_distill_long" in v.reason]
     assert all("pretrain_distill_long" in v.reason or "mid_dm" in v.reason or "zero-shot" in v.claim
                for v in missing)
