@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib
 import os
 
+from experiments.index import ARTEFACTS
 from fedpriv.data.errors import ConfigError
 
 __all__ = ["PAPER_SETTINGS", "FIELDS", "SUBSTITUTIONS", "artefact_rows", "render", "gpu_estimate", "declare",
@@ -336,7 +337,6 @@ def _ours(artefact, account_plans: bool) -> dict:
 
 def artefact_rows(account_plans: bool = True, names=None) -> list[dict]:
     """One dict per artefact: ``name``, ``paper``, ``what``, ``theirs`` and ``ours`` (FIELDS)."""
-    from experiments.index import ARTEFACTS
     out = []
     for a in ARTEFACTS:
         if names is not None and a.name not in names:
@@ -402,7 +402,6 @@ def render(rows, commit: str | None = None, published: dict | None = None, power
         "(`fedpriv.recipes.fidelity.gpu_estimate`), not measurements. " + MEASURED_GPU,
         "",
     ]
-    from experiments.index import ARTEFACTS
     modules = {a.name: a.module for a in ARTEFACTS}
     body = []
     for r in rows:
