@@ -237,7 +237,8 @@ SUBSTITUTIONS = {
                     "vocabulary of 3,000 ids, ~20 % UNK targets), whose own no-public row is the baseline for it"],
     "wang-figure1": ["word vocabularies of 625 / 2,000 words (chitchat's size) for 10K / 32K"],
     "wang-table2": ["public data: the packaged pool (1,024 of 25,463 sentences at `small`) for C4 realnewslike: "
-                    "'1 %' and '0.08 %' are not real subsets (q = 1.0 / 0.125 of the pool)",
+                    "'1 %' and '0.08 %' are not real subsets (q = 1.0 / 0.125 of the pool; the whole pool, where "
+                    "they are: wang-table2-pool)",
                     "teacher: SmolLM2-135M (GGUF) for LaMDA 2B; student vocabulary: its BPE restricted to 3,000 "
                     "ids (~20 % of targets UNK) for SentencePiece 32K",
                     "student: LSTM 96/128 or a one-block Transformer, 800 rounds, cohort 16 with the noise of 100"],
