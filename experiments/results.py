@@ -88,7 +88,8 @@ with each verdict), "inconclusive (interval contains 0)" otherwise, "inconclusiv
 trivial baseline)" when either side is not better than its trivial baseline (e.g. the
 most-frequent-token accuracy), "inconclusive (too few seeds)" with fewer than 2; "negligible"-type
 claims as equivalence within a margin no wider than the smallest effect the paper calls meaningful
-("equivalent" / "not shown equivalent"); "not testable here" / "not run yet" with the reason and
+("equivalent" when the interval lies inside the margin, "not reproduced" when it lies entirely
+beyond it, "not shown equivalent" otherwise); "not testable here" / "not run yet" with the reason and
 what would test it. *fragile*: a decided verdict whose interval edge lies within 0.1 (metric
 units) or 10 % of the gap of its boundary (for "not reproduced", of 0 and, where the paper's
 effect is scaled, of that effect too: across 0 alone it would still be "the paper's effect

@@ -29,8 +29,10 @@ means the same thing (docs/design.md §5, "Verdicts"; issues 23 and 50):
   it lies short of it.
 - :func:`equivalence` — a "negligible"-type claim, TOST-style: ``"equivalent"`` when the
   ``level`` interval of the gap lies inside ``[-margin, margin]`` (the two one-sided tests at
-  ``(1 - level) / 2`` each: 5 % each for the 90 % interval), ``"not shown equivalent"``
-  otherwise; the trivial-baseline and too-few-seeds rules as above. The margin must be no wider
+  ``(1 - level) / 2`` each: 5 % each for the 90 % interval), ``"not reproduced"`` when the
+  interval lies entirely beyond the margin (the sides differ by more than the smallest meaningful
+  effect: the one-sided test of ``|gap| > margin``), ``"not shown equivalent"`` otherwise; the
+  trivial-baseline and too-few-seeds rules as above. The margin must be no wider
   than the smallest effect the paper calls meaningful (the callers say which: e.g.
   ``fedpriv.recipes.public.MEANINGFUL_PP``).
 - :func:`noninferior` — "A is at least as good as B" within a stated margin: the interval's
@@ -463,7 +465,8 @@ def equivalence(claim: str, a, b, *, margin: float, higher_is_better: bool, triv
                 digits: int = 4, source: str = "paper", paper: tuple | None = None,
                 margin_basis: str = "", fragile_abs: float = FRAGILE_ABS) -> Verdict:
     """Verdict on "A and B differ negligibly": equivalent when the ``level`` interval of
-    mean(A) - mean(B) lies inside ``[-margin, margin]`` (TOST at ``(1 - level)/2`` per side);
+    mean(A) - mean(B) lies inside ``[-margin, margin]`` (TOST at ``(1 - level)/2`` per side),
+    not reproduced when it lies entirely outside it (they differ by more than the margin);
     ``margin`` in the metric's units, no wider than the smallest effect the paper calls
     meaningful (``margin_basis`` says where it comes from), stated in the measured text.
     ``paper``: the paper's (A, B), kept for the record."""
@@ -475,7 +478,9 @@ def equivalence(claim: str, a, b, *, margin: float, higher_is_better: bool, triv
     gap, ci, method, ndf, se, df = _interval(a, b, level, paired)
     status, p, fragile = _decide_equivalence(ok_a, ok_b, gap, ci, se, df, margin, fragile_abs)
     measured = (f"{text_a} vs {text_b}; {_interval_text(gap, ci, method, ndf, level, digits)} "
-                f"(A - B); equivalence margin ±{margin:.{digits}g}" + (f" ({margin_basis})" if margin_basis else ""))
+                f"(A - B); equivalence margin ±{margin:.{digits}g}" + (f" ({margin_basis})" if margin_basis else "")
+                + ("; the whole interval lies beyond the margin: the sides differ by more than it"
+                   if status == NOT_REPRODUCED else ""))
     return Verdict(claim, status, measured, "equivalence", gap, ci, level, method, higher_is_better,
                    float(margin), (sa, sb), source=source,
                    paper_values=None if paper is None else tuple(map(float, paper)), margin_basis=margin_basis,
@@ -492,6 +497,12 @@ def _decide_equivalence(ok_a, ok_b, gap, ci, se, df, margin, tol):
     if -margin < ci[0] and ci[1] < margin:
         dist = min(ci[0] + margin, margin - ci[1])
         return EQUIVALENT, p, _fragile(dist, margin - abs(gap), tol, margin)
+    if ci[0] > margin or ci[1] < -margin:
+        # the whole interval beyond the margin: the sides differ by more than the smallest
+        # meaningful effect (the one-sided test of |gap| > margin at the edge, the mirror of TOST)
+        dist = ci[0] - margin if ci[0] > margin else -margin - ci[1]
+        return (NOT_REPRODUCED, _p_one_sided_twice(abs(gap) - margin, se, df),
+                _fragile(dist, abs(gap) - margin, tol, margin))
     return NOT_EQUIVALENT, p, False
 
 

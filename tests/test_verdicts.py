@@ -124,6 +124,29 @@ def test_equivalence_tost():
         V.equivalence("n", a, b, margin=0, higher_is_better=True, trivial=None)
 
 
+@pytest.mark.parametrize("shift", [+1.0, -1.0])
+def test_equivalence_refuted_when_the_interval_lies_beyond_the_margin(shift):
+    # an "A ~ B" claim whose whole interval lies beyond the margin (either side): the sides
+    # differ by more than the smallest meaningful effect -> decided "not reproduced", with the
+    # one-sided p of |gap| > margin (twice, the interval's scale) for Holm
+    b = {0: 10.0, 1: 10.2, 2: 9.9, 3: 10.1}
+    a = {k: x + shift + 0.05 * k for k, x in b.items()}
+    d = np.array([a[k] - b[k] for k in a])
+    se = d.std(ddof=1) / 2
+    v = V.equivalence("negligible", a, b, margin=0.3, higher_is_better=True, trivial=1.0)
+    assert v.status == V.NOT_REPRODUCED and v.status in V.DECIDED and not v.fragile
+    assert (v.ci[0] > 0.3) if shift > 0 else (v.ci[1] < -0.3)
+    assert v.p_value == pytest.approx(2 * stats.t.sf((abs(d.mean()) - 0.3) / se, 3), rel=1e-9)
+    assert "beyond the margin" in v.measured
+    # the same gap with a margin the interval reaches into: not decided either way
+    lo_edge = min(abs(v.ci[0]), abs(v.ci[1]))
+    w = V.equivalence("negligible", a, b, margin=lo_edge + 0.01, higher_is_better=True, trivial=1.0)
+    assert w.status == V.NOT_EQUIVALENT and w.status not in V.DECIDED
+    # an edge just beyond the margin is fragile (not counted as decided)
+    f = V.equivalence("negligible", a, b, margin=lo_edge - 0.001, higher_is_better=True, trivial=1.0)
+    assert f.status == V.NOT_REPRODUCED and f.fragile and not V.decided(f)
+
+
 def test_monotone_pairs():
     ys = [0, 50, 100]
     dec = [{0: 3.0, 1: 3.1, 2: 3.2}, {0: 2.0, 1: 2.2, 2: 2.1}, {0: 1.0, 1: 1.1, 2: 0.9}]
@@ -261,7 +284,8 @@ def test_table3_at_weak_privacy_is_an_equivalence():
     assert eq.margin == pytest.approx(public.MEANINGFUL_REL * 20.1, rel=1e-6) and eq.source == "paper"
     vs = {v.claim: v for v in public.verdicts(cfg, runs_with(0.002), mft=0.04)}
     (eq,) = [v for c, v in vs.items() if "negligible" in c]
-    assert eq.status == V.NOT_EQUIVALENT
+    # a 0.2-point gap on every seed lies beyond the 0.075 margin: the claim is refuted, not open
+    assert eq.status == V.NOT_REPRODUCED and eq.ci[0] > eq.margin
     (strong,) = [v for c, v in vs.items() if "beats log p_priv alone" in c]
     assert "1.77" in strong.claim and strong.status == V.REPRODUCED
     assert all(v.status == V.NOT_TESTABLE for c, v in vs.items() if "1% of the public data" in c)
@@ -312,7 +336,8 @@ def test_figure1_verdicts_cover_both_panels_oov_and_the_noise_interaction():
         if r["tokenizer"] == "sentencepiece" and "val_token_accuracy_with_oov" in r:
             r["val_token_accuracy_with_oov"] -= 0.02
     vs = {v.claim: v for v in tokenizer_study.verdicts(cfg, rows, [("FedAvg", {}), ("hi", {}), ("lo", {})])}
-    assert all(v.status == V.NOT_EQUIVALENT for c, v in vs.items() if "loses nothing to OOV" in c)
+    # (a 2-point loss on every seed lies beyond the margin: refuted, not merely not shown)
+    assert all(v.status == V.NOT_REPRODUCED for c, v in vs.items() if "loses nothing to OOV" in c)
     # a word model at the trivial baseline: the interaction claim is not decided
     for r in rows:
         if r["tokenizer"] == "word:50" and r["method"] == "lo":
@@ -459,7 +484,7 @@ def test_property_p_values_agree_with_the_intervals(d, shift, margin, higher):
     for v, yes in ((V.compare("c", a, b, **kw), (V.REPRODUCED, V.NOT_REPRODUCED)),
                    (V.compare("c", a, b, paper_effect=margin if higher else -margin, paper_scaling="x", **kw),
                     (V.REPRODUCED, V.NOT_REPRODUCED, V.EXCLUDED)),
-                   (V.equivalence("c", a, b, margin=margin, **kw), (V.EQUIVALENT,)),
+                   (V.equivalence("c", a, b, margin=margin, **kw), (V.EQUIVALENT, V.NOT_REPRODUCED)),
                    (V.noninferior("c", a, b, margin=margin, **kw), (V.REPRODUCED, V.NOT_REPRODUCED))):
         if v.p_value is None:
             continue
