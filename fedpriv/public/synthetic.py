@@ -27,6 +27,13 @@ import sys
 import time
 from typing import Sequence
 
+import jax
+
+from fedpriv.argparsing import Parser, one_line
+from fedpriv.dp.keys import tagged_key
+from fedpriv.models.gguf import cached_teacher
+from fedpriv.synth import evolve as E
+
 __all__ = ["DEFAULT_INSTRUCTIONS", "SynthSettings", "synthesize", "main"]
 
 TAG = "public-synth"
@@ -131,14 +138,10 @@ def synthesize(teacher, settings: SynthSettings, out: str, *, deadline_s: float 
 
     Each chunk appends its non-empty messages (an empty generation, the end-of-turn token first,
     is counted in ``empty``; a message cut off at ``max_new`` tokens loses its unfinished last
-    sentence where it has an earlier sentence end, counted in ``truncated``) and then rewrites the sidecar: a crash mid-chunk leaves bytes past
-    the sidecar's ``bytes``, truncated on resume.
+    sentence where it has an earlier sentence end, counted in ``truncated``) and then rewrites
+    the sidecar: a crash mid-chunk leaves bytes past the sidecar's ``bytes``, truncated on
+    resume.
     """
-    import jax
-
-    from fedpriv.dp.keys import tagged_key
-    from fedpriv.synth import evolve as E
-
     done, nbytes, meta = _resume_state(out, settings, teacher.fingerprint)
     n_chunks = -(-settings.messages // settings.chunk)
     counters = {k: meta.get(k, 0) for k in ("written", "empty", "truncated", "tokens")}
@@ -203,8 +206,6 @@ def synthesize(teacher, settings: SynthSettings, out: str, *, deadline_s: float 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from fedpriv.argparsing import Parser, one_line
-
     ap = Parser(prog="python -m fedpriv.public.synthetic", description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="the pool (.txt, one message per line)")
     ap.add_argument("--messages", type=int, default=SynthSettings.messages)
@@ -233,7 +234,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                                  instructions=instructions)
     except (OSError, ValueError) as e:
         ap.error(str(e))
-    from fedpriv.models.gguf import cached_teacher
     try:
         teacher = cached_teacher(a.teacher)
         m = synthesize(teacher, settings, a.out, deadline_s=a.deadline_s)
