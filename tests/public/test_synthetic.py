@@ -90,6 +90,13 @@ def test_other_settings_or_teacher_refused_and_pool_kept(teacher, tmp_path):
     with pytest.raises(ValueError, match="without its sidecar"):
         S.synthesize(teacher, _settings(), str(stray), progress=False)
     assert stray.read_text() == "mine\n"
+    # a partial last chunk cannot be extended, and a pool is never cut to fewer messages
+    part = str(tmp_path / "part.txt")
+    S.synthesize(teacher, _settings(messages=6), part, progress=False)  # chunks of 4 and 2
+    for n, match in ((12, "last chunk holds 2 of 4"), (3, "already holds the generations of 6")):
+        with pytest.raises(ValueError, match=match):
+            S.synthesize(teacher, _settings(messages=n), part, progress=False)
+    assert S.synthesize(teacher, _settings(messages=6), part, progress=False)["complete"]
     os.replace(out, str(tmp_path / "moved.txt"))
     with pytest.raises(ValueError, match="does not"):
         S.synthesize(teacher, _settings(), out, progress=False)
