@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The GPU items of issue 50, over two device calls to one warm machine (the public LLM's GGUF is
-# over one call's 64 MiB; `bash benchmarks/gpu_carry_teacher.sh` here first):
-#   run(command="bash benchmarks/gpu_issue50.sh stash", carry=[".gpuA"], timeout_s=60)
-#   run(command="bash benchmarks/gpu_issue50.sh run", carry=[".gpuB"], timeout_s=560)   # at once
+# The GPU items of issue 50, over three device calls to one warm machine (the public LLM's GGUF is
+# over one call's 64 MiB; `bash benchmarks/gpu_carry_teacher.sh` here first), each at once after
+# the last (a machine idle for 30 s is given back):
+#   run(command="bash benchmarks/gpu_issue50.sh stash A", carry=[".gpuA"], timeout_s=30)
+#   run(command="bash benchmarks/gpu_issue50.sh stash B", carry=[".gpuB"], timeout_s=30)
+#   run(command="bash benchmarks/gpu_issue50.sh run", carry=[".gpuC"], timeout_s=560)
 # `run`: (1) one Transformer `paper` run of Wang Table 2 (row none, eps 1.77, full 49,152-id teacher
 # vocabulary, cohort 100, 256 examples / 16 local steps per client; client lr 0.1: at the config's
 # 0.5 a quarter of fresh clients diverge to NaN in 16 local steps, measured on the CPU) for ROUNDS rounds: s/round from
@@ -14,15 +16,16 @@ left() { echo $(( DEADLINE - ($(date +%s) - T0) )); }
 K=${K:-/tmp/fp}; mkdir -p $K
 LOG=$OUT/log.txt
 if [ "$1" = stash ]; then
-  cp .gpuA/gguf.part $K/a.part && ls -la $K >> $LOG
+  [ "$2" = A ] && cp .gpuA/gguf.part $K/a.part
+  [ "$2" = B ] && cp .gpuB/gguf.part $K/b.part && cp .gpuB/gguf.sha256 $K/
+  ls -la $K >> $LOG
   { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 -c 'import jax;print(jax.__version__, jax.devices())'; } >> $LOG 2>&1
   exit 0
 fi
-A=$K/a.part; [ -f $A ] || A=.gpuA/gguf.part
-[ -f $A ] || { echo "part A missing: the machine was not the warm one of call 1" | tee -a $LOG; exit 3; }
-cat $A .gpuB/gguf.part > $K/teacher.gguf
-echo "$(cat .gpuB/gguf.sha256)  $K/teacher.gguf" | sha256sum -c >> $LOG 2>&1 || { echo "GGUF sha256 mismatch" | tee -a $LOG; exit 4; }
-tar -xJf .gpuB/sc.tar.xz -C $K
+for p in a b; do [ -f $K/$p.part ] || { echo "GGUF part $p missing: not the warm machine of the stash calls" | tee -a $LOG; exit 3; }; done
+cat $K/a.part $K/b.part > $K/teacher.gguf
+echo "$(cat $K/gguf.sha256)  $K/teacher.gguf" | sha256sum -c >> $LOG 2>&1 || { echo "GGUF sha256 mismatch" | tee -a $LOG; exit 4; }
+tar -xJf .gpuC/sc.tar.xz -C $K
 export PYTHONUNBUFFERED=1 FEDPRIV_CACHE=$K/cache PYTHONPATH=$K/site:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; python3 -c 'import jax,flax,optax;print("jax",jax.__version__,"flax",flax.__version__,"optax",optax.__version__,jax.devices())'; git rev-parse HEAD; git status --short; } >> $LOG 2>&1
 echo "setup done at $(( $(date +%s) - T0 )) s" >> $LOG

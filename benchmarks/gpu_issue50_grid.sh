@@ -2,8 +2,8 @@
 # Issue 50, the GPU lease's last minutes: does a lower server lr stop the divergence of Wang Table 2's
 # `paper` students at the full vocabulary (benchmarks/results/gpu_h200.md)? Four 200-round runs of
 # row none at eps 1.77 at once on the one GPU (shared: no timings), after the GGUF's parts reached
-# /tmp/fp in earlier calls to this warm machine (a.part, b.part, gguf.sha256) and with .gpuC/sc.tar.xz
-# carried. Per run: metrics.jsonl (update norms, non-finite clients, evaluations) in $OUT/grid.tgz.
+# /tmp/fp in earlier calls to this warm machine (`bash benchmarks/gpu_issue50.sh stash A`, then
+# `stash B`) and with .gpuC/sc.tar.xz carried. Per run: metrics.jsonl (update norms, non-finite clients, evaluations) in $OUT/grid.tgz.
 set -u
 K=/tmp/fp; cd "$(dirname "$0")/.."
 cat $K/a.part $K/b.part > $K/teacher.gguf
