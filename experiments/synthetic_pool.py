@@ -36,6 +36,7 @@ from fedpriv.data.public_pool import load_public_pool
 from fedpriv.fred.compare import table_rows
 from fedpriv.fred.embed import embed_all, sample_texts, table_datasets, table_declared_counts
 from fedpriv.models import bert
+from fedpriv.models.gguf import file_sha256
 
 POOL = os.path.join(os.path.dirname(__file__), "results", "synthetic_pool", "smollm2_chat.txt.xz")
 SYNTH = "SmolLM2 synthetic chat (this pool)"
@@ -65,8 +66,7 @@ def run(pool_xz: str, workdir: str, seeds: int = 5, num_sentences: int | None = 
     rng = np.random.default_rng([cfg.data_seed, 50])
     candidates[PACKAGED] = sample_texts(load_public_pool(progress=False).texts, n, rng)
     candidates[SYNTH] = sample_texts(sentences, n, rng)
-    with open(pool_xz, "rb") as f:
-        pool_sha = hashlib.sha256(f.read()).hexdigest()
+    pool_sha = file_sha256(pool_xz)
     tag = hashlib.sha256(json.dumps([n, cfg.max_per_user, cfg.data_seed, pool_sha]).encode()).hexdigest()[:12]
     priv, cand, throughput = embed_all(bert.load_embedder(), private, candidates, cfg.embed_batch,
                                        work / f"embeddings-{tag}.npz")
