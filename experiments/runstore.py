@@ -21,6 +21,15 @@ which a ``small`` run writes into its own checkout: the code is still the commit
 commit or a key, and a run whose key is stored already with other numbers (the same computation
 giving two results: find out why before keeping either). Read-backs (``reused_from``) are copies
 of stored or other runs and are not stored again.
+
+A store is brought to newer code by rerunning its runs there and adding them with ``--supersede``
+(``add(..., supersede=True)``): a stored run is then replaced by the rerun of its key when the
+rerun's commit descends from the stored run's (strictly: the same commit with other numbers is
+still refused, as is a rerun at an older or unrelated commit). Every replacement is reported, with
+how far its metrics moved (``METRICS``: bit-identical or by how much), and the replaced summary
+stays in git's history::
+
+    python -m experiments.runstore add runs/rerun/l177 --name wang2 --supersede
 """
 from __future__ import annotations
 
@@ -94,15 +103,38 @@ def _canonical(s: dict) -> str:
     return json.dumps(s, sort_keys=True, default=str)
 
 
-def add(workdir: str, store: str) -> dict:
+#: the numbers a superseding rerun is compared on (the tables read these)
+METRICS = ("val_accuracy", "test_accuracy", "val_loss", "test_loss")
+
+
+def _descends(old: str, new: str, repo: str) -> bool:
+    """Whether commit ``new`` is a strict descendant of ``old`` in ``repo``'s history (False when
+    either is unknown there: fail closed)."""
+    if not old or not new or old == new:
+        return False
+    r = subprocess.run(["git", "merge-base", "--is-ancestor", old, new], cwd=repo, capture_output=True)
+    return r.returncode == 0
+
+
+def moved(old: dict, new: dict) -> dict:
+    """``{metric: new - old}`` over :data:`METRICS` present in both (0.0 where bit-identical)."""
+    return {m: float(new[m]) - float(old[m]) for m in METRICS
+            if isinstance(old.get(m), (int, float)) and isinstance(new.get(m), (int, float))}
+
+
+def add(workdir: str, store: str, supersede: bool = False, repo: str | None = None) -> dict:
     """Copy every finished run of ``workdir`` (a ``summary.json`` with a ``run_key``, searched
     recursively) into ``store``. Returns counts: ``added``, ``already`` (the same run stored),
     ``read_back`` (copies of other runs, skipped), ``not_runs`` (summaries without a key: an
-    experiment's own summary, an engine's). Checks every run before writing any (all or nothing)."""
+    experiment's own summary, an engine's), ``superseded`` (stored runs replaced by their rerun at a
+    descendant commit; only with ``supersede``) and ``moved`` (``{run_key: moved(old, new)}`` of
+    those). Checks every run before writing any (all or nothing)."""
     if not os.path.isdir(workdir):
         raise ConfigError(f"workdir {workdir!r} is not a directory")
+    repo = repo or ROOT
     have = stored(store)
-    todo, counts = {}, {"added": 0, "already": 0, "read_back": 0, "not_runs": 0}
+    todo, counts = {}, {"added": 0, "already": 0, "read_back": 0, "not_runs": 0, "superseded": 0, "moved": {}}
+    replace = {}
     for path in sorted(glob.glob(os.path.join(workdir, "**", "summary.json"), recursive=True)):
         with open(path) as f:
             s = json.load(f)
@@ -124,23 +156,56 @@ def add(workdir: str, store: str) -> dict:
             if other is None:
                 continue
             with open(other) as f:
-                if _canonical(json.load(f)) != _canonical(s):
-                    raise ConfigError(f"run {key} is stored already ({other}) with other numbers than "
-                                      f"{path}: the same computation gave two results; keep neither "
-                                      "until that is explained")
+                old = json.load(f)
+            if _canonical(old) == _canonical(s):
+                continue
+            if supersede and other == have.get(key) and key not in todo \
+                    and _descends(old.get("git_commit_full"), s["git_commit_full"], repo):
+                replace[key] = (other, old)
+                continue
+            why = (f"a rerun supersedes only a run of an older commit it descends from "
+                   f"({old.get('git_commit')} -> {s.get('git_commit')})" if supersede else
+                   "the same computation gave two results; keep neither until that is explained")
+            raise ConfigError(f"run {key} is stored already ({other}) with other numbers than {path}: {why}")
+        if key in replace:
+            todo[key] = (path, s)
+            continue
         if key in have or key in todo:
             counts["already"] += 1
             continue
         todo[key] = (path, s)
     for key, (path, s) in todo.items():
-        dest = os.path.join(store, _entry_name(s), "summary.json")
+        if key in replace:
+            old_path, old = replace[key]
+            dest = old_path
+            counts["superseded"] += 1
+            counts["moved"][key] = moved(old, s)
+        else:
+            dest = os.path.join(store, _entry_name(s), "summary.json")
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         with open(dest + ".tmp", "w") as f:
             json.dump(s, f, indent=1, sort_keys=True, default=str)
             f.write("\n")
         os.replace(dest + ".tmp", dest)
-        counts["added"] += 1
+        if key not in replace:
+            counts["added"] += 1
     return counts
+
+
+def moved_summary(moves: dict) -> str:
+    """One line on how far superseded runs moved: how many are bit-identical in every metric, and
+    the largest absolute change of each metric (accuracies in points)."""
+    if not moves:
+        return "none superseded"
+    same = sum(all(v == 0.0 for v in m.values()) for m in moves.values())
+    parts = []
+    for metric in METRICS:
+        vals = [abs(m[metric]) for m in moves.values() if metric in m]
+        if vals:
+            scale, unit = (100.0, " points") if "accuracy" in metric else (1.0, "")
+            parts.append(f"{metric} {scale * max(vals):.3g}{unit}")
+    return (f"{len(moves)} superseded, {same} bit-identical in {'/'.join(METRICS)}; largest change: "
+            + ", ".join(parts))
 
 
 def listing(store: str) -> list[str]:
@@ -161,6 +226,8 @@ def main(argv=None) -> None:
     ap.add_argument("command", choices=("add", "list"))
     ap.add_argument("workdir", nargs="?", help="add: the workdir whose finished runs to store")
     ap.add_argument("--name", required=True, help="the store under experiments/results/run_store/ (e.g. wang)")
+    ap.add_argument("--supersede", action="store_true",
+                    help="add: replace a stored run by its rerun at a commit that descends from the stored one's")
     ap.add_argument("--store", default=STORE, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if not args.name or os.sep in args.name or args.name.startswith("."):
@@ -169,9 +236,13 @@ def main(argv=None) -> None:
     if args.command == "add":
         if not args.workdir:
             raise ConfigError("add needs the workdir whose finished runs to store")
-        counts = add(args.workdir, store)
+        counts = add(args.workdir, store, supersede=args.supersede)
         print(f"{store}: {counts['added']} added, {counts['already']} stored before, "
               f"{counts['read_back']} read-backs skipped; {len(stored(store))} runs in the store")
+        if args.supersede:
+            print(moved_summary(counts["moved"]))
+    elif args.supersede:
+        raise ConfigError("--supersede applies to add only")
     else:
         print("\n".join(listing(store)) or f"{store}: no runs")
 

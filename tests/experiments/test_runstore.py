@@ -39,7 +39,8 @@ def test_added_runs_are_read_back_by_key_and_adding_twice_changes_nothing(tmp_pa
     store = str(tmp_path / "store")
     wd = _workdir(tmp_path, [_run("a" * 16), _run("b" * 16, row="mid_dm", seed=2),
                              _run("c" * 16, reused_from="/elsewhere")])
-    assert runstore.add(wd, store) == {"added": 2, "already": 0, "read_back": 1, "not_runs": 1}
+    assert runstore.add(wd, store) == {"added": 2, "already": 0, "read_back": 1, "not_runs": 1,
+                                       "superseded": 0, "moved": {}}
     # what run_rows' reuse_workdir search finds: the stored copy, with every field kept
     found = public._find_run("b" * 16, [store])
     assert found and found.startswith(store)
@@ -118,3 +119,62 @@ def test_a_run_whose_tree_changed_only_code_it_never_imports_is_stored(tmp_path)
         bad = _run("c" * 16, git_dirty=True, git_dirty_paths=dirty)
         with pytest.raises(ConfigError, match="uncommitted changes"):
             runstore.add(_workdir(tmp_path / dirty[-1].replace("/", "_"), [bad]), str(tmp_path / "s2"))
+
+
+def _git_repo(tmp_path):
+    """A throwaway repository with three commits: (repo, [first, second, third])."""
+    import subprocess
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    env = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t"}
+    run = lambda *a: subprocess.run(["git", *a], cwd=repo, env=env, check=True, capture_output=True, text=True)
+    run("init", "-q")
+    commits = []
+    for i in range(3):
+        (repo / "f").write_text(str(i))
+        run("add", "f")
+        run("commit", "-q", "-m", str(i))
+        commits.append(run("rev-parse", "HEAD").stdout.strip())
+    return str(repo), commits
+
+
+def _at(key, commit, **kw):
+    return _run(key, git_commit=commit[:7], git_commit_full=commit, **kw)
+
+
+def test_supersede_replaces_a_run_only_by_its_rerun_at_a_descendant_commit(tmp_path):
+    repo, (c0, c1, c2) = _git_repo(tmp_path)
+    store = str(tmp_path / "store")
+    runstore.add(_workdir(tmp_path, [_at("a" * 16, c1, test_loss=2.0), _at("b" * 16, c1, test_loss=3.0)]),
+                 store, repo=repo)
+    before = _files(store)
+
+    def rerun(name, runs):
+        wd = tmp_path / name
+        for i, s in enumerate(runs):
+            _write(wd / f"r{i}/summary.json", s)
+        return str(wd)
+
+    newer = rerun("newer", [_at("a" * 16, c2, test_loss=2.0), _at("b" * 16, c2, test_loss=3.5)])
+    with pytest.raises(ConfigError, match="two results"):  # without --supersede: refused as before
+        runstore.add(newer, store, repo=repo)
+    for bad, why in ((rerun("older", [_at("a" * 16, c0, test_loss=2.0)]), "older commit"),
+                     (rerun("same", [_at("a" * 16, c1, test_loss=2.5)]), "older commit"),
+                     (rerun("unknown", [_at("a" * 16, "f" * 40, test_loss=2.0)]), "older commit"),
+                     # a good rerun beside a refused one: nothing is written (all or nothing)
+                     (rerun("mixed", [_at("b" * 16, c2, test_loss=3.5), _at("a" * 16, c0, test_loss=2.0)]),
+                      "older commit")):
+        with pytest.raises(ConfigError, match=why):
+            runstore.add(bad, store, supersede=True, repo=repo)
+        assert _files(store) == before
+    counts = runstore.add(newer, store, supersede=True, repo=repo)
+    assert (counts["superseded"], counts["added"]) == (2, 0)
+    assert _files(store) == before  # replaced in place, under the same entry names
+    assert counts["moved"] == {"a" * 16: {"test_accuracy": 0.0, "test_loss": 0.0},
+                               "b" * 16: {"test_accuracy": 0.0, "test_loss": 0.5}}
+    with open(runstore.stored(store)["b" * 16]) as f:
+        assert json.load(f)["git_commit_full"] == c2
+    line = runstore.moved_summary(counts["moved"])
+    assert line.startswith("2 superseded, 1 bit-identical") and "test_loss 0.5" in line
+    assert runstore.add(newer, store, supersede=True, repo=repo)["already"] == 2  # idempotent
