@@ -675,3 +675,21 @@ def test_no_paper_claim_that_the_papers_own_table_contradicts():
     seven = [v for v in vs if "more than 7 points" in v.claim]
     assert len(seven) == 1 and seven[0].kind == "magnitude"
     assert sum("comparable to public pre-training on the whole pool" in v.claim for v in vs) == 4
+
+
+def test_seven_points_claim_with_a_none_mean_of_zero_is_untestable_not_a_crash():
+    """§1's "more than 7 points" scales the paper's effect by our none mean: at 0 there is no
+    effect to judge against, which is said (not a ValueError out of the results page)."""
+    import types
+
+    from fedpriv.recipes import public
+    cfg = types.SimpleNamespace(epsilons=(1.77,), rows=("none", "pretrain_distill_long"), long_q=0.01,
+                                pretrain_fraction=1.0, q=0.01, arch="lstm", students=("lstm",))
+    def runs_with(none_acc):
+        return [{"row": row, "target_epsilon": 1.77, "seed": s,
+                 "test_accuracy": (none_acc if row == "none" else 0.10) + 0.001 * s}
+                for row in cfg.rows for s in (0, 1, 2)]
+    (zero,) = [v for v in public.verdicts(cfg, runs_with(-0.001), mft=0.04) if "more than 7 points" in v.claim]
+    assert zero.status == V.NOT_TESTABLE and "no effect" in zero.reason
+    (real,) = [v for v in public.verdicts(cfg, runs_with(0.05), mft=0.04) if "more than 7 points" in v.claim]
+    assert real.kind == "magnitude" and real.paper_effect == pytest.approx(7 / 20.68 * 5.1, rel=1e-6)

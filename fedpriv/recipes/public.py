@@ -48,7 +48,8 @@ from fedpriv.recipes import lm
 __verdict_code__ = ("MEANINGFUL_PP", "MEANINGFUL_REL", "WEAK_PRIVACY_EPSILON", "SEVEN_POINTS",
                     "NEGLIGIBLE_MARGIN_PP", "NONINFERIOR_MARGIN_PP", "paper_value", "paper_supports",
                     "_not_the_papers", "margin_at_our_level", "_mean", "verdicts", "zero_shot_verdicts",
-                    "_arch_verdicts", "_equivalent", "_noninferior")
+                    "_arch_verdicts", "_EpsClaims", "_pair_verdicts", "_small_q_verdicts",
+                    "_distillation_verdicts", "_equivalent", "_noninferior")
 # Wang et al. 2023, Table 2, LSTM column (test accuracy %, StackOverflow): eps 1.77, eps 18.71
 PAPER_TABLE2_LSTM = {
     "none": (20.68, 28.87), "pretrain_lm": (28.01, 30.70), "pretrain_distill_long": (28.68, 31.13),
@@ -693,8 +694,13 @@ def _distillation_verdicts(ctx: "_EpsClaims") -> list:
         # Transformer's 27.75 vs 23.98 is not, so the LSTM only)
         c = (f"[{pre}eps {eps:g}] distillation pre-training improves on no public training by more than "
              "7 points (§1, Table 2: 28.68 vs 20.68; magnitude scaled to our level)")
-        if ran("pretrain_distill_long", "none"):
-            ours_b = _mean(acc["none"])
+        ours_b = _mean(acc["none"]) if ran("pretrain_distill_long", "none") else None
+        if ours_b is not None and not ours_b > 0:
+            # the paper's 7 points scale with our none mean: at 0 there is no effect to test against
+            out.append(V.not_testable(c, f"no public training's mean accuracy is {ours_b:g}: the paper's 7 "
+                                      "points scaled to it is no effect (and the row does not beat its "
+                                      "trivial baseline)"))
+        elif ours_b is not None:
             eff = SEVEN_POINTS / PAPER_TABLE2_LSTM["none"][0] * ours_b
             out.append(V.at_least(c, acc["pretrain_distill_long"], acc["none"], higher_is_better=True,
                                   trivial=trivial, names=("pretrain_distill_long", "none"),
