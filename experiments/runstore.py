@@ -30,6 +30,12 @@ how far its metrics moved (``METRICS``: bit-identical or by how much), and the r
 stays in git's history::
 
     python -m experiments.runstore add runs/rerun/l177 --name wang2 --supersede
+
+The reruns of a store's older runs must not read those runs back: ``view`` makes a folder of
+symbolic links to only the stored runs at ``--since`` or a commit descending from it, for the
+rerun's ``reuse_workdir`` (the runs it may read back instead of training)::
+
+    python -m experiments.runstore view runs/fresh --name wang2 --since d763394
 """
 from __future__ import annotations
 
@@ -208,6 +214,31 @@ def moved_summary(moves: dict) -> str:
             + ", ".join(parts))
 
 
+def view(out: str, store: str, since: str, repo: str | None = None) -> dict:
+    """Make ``out`` (a new folder) hold a symbolic link to every entry of ``store`` whose run's
+    commit is ``since`` or descends from it. Returns ``{"linked": n, "left_out": m}``. Refused
+    (nothing written) when ``out`` exists or ``since`` is not a commit of ``repo``."""
+    repo = repo or ROOT
+    full = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{since}^{{commit}}"], cwd=repo,
+                          capture_output=True, text=True).stdout.strip()
+    if not full:
+        raise ConfigError(f"--since {since!r} is not a commit of this repository")
+    if os.path.lexists(out):
+        raise ConfigError(f"{out!r} exists already: a view is made in a new folder")
+    keep, left = [], 0
+    for path in stored(store).values():
+        with open(path) as f:
+            commit = json.load(f).get("git_commit_full")
+        if commit == full or _descends(full, commit, repo):
+            keep.append(os.path.dirname(os.path.abspath(path)))
+        else:
+            left += 1
+    os.makedirs(out)
+    for entry in keep:
+        os.symlink(entry, os.path.join(out, os.path.basename(entry)))
+    return {"linked": len(keep), "left_out": left}
+
+
 def listing(store: str) -> list[str]:
     """One line per stored run: arch, epsilon, seed, row, commit, test accuracy."""
     lines = []
@@ -223,16 +254,20 @@ def listing(store: str) -> list[str]:
 def main(argv=None) -> None:
     from experiments.common import ArgumentParser  # usage errors in one line, exit 2
     ap = ArgumentParser(prog="python -m experiments.runstore", description=__doc__.split("\n")[0])
-    ap.add_argument("command", choices=("add", "list"))
-    ap.add_argument("workdir", nargs="?", help="add: the workdir whose finished runs to store")
+    ap.add_argument("command", choices=("add", "list", "view"))
+    ap.add_argument("workdir", nargs="?", help="add: the workdir whose finished runs to store; view: the "
+                    "new folder of links")
     ap.add_argument("--name", required=True, help="the store under experiments/results/run_store/ (e.g. wang)")
     ap.add_argument("--supersede", action="store_true",
                     help="add: replace a stored run by its rerun at a commit that descends from the stored one's")
+    ap.add_argument("--since", help="view: link the runs at this commit or a descendant of it")
     ap.add_argument("--store", default=STORE, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if not args.name or os.sep in args.name or args.name.startswith("."):
         raise ConfigError(f"--name {args.name!r} must be a plain directory name")
     store = os.path.join(args.store, args.name)
+    if args.since and args.command != "view":
+        raise ConfigError("--since applies to view only")
     if args.command == "add":
         if not args.workdir:
             raise ConfigError("add needs the workdir whose finished runs to store")
@@ -243,6 +278,12 @@ def main(argv=None) -> None:
             print(moved_summary(counts["moved"]))
     elif args.supersede:
         raise ConfigError("--supersede applies to add only")
+    elif args.command == "view":
+        if not args.workdir or not args.since:
+            raise ConfigError("view needs the new folder and --since COMMIT")
+        counts = view(args.workdir, store, args.since)
+        print(f"{args.workdir}: {counts['linked']} runs of {store} at {args.since} or later linked, "
+              f"{counts['left_out']} older left out")
     else:
         print("\n".join(listing(store)) or f"{store}: no runs")
 

@@ -178,3 +178,19 @@ def test_supersede_replaces_a_run_only_by_its_rerun_at_a_descendant_commit(tmp_p
     line = runstore.moved_summary(counts["moved"])
     assert line.startswith("2 superseded, 1 bit-identical") and "test_loss 0.5" in line
     assert runstore.add(newer, store, supersede=True, repo=repo)["already"] == 2  # idempotent
+
+
+def test_view_links_only_the_runs_at_or_after_a_commit_for_a_rerun_to_read_back(tmp_path):
+    repo, (c0, c1, c2) = _git_repo(tmp_path)
+    store = str(tmp_path / "store")
+    runstore.add(_workdir(tmp_path, [_at("a" * 16, c0), _at("b" * 16, c1), _at("c" * 16, c2)]), store, repo=repo)
+    out = str(tmp_path / "fresh")
+    assert runstore.view(out, store, c1, repo=repo) == {"linked": 2, "left_out": 1}
+    # a rerun reading back from the view finds the fresh runs and retrains the old one
+    assert public._find_run("b" * 16, [out]) and public._find_run("c" * 16, [out])
+    assert public._find_run("a" * 16, [out]) is None
+    with pytest.raises(ConfigError, match="exists already"):
+        runstore.view(out, store, c1, repo=repo)
+    with pytest.raises(ConfigError, match="not a commit"):
+        runstore.view(str(tmp_path / "other"), store, "f" * 40, repo=repo)
+    assert not os.path.exists(tmp_path / "other")
