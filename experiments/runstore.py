@@ -199,19 +199,18 @@ def add(workdir: str, store: str, supersede: bool = False, repo: str | None = No
 
 
 def moved_summary(moves: dict) -> str:
-    """One line on how far superseded runs moved: how many are bit-identical in every metric, and
-    the largest absolute change of each metric (accuracies in points)."""
+    """One line on how far superseded runs moved: per metric, in how many runs it is bit-identical
+    and its largest absolute change (accuracies in points)."""
     if not moves:
         return "none superseded"
-    same = sum(all(v == 0.0 for v in m.values()) for m in moves.values())
     parts = []
     for metric in METRICS:
         vals = [abs(m[metric]) for m in moves.values() if metric in m]
         if vals:
             scale, unit = (100.0, " points") if "accuracy" in metric else (1.0, "")
-            parts.append(f"{metric} {scale * max(vals):.3g}{unit}")
-    return (f"{len(moves)} superseded, {same} bit-identical in {'/'.join(METRICS)}; largest change: "
-            + ", ".join(parts))
+            parts.append(f"{metric} identical in {sum(v == 0.0 for v in vals)}, largest change "
+                         f"{scale * max(vals):.3g}{unit}")
+    return f"{len(moves)} superseded: " + "; ".join(parts)
 
 
 def view(out: str, store: str, since: str, repo: str | None = None) -> dict:

@@ -176,7 +176,8 @@ def test_supersede_replaces_a_run_only_by_its_rerun_at_a_descendant_commit(tmp_p
     with open(runstore.stored(store)["b" * 16]) as f:
         assert json.load(f)["git_commit_full"] == c2
     line = runstore.moved_summary(counts["moved"])
-    assert line.startswith("2 superseded, 1 bit-identical") and "test_loss 0.5" in line
+    assert line.startswith("2 superseded: ") and "test_accuracy identical in 2, largest change 0 points" in line
+    assert "test_loss identical in 1, largest change 0.5" in line
     assert runstore.add(newer, store, supersede=True, repo=repo)["already"] == 2  # idempotent
 
 
